@@ -1,0 +1,284 @@
+"""fp8 quantization and dequantization, bit-exact, with knobs where real kernels differ.
+
+``quantize`` computes ``x / scale`` (or ``x * (1/scale)``) in float32, optionally rounds that
+quotient to float16 or bfloat16 first (double rounding, as some paths do), then rounds once to the
+fp8 format: to nearest, ties to even, overflow decided after rounding. The knobs choose what
+overflow, infinities and NaN become; everything else agrees across every implementation we know
+(see docs/semantics.md and ../shared/peer-semantics.md).
+
+Speed: an fp8 code depends only on the top 16 bits of the float32 input and on whether any of the
+low 16 bits is set (the round bit and everything kept lie in the top 16 bits for 2- and 3-bit
+mantissas). So the integer rounding of :mod:`oracle.reference.rounding` is run once over those
+2**17 classes to build a table, and quantizing is one gather per element.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import ml_dtypes
+import numpy as np
+
+from . import _validate as v
+from .rounding import BFLOAT16, FLOAT16, BinaryFormat, round_float32, round_to_16bit
+
+
+@dataclass(frozen=True)
+class Fp8Format:
+    name: str
+    binary: BinaryFormat
+    inf_code: int | None  # magnitude code of infinity, None where the format has none
+    fnuz: bool  # "finite, no negative zero": 0x80 is the one NaN, -0 becomes +0
+    ml_dtype: type  # the ml_dtypes scalar type, used only to view codes as values
+
+    @property
+    def max_code(self) -> int:
+        return self.binary.max_code
+
+
+FORMATS = {
+    "e4m3fn": Fp8Format("e4m3fn", BinaryFormat("e4m3fn", 4, 3, 7, 0x7E), None, False,
+                        ml_dtypes.float8_e4m3fn),
+    "e5m2": Fp8Format("e5m2", BinaryFormat("e5m2", 5, 2, 15, 0x7B), 0x7C, False,
+                      ml_dtypes.float8_e5m2),
+    "e4m3fnuz": Fp8Format("e4m3fnuz", BinaryFormat("e4m3fnuz", 4, 3, 8, 0x7F), None, True,
+                          ml_dtypes.float8_e4m3fnuz),
+    "e5m2fnuz": Fp8Format("e5m2fnuz", BinaryFormat("e5m2fnuz", 5, 2, 16, 0x7F), None, True,
+                          ml_dtypes.float8_e5m2fnuz),
+}
+
+SCALE_OPS = ("div", "mul_reciprocal")
+INTERMEDIATES = {None: None, "float16": FLOAT16, "bfloat16": BFLOAT16}
+INF_POLICIES = ("max", "nan", "inf")
+
+
+def get_format(fmt: str) -> Fp8Format:
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r} is not an fp8 format; expected one of {sorted(FORMATS)}")
+    return FORMATS[fmt]
+
+
+@dataclass(frozen=True)
+class NaNEncoding:
+    """The byte an implementation writes for a NaN result: ``byte`` (0..0xFF), with the input's
+    sign copied into bit 7 when ``signed``. Spelled like the docs: ``"0x7F|sign"``, ``"0x7F"``."""
+
+    byte: int
+    signed: bool
+
+    @classmethod
+    def parse(cls, spec: str, fmt: Fp8Format) -> "NaNEncoding":
+        text = spec.strip().lower()
+        signed = text.endswith("|sign")
+        if signed:
+            text = text[: -len("|sign")]
+        try:
+            byte = int(text, 16)
+        except ValueError:
+            raise ValueError(f"nan={spec!r} is not a NaN byte such as '0x7F|sign' or '0x7F'") from None
+        if fmt.fnuz:
+            if (byte, signed) != (0x80, False):
+                raise ValueError(f"nan={spec!r}: {fmt.name} has a single NaN, 0x80")
+        elif not _is_nan_code(fmt, byte & 0x7F) or (signed and byte & 0x80):
+            raise ValueError(f"nan={spec!r}: 0x{byte:02X} is not a NaN code of {fmt.name}")
+        return cls(byte, signed)
+
+    def __str__(self) -> str:
+        return f"0x{self.byte:02X}" + ("|sign" if self.signed else "")
+
+
+def _is_nan_code(fmt: Fp8Format, magnitude: int) -> bool:
+    exponent_all_ones = ((1 << fmt.binary.exponent_bits) - 1) << fmt.binary.mantissa_bits
+    if fmt.inf_code is not None:  # IEEE-like: exponent all ones, mantissa non-zero
+        return magnitude & exponent_all_ones == exponent_all_ones and magnitude != fmt.inf_code
+    return magnitude == 0x7F  # e4m3fn: only S.1111.111
+
+
+def canonical_nan(fmt: Fp8Format) -> str:
+    return "0x80" if fmt.fnuz else "0x7F|sign"
+
+
+@dataclass(frozen=True)
+class Fp8Knobs:
+    """How an implementation converts to fp8, where implementations legitimately differ.
+
+    - ``saturate``: finite values that overflow (after rounding) become ±max; otherwise they become
+      inf (formats with inf), NaN (e4m3fn) or 0x80 (fnuz).
+    - ``inf``: what ±inf becomes: ``"max"`` (±max), ``"nan"`` (the NaN encoding) or ``"inf"``
+      (formats with inf only). ``None``: ``"max"`` when saturating, else the format's natural one.
+    - ``nan``: the NaN encoding, e.g. ``"0x7F|sign"`` (torch), ``"0x7E|sign"`` (ml_dtypes e5m2),
+      ``"0x7F"`` (CUDA and Triton on sm_90: sign dropped). ``None``: the format's canonical one.
+    - ``scale_op``: ``"div"`` (x / scale in float32) or ``"mul_reciprocal"`` (x * (1/scale)).
+    - ``intermediate``: ``None``, ``"float16"`` or ``"bfloat16"``: round the quotient to that type
+      before the fp8 rounding (double rounding).
+    """
+
+    saturate: bool = True
+    inf: str | None = None
+    nan: str | None = None
+    scale_op: str = "div"
+    intermediate: str | None = None
+
+    def validated(self, fmt: Fp8Format) -> "Fp8Knobs":
+        """The knobs with defaults filled in for ``fmt``, or a ValueError naming the bad knob."""
+        if not isinstance(self.saturate, bool):
+            raise TypeError(f"saturate must be a bool, got {self.saturate!r}")
+        v.require_choice("scale_op", self.scale_op, SCALE_OPS)
+        v.require_choice("intermediate", self.intermediate, tuple(INTERMEDIATES))
+        inf = self.inf
+        if inf is None:
+            inf = "max" if self.saturate else ("inf" if fmt.inf_code is not None else "nan")
+        v.require_choice("inf", inf, INF_POLICIES)
+        if inf == "inf" and fmt.inf_code is None:
+            raise ValueError(f"inf='inf': {fmt.name} has no infinity")
+        nan = str(NaNEncoding.parse(self.nan or canonical_nan(fmt), fmt))
+        return replace(self, inf=inf, nan=nan)
+
+
+def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: int = -2,
+             **knobs) -> np.ndarray:
+    """Quantize ``x`` (float32, float16 or bfloat16) to fp8 codes (uint8, same shape).
+
+    ``scale`` is a positive finite number or a float32 array of shape ``()``, ``(1,)`` (per tensor)
+    or ``(H,)`` (per head: broadcast over ``x``'s ``head_axis``). The stored code is
+    ``fp8(x / scale)`` (the "descale" convention every peer uses). Knobs come from ``preset``
+    (see :mod:`oracle.reference.presets`; default ``ocp_satfinite``) and may be overridden one by
+    one: ``saturate``, ``inf``, ``nan``, ``scale_op``, ``intermediate`` (see :class:`Fp8Knobs`).
+    The input is never modified.
+    """
+    form = get_format(fmt)
+    resolved = resolve_knobs(form, preset, knobs)
+    v.require_float_input("x", x)
+    quotient = _scaled_float32(x, scale, resolved.scale_op, head_axis)
+    if resolved.intermediate is not None:
+        quotient = round_to_16bit(quotient, INTERMEDIATES[resolved.intermediate])
+    return _code_table(form.name, resolved)[_table_key(quotient)]
+
+
+def resolve_knobs(form: Fp8Format, preset: str | None, overrides: dict) -> Fp8Knobs:
+    from .presets import get_preset  # presets name knob values; they import this module
+
+    unknown = set(overrides) - set(Fp8Knobs.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown fp8 knob(s): {sorted(unknown)}; knobs are "
+                        f"{sorted(Fp8Knobs.__dataclass_fields__)}")
+    base = get_preset(preset or "ocp_satfinite").knobs(form.name)
+    return replace(base, **overrides).validated(form)
+
+
+def dequantize(codes, fmt: str, *, scale=1.0, head_axis: int = -2) -> np.ndarray:
+    """Decode fp8 codes (uint8) to float32 and multiply by ``scale`` (the stored code holds
+    ``x / scale``). NaN codes give NaN, inf codes inf; the input is never modified."""
+    form = get_format(fmt)
+    v.require_array("codes", codes)
+    v.require_dtype("codes", codes, (np.uint8,))
+    values = _decode_table(form.name)[codes]
+    scale = _scale_array(scale, values, head_axis)
+    if scale is None:
+        return values
+    return (values * scale).astype(np.float32)
+
+
+def code_values(fmt: str) -> np.ndarray:
+    """The float32 value of each of the 256 codes of ``fmt`` (by the format's definition)."""
+    return _decode_table(get_format(fmt).name).copy()
+
+
+def _scaled_float32(x: np.ndarray, scale, scale_op: str, head_axis: int) -> np.ndarray:
+    widened = x.astype(np.float32)  # exact from float16 and bfloat16
+    scale = _scale_array(scale, widened, head_axis)
+    if scale is None:
+        return widened
+    if scale_op == "div":
+        return widened / scale
+    return widened * (np.float32(1.0) / scale)
+
+
+def _scale_array(scale, x: np.ndarray, head_axis: int):
+    """The scale as float32, shaped to broadcast against ``x``; None when it is exactly 1."""
+    if isinstance(scale, np.ndarray):
+        v.require_dtype("scale", scale, (np.float32,), " (scales are float32 tensors)")
+        if scale.ndim > 1:
+            raise ValueError(f"scale must have shape (), (1,) or (H,), got {scale.shape}")
+        if scale.size == 0 or not np.all(np.isfinite(scale)) or not np.all(scale > 0):
+            raise ValueError(f"scale must be finite and > 0, got {scale!r}")
+        if scale.ndim == 1 and scale.size > 1:
+            axis = head_axis % max(x.ndim, 1) if x.ndim else None
+            if axis is None or x.shape[axis] != scale.size:
+                raise ValueError(f"per-head scale has shape {scale.shape} but x has shape "
+                                 f"{x.shape} (head axis {head_axis})")
+            return scale.reshape((scale.size,) + (1,) * (x.ndim - 1 - axis))
+        scale = scale.reshape(())[()]
+    elif isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating)):
+        raise TypeError(f"scale must be a number or a float32 array, got {scale!r}")
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be finite and > 0, got {scale!r}")
+    scale = np.float32(scale)
+    return None if scale == 1 else scale
+
+
+def _table_key(values: np.ndarray) -> np.ndarray:
+    """(top 16 bits << 1) | (any of the low 16 bits set), as one shift, one mask and one or."""
+    bits = np.ascontiguousarray(values).view(np.uint32)
+    key = bits >> np.uint32(15)
+    key |= (bits & np.uint32(0x7FFF)) != 0
+    return key
+
+
+@functools.lru_cache(maxsize=64)
+def _code_table(fmt_name: str, knobs: Fp8Knobs) -> np.ndarray:
+    high = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    representatives = np.stack([high, high | np.uint32(1)], axis=1).reshape(-1)
+    table = encode(representatives, FORMATS[fmt_name], knobs)
+    table.flags.writeable = False
+    return table
+
+
+def encode(bits: np.ndarray, form: Fp8Format, knobs: Fp8Knobs) -> np.ndarray:
+    """fp8 codes of float32 bit patterns under validated ``knobs``, by integer arithmetic alone."""
+    sign, code, is_nan, is_inf, overflow = round_float32(bits, form.binary)
+    sign_bit = (sign << np.uint32(7)).astype(np.int64)
+    nan = NaNEncoding.parse(knobs.nan, form)
+    nan_code = np.full(code.shape, nan.byte, dtype=np.int64)
+    if nan.signed:
+        nan_code |= sign_bit
+
+    out = np.where(code == 0, 0, code | sign_bit) if form.fnuz else code | sign_bit
+    if knobs.saturate:
+        out = np.where(overflow, sign_bit | form.max_code, out)
+    elif form.fnuz:
+        out = np.where(overflow, 0x80, out)
+    elif form.inf_code is not None:
+        out = np.where(overflow, sign_bit | form.inf_code, out)
+    else:
+        out = np.where(overflow, nan_code, out)
+    inf_result = {"max": sign_bit | form.max_code, "nan": nan_code,
+                  "inf": sign_bit | (form.inf_code or 0)}[knobs.inf]
+    out = np.where(is_inf, inf_result, out)
+    out = np.where(is_nan, nan_code, out)
+    return out.astype(np.uint8)
+
+
+@functools.lru_cache(maxsize=8)
+def _decode_table(fmt_name: str) -> np.ndarray:
+    form = FORMATS[fmt_name]
+    mbits, bias = form.binary.mantissa_bits, form.binary.bias
+    codes = np.arange(256)
+    magnitude = codes & 0x7F
+    exponent = magnitude >> mbits
+    mantissa = magnitude & ((1 << mbits) - 1)
+    value = np.where(exponent == 0,
+                     np.ldexp(mantissa.astype(np.float64), 1 - bias - mbits),
+                     np.ldexp((mantissa + (1 << mbits)).astype(np.float64), exponent - bias - mbits))
+    value = np.where(codes & 0x80, -value, value)
+    if form.fnuz:
+        value[0x80] = np.nan
+    else:
+        is_nan = np.array([_is_nan_code(form, m) for m in magnitude])
+        value[is_nan] = np.nan
+        if form.inf_code is not None:
+            value[magnitude == form.inf_code] = np.copysign(np.inf, value[magnitude == form.inf_code])
+    table = value.astype(np.float32)
+    table.flags.writeable = False
+    return table

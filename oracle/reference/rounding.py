@@ -1,0 +1,87 @@
+"""Round float32 bit patterns to a narrower binary float format, by integer arithmetic.
+
+One routine serves every narrow format the reference needs (the four fp8 formats, and float16 and
+bfloat16 as double-rounding intermediates): round to nearest, ties to even, from the exact float32
+value, with overflow decided *after* rounding. Special values (NaN, inf, overflow) are reported as
+masks; what they become is the caller's policy, because that is exactly where real kernels differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BinaryFormat:
+    """A sign-exponent-mantissa float format.
+
+    ``max_code`` is the largest finite magnitude code (sign bit clear); codes above it are the
+    format's specials (inf/NaN), which :func:`round_float32` never produces.
+    """
+
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    max_code: int
+
+    @property
+    def min_exponent(self) -> int:
+        """Unbiased exponent of the smallest normal number."""
+        return 1 - self.bias
+
+
+def round_float32(bits: np.ndarray, fmt: BinaryFormat):
+    """Round float32 values (given as uint32 bit patterns) to ``fmt``.
+
+    Returns ``(sign, code, is_nan, is_inf, overflow)``: ``sign`` is 0/1 (uint32), ``code`` the
+    rounded magnitude code (int64; meaningless where a mask is set), ``overflow`` marks finite
+    inputs whose rounded magnitude exceeds ``fmt.max_code``.
+    """
+    bits = np.asarray(bits, dtype=np.uint32)
+    sign = bits >> np.uint32(31)
+    magnitude = bits & np.uint32(0x7FFFFFFF)
+    is_nan = magnitude > np.uint32(0x7F800000)
+    is_inf = magnitude == np.uint32(0x7F800000)
+
+    biased = (magnitude >> np.uint32(23)).astype(np.int64)
+    significand = (magnitude & np.uint32(0x7FFFFF)).astype(np.int64)
+    significand |= (biased != 0).astype(np.int64) << 23
+    # float32 subnormals share the exponent of the smallest normal, without the implicit bit.
+    exponent = np.maximum(biased, 1) - 127
+    # The target's quantum at this magnitude is 2**(quantum_exponent - mantissa_bits).
+    quantum_exponent = np.maximum(exponent, fmt.min_exponent)
+    # Shifts past 25 all round a 24-bit significand to zero; clipping keeps numpy shifts defined.
+    shift = np.minimum(23 - fmt.mantissa_bits + (quantum_exponent - exponent), 25)
+
+    kept = significand >> shift
+    remainder = significand & ((np.int64(1) << shift) - 1)
+    half = np.int64(1) << (shift - 1)
+    round_up = (remainder > half) | ((remainder == half) & ((kept & 1) == 1))
+    kept += round_up
+    # A carry out of the mantissa lands in the exponent field by plain addition.
+    code = ((quantum_exponent + fmt.bias - 1) << fmt.mantissa_bits) + kept
+
+    finite = ~(is_nan | is_inf)
+    overflow = finite & (code > fmt.max_code)
+    return sign, code, is_nan, is_inf, overflow
+
+
+FLOAT16 = BinaryFormat("float16", 5, 10, 15, 0x7BFF)
+BFLOAT16 = BinaryFormat("bfloat16", 8, 7, 127, 0x7F7F)
+
+
+def round_to_16bit(values: np.ndarray, fmt: BinaryFormat) -> np.ndarray:
+    """Round float32 values to float16 or bfloat16 (IEEE semantics: overflow to inf, NaN kept,
+    sign kept) and widen them back to float32, exactly."""
+    sign, code, is_nan, is_inf, overflow = round_float32(values.view(np.uint32), fmt)
+    infinity = ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits
+    quiet_nan = infinity | (1 << (fmt.mantissa_bits - 1))
+    code = np.where(is_inf | overflow, infinity, code)
+    code = np.where(is_nan, quiet_nan, code)
+    narrow = (code | (sign.astype(np.int64) << 15)).astype(np.uint16)
+    if fmt is FLOAT16:
+        return narrow.view(np.float16).astype(np.float32)
+    return (narrow.astype(np.uint32) << np.uint32(16)).view(np.float32)
