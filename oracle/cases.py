@@ -1,0 +1,98 @@
+"""The case catalogue: one list of case classes, applied to every op where it makes sense.
+
+Each class is a generator over an op spec's declared axes (its dtypes, shapes, sources, layouts,
+fp8 support, bad inputs), so an op gets every class by describing itself, never by copying cases.
+"""
+
+from __future__ import annotations
+
+from .ops import SPECS
+from .ops.base import Case, OpSpec
+from .reference.fp8 import FORMATS
+
+PROFILES = ("quick", "full", "exhaustive")
+CASE_CLASSES = ("dtypes", "sizes", "strides", "aliasing", "padding", "duplicates", "large", "fp8",
+                "bad_input")
+
+
+def _dtypes(spec: OpSpec, profile: str):
+    for dtype in spec.dtypes or (None,):
+        for index in spec.index_dtypes or (None,):
+            yield {"dtype": dtype, "index": index}
+
+
+def _sizes(spec: OpSpec, profile: str):
+    for n in spec.sizes:
+        for index in (spec.index_dtypes if profile != "quick" else spec.index_dtypes[:1]) or (None,):
+            yield {"n": n, "index": index}
+    for shape in spec.shapes:
+        for dtype in (spec.dtypes if profile != "quick" else spec.dtypes[:1]) or (None,):
+            yield {"shape": shape, "n": 7 if profile == "quick" else 133, "dtype": dtype}
+
+
+def _strides(spec: OpSpec, profile: str):
+    if spec.sources:
+        yield {"src": "fused"}
+    for layout in ("strided", "offset") if spec.index_dtypes else ():
+        for index in spec.index_dtypes:
+            yield {"index_layout": layout, "index": index}
+
+
+def _aliasing(spec: OpSpec, profile: str):
+    for cache in spec.aliasing:
+        yield {"cache": cache}
+    for layout in spec.layouts[1:]:
+        yield {"layout": layout}
+        yield {"layout": layout, "src": "fused"}
+
+
+def _padding(spec: OpSpec, profile: str):
+    if spec.index_dtypes and not spec.returns:
+        for policy in ("negative", "reserved:0"):
+            for index in spec.index_dtypes:
+                yield {"padding": policy, "index": index}
+
+
+def _duplicates(spec: OpSpec, profile: str):
+    if spec.index_dtypes and not spec.returns:
+        yield {"dups": True}
+
+
+def _large(spec: OpSpec, profile: str):
+    if profile != "quick" and getattr(spec, "large_case", None):
+        yield dict(spec.large_case, large=True)
+
+
+def _fp8(spec: OpSpec, profile: str):
+    if not spec.fp8:
+        return
+    formats = tuple(FORMATS) if profile != "quick" else ("e4m3fn", "e5m2")
+    for fmt in formats:
+        for scale in spec.fp8_scales:
+            for values in ("random", "special", "double_rounding"):
+                yield {"fp8": fmt, "scale": scale, "values": values}
+
+
+def _bad_input(spec: OpSpec, profile: str):
+    for bad in spec.bad_inputs():
+        yield {"bad": bad}
+
+
+GENERATORS = {"dtypes": _dtypes, "sizes": _sizes, "strides": _strides, "aliasing": _aliasing,
+              "padding": _padding, "duplicates": _duplicates, "large": _large, "fp8": _fp8,
+              "bad_input": _bad_input}
+
+
+def catalogue(op: str, profile: str = "quick") -> list[Case]:
+    """Every case of ``op`` in ``profile``, in a stable order, without duplicate ids."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile={profile!r} is not one of {', '.join(PROFILES)}")
+    spec = SPECS[op]
+    seen, out = set(), []
+    for case_class in CASE_CLASSES:
+        for params in GENERATORS[case_class](spec, profile):
+            case = Case.make(op, case_class, **params)
+            if case.id not in seen:
+                seen.add(case.id)
+                out.append(case)
+    return out

@@ -1,0 +1,46 @@
+"""The ``oracle`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+
+
+def _selfcheck(args: argparse.Namespace) -> int:
+    from .reference.golden import format_table, run_golden
+
+    results = run_golden()
+    print(format_table(results))
+    failed = sum(r.failures for r in results)
+    total = sum(r.cases for r in results)
+    print(f"\n{total - failed} of {total} golden fp8 vectors agree with the reference"
+          + ("" if not failed else f"; {failed} FAIL"))
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="oracle",
+        description="kv-oracle: conformance oracle for LLM-serving KV-cache write kernels",
+    )
+    parser.add_argument("--version", action="version", version=f"kv-oracle {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    selfcheck = commands.add_parser(
+        "selfcheck", help="check the reference against its committed golden fp8 vectors")
+    selfcheck.set_defaults(handler=_selfcheck)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is None:
+        parser.print_help()
+        return 2
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

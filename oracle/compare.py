@@ -1,0 +1,141 @@
+"""Comparison of a kernel's memory with the reference's, and the words that explain a difference.
+
+Plain writes are compared bit for bit over whole regions (guard bands included); fp8 caches as
+codes, exactly, unless the contract declares a tolerance. A difference is reported at the first
+differing byte: which view and element (slot, row, byte), expected and got in hex and as a value,
+how many slots differ, or which guard band was written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .buffers import NUMPY_DTYPES, Arena, ViewSpec, numpy_view
+from .reference.slots import OneOfRows
+
+
+@dataclass
+class Difference:
+    text: str  # the whole explanation, several lines
+    first: dict  # machine-readable first difference, for reports
+    off_by: int = 0  # fp8 within-tolerance count, when that is all that differs
+
+
+def expected_regions(arena: Arena, before: dict, after: dict, expected: dict) -> tuple[dict, list[str]]:
+    """``before`` with the reference's results written into each cache view. For OneOfRows, a
+    duplicated slot takes the kernel's row when that row is one of the allowed ones, so the byte
+    comparison then only flags disallowed rows; the reasons for those come back as strings."""
+    regions = {name: data.copy() for name, data in before.items()}
+    problems = []
+    for name, outcome in expected.items():
+        view = arena.numpy_view(regions, name)
+        if isinstance(outcome, OneOfRows):
+            actual = arena.numpy_view(after, name)
+            reason = outcome.check(np.array(actual))
+            if reason:
+                problems.append(f"{name}: {reason}")
+            view[...] = outcome.resolve(np.array(actual)) if not reason else outcome.base
+        else:
+            view[...] = outcome
+    return regions, problems
+
+
+def first_difference(arena: Arena, expected: dict, after: dict) -> Difference | None:
+    for name, want in expected.items():
+        got = after[name]
+        if np.array_equal(want, got):
+            continue
+        where = np.flatnonzero(want != got)
+        return _describe(arena, name, where, want, got)
+    return None
+
+
+def _describe(arena: Arena, region: str, where: np.ndarray, want: np.ndarray, got: np.ndarray) -> Difference:
+    reg = arena.regions[region]
+    byte = int(where[0])
+    payload_offset = byte - reg.guard
+    lines = []
+    first = {"region": region, "byte": payload_offset, "differing_bytes": int(where.size)}
+    in_guard = payload_offset < 0 or payload_offset >= reg.payload
+    views = [v for v in arena.views.values() if v.region == region]
+    owner = _owner(views, payload_offset)
+    if in_guard:
+        side = "before" if payload_offset < 0 else "after"
+        distance = -payload_offset if payload_offset < 0 else payload_offset - reg.payload + 1
+        lines.append(f"guard band written: {distance} byte(s) {side} the payload of region {region!r} "
+                     f"({where.size} guard/payload bytes differ in all)")
+        first["guard"] = side
+    if owner is not None:
+        spec, index, within = owner
+        first.update(view=spec.name, index=list(index), byte_in_element=within)
+        element = f"{spec.name}[{', '.join(map(str, index))}]"
+        exp, act = _element(want, reg.guard, spec, index), _element(got, reg.guard, spec, index)
+        lines.append(f"first difference at {element} byte {within}: expected {exp}, got {act}")
+        first.update(expected=exp, got=act)
+        if not in_guard:
+            rows = _rows_differing(arena, region, spec, want, got)
+            lines.append(f"{rows[0]} of {rows[1]} {'slots' if spec.role == 'cache' else 'rows'} of "
+                         f"{spec.name} differ")
+            first["rows_differing"] = rows[0]
+            if spec.role != "cache":
+                lines.append(f"{spec.name} is an input ({spec.role}): the kernel modified it")
+    else:
+        lines.append(f"first difference at byte {payload_offset} of region {region!r}: expected "
+                     f"0x{want[byte]:02x}, got 0x{got[byte]:02x} (outside every view)")
+    return Difference("\n".join(lines), first)
+
+
+def _owner(views: list[ViewSpec], offset: int):
+    """The view and element index a payload byte offset belongs to, extending a view's first axis
+    past its ends so that "row -1 of k_cache" can be named."""
+    best = None
+    for spec in views:
+        if not spec.shape or 0 in spec.shape:
+            continue
+        rel = offset - spec.offset
+        index, rest = [], rel
+        order = sorted(range(len(spec.shape)), key=lambda i: -abs(spec.strides[i]))
+        itemsize = spec.itemsize
+        coords = [0] * len(spec.shape)
+        for axis in order:
+            stride_bytes = spec.strides[axis] * itemsize
+            if stride_bytes == 0:
+                continue
+            q = rest // stride_bytes
+            if axis != 0:
+                q = min(max(q, 0), spec.shape[axis] - 1)
+            coords[axis] = int(q)
+            rest -= q * stride_bytes
+        if not 0 <= rest < itemsize:
+            continue
+        inside = all(0 <= c < n for c, n in zip(coords, spec.shape))
+        score = (inside, spec.role == "cache")
+        if best is None or score > best[0]:
+            best = (score, (spec, tuple(coords), int(rest)))
+        index = coords
+    return None if best is None else best[1]
+
+
+def _element(region_bytes: np.ndarray, guard: int, spec: ViewSpec, index) -> str:
+    dtype = NUMPY_DTYPES[spec.dtype]
+    start = guard + spec.offset + sum(i * s for i, s in zip(index, spec.strides)) * dtype.itemsize
+    if start < 0 or start + dtype.itemsize > region_bytes.size:
+        return "(outside the allocation)"
+    raw = region_bytes[start: start + dtype.itemsize]
+    value = raw.view(dtype)[0]
+    hexes = "0x" + raw[::-1].tobytes().hex()
+    if dtype.kind in "ui":
+        return f"{hexes} ({int(value)})"
+    return f"{hexes} ({float(value):.6g})"
+
+
+def _rows_differing(arena: Arena, region: str, spec: ViewSpec, want: np.ndarray, got: np.ndarray):
+    a = numpy_view(want, spec, arena.regions[region].guard)
+    b = numpy_view(got, spec, arena.regions[region].guard)
+    if a.ndim == 0:
+        return int(not np.array_equal(a.view(np.uint8), b.view(np.uint8))), 1
+    diff = np.ascontiguousarray(a).view(np.uint8).reshape(a.shape[0], -1) != \
+        np.ascontiguousarray(b).view(np.uint8).reshape(b.shape[0], -1)
+    return int(diff.any(axis=1).sum()), a.shape[0]

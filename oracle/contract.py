@@ -1,0 +1,171 @@
+"""The capability manifest a kernel registers with: what it promises, and so what it is tested on.
+
+The suite reads a contract both ways. A case inside the contract must pass. A case outside it is
+"not supported"; where running it is harmless (a dtype, a layout, a stride), the suite still runs
+it and reports "works, not declared" when it passes, so a contract can be widened with evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Callable
+
+from .reference import fp8 as _fp8
+from .reference import presets as _presets
+from .reference.slots import Padding
+
+OPS = ("store_cache", "reshape_and_cache_flash", "set_mla_kv_buffer", "concat_and_cache_mla",
+       "quantize_fp8", "translate_full_to_swa")
+DTYPES = ("float32", "float16", "bfloat16", "uint8")
+INDEX_DTYPES = ("int32", "int64")
+SCALES = ("tensor", "head")
+LAYOUTS = ("NHD", "HND")
+
+
+def always_available() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """fp8 results may be off by up to ``codes`` codes in at most ``budget`` elements per case;
+    such a case passes with a warning that states how many were off."""
+
+    codes: int
+    budget: int
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What one kernel promises. Every field has the default a careful GPU kernel would declare,
+    except ``op``, ``name`` and ``backend``, which are required."""
+
+    op: str
+    name: str
+    backend: str
+    device: str = "cpu"
+    dtypes: tuple = ("float32", "float16", "bfloat16")
+    index_dtypes: tuple = INDEX_DTYPES
+    fp8_formats: tuple = ()  # kv_cache_dtype values besides "auto" that it implements
+    fp8_preset: str = "ocp_satfinite"  # how it converts to fp8 (oracle.reference.presets)
+    fp8_knobs: tuple = ()  # (knob, value) pairs overriding the preset, e.g. (("scale_op", "mul_reciprocal"),)
+    scales: tuple = SCALES  # per-tensor ("tensor") and/or per-head ("head") fp8 scales
+    padding: str = "none"  # oracle.reference.slots padding policy: none, negative, reserved:K
+    duplicates: str = "forbid"  # forbid (never tested) or any (whole rows, no torn rows)
+    layouts: tuple = LAYOUTS  # paged cache layouts
+    strided_sources: bool = True  # honours any source row stride (K, V sliced from fused qkv)
+    strided_index: bool = True  # honours the index tensor's stride and storage offset
+    aliased_caches: bool = True  # caches may be views of one tensor or at a storage offset
+    row_bytes_multiple: int = 1  # rows whose byte width is not a multiple are out of contract
+    large_caches: bool = True  # offsets past 2**31 elements (64-bit offset arithmetic)
+    validates: bool = False  # rejects bad input with an error, writing nothing
+    tolerance: Tolerance | None = None
+    available: Callable[[], str | None] = field(default=always_available, compare=False)
+    notes: str = ""
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise ValueError(f"contract {self.name!r}: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Everything wrong with this manifest (a broken plug-in is reported with these)."""
+        out = []
+        if self.op not in OPS:
+            out.append(f"op={self.op!r} is not one of {', '.join(OPS)}")
+        if not self.name or not isinstance(self.name, str):
+            out.append(f"name={self.name!r} must be a non-empty string")
+        if not self.backend:
+            out.append("backend must be set")
+        for attr, allowed in (("dtypes", DTYPES), ("index_dtypes", INDEX_DTYPES),
+                              ("fp8_formats", tuple(_fp8.FORMATS)), ("scales", SCALES),
+                              ("layouts", LAYOUTS)):
+            value = getattr(self, attr)
+            if not isinstance(value, tuple):
+                out.append(f"{attr} must be a tuple, got {value!r}")
+            elif set(value) - set(allowed):
+                out.append(f"{attr} has {sorted(set(value) - set(allowed))}; allowed: {', '.join(allowed)}")
+        try:
+            Padding.parse(self.padding)
+        except ValueError as exc:
+            out.append(str(exc))
+        if self.duplicates not in ("forbid", "any"):
+            out.append(f"duplicates={self.duplicates!r} is not 'forbid' or 'any'")
+        if self.fp8_formats:
+            try:
+                for fmt in self.fp8_formats:
+                    self.knobs(fmt)
+            except (TypeError, ValueError) as exc:
+                out.append(f"fp8: {exc}")
+        if not callable(self.available):
+            out.append("available must be a callable returning None or a reason")
+        return out
+
+    def knobs(self, fmt: str) -> _fp8.Fp8Knobs:
+        """The fp8 knobs this kernel declares for ``fmt``."""
+        return _fp8.resolve_knobs(_fp8.get_format(fmt), self.fp8_preset, dict(self.fp8_knobs))
+
+    def describe(self) -> str:
+        """The contract in one line."""
+        parts = [f"{self.op} on {self.device}", "/".join(self.dtypes), "idx " + "/".join(self.index_dtypes)]
+        if self.fp8_formats:
+            knobs = ",".join(f"{k}={v}" for k, v in self.fp8_knobs)
+            parts.append("fp8 " + "/".join(self.fp8_formats) + f" ({self.fp8_preset}{',' + knobs if knobs else ''})")
+        parts += [f"padding={self.padding}", f"duplicates={self.duplicates}"]
+        if self.op in ("reshape_and_cache_flash",):
+            parts.append("layouts " + "/".join(self.layouts))
+        if self.row_bytes_multiple > 1:
+            parts.append(f"row bytes % {self.row_bytes_multiple}")
+        parts.append("validates" if self.validates else "no validation")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict:
+        out = {}
+        for f in fields(self):
+            if f.name == "available":
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = value.__dict__ if isinstance(value, Tolerance) else value
+        return out
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One way a case lies outside a contract. ``probe`` says whether running it anyway is
+    harmless (a dtype or a layout), so that a pass can be reported as "works, not declared"."""
+
+    key: str
+    text: str
+    probe: bool
+
+
+def gaps(contract: Contract, needs: dict) -> list[Gap]:
+    """How a case with requirements ``needs`` (see oracle.ops.base.Case.needs) falls outside."""
+    out = []
+
+    def lacks(key, declared, wanted, probe, label=None):
+        if wanted is not None and wanted not in declared:
+            out.append(Gap(key, f"{label or key} {wanted} not declared (declares {', '.join(map(str, declared)) or 'none'})", probe))
+
+    lacks("dtype", contract.dtypes, needs.get("dtype"), True)
+    lacks("index_dtype", contract.index_dtypes, needs.get("index_dtype"), True)
+    lacks("fp8_format", contract.fp8_formats, needs.get("fp8_format"), True, "fp8 format")
+    lacks("scale", contract.scales, needs.get("scale"), True, "scale kind")
+    lacks("layout", contract.layouts, needs.get("layout"), True)
+    if needs.get("padding") and needs["padding"] != contract.padding:
+        out.append(Gap("padding", f"padding slots under policy {needs['padding']}; the kernel declares padding={contract.padding}", False))
+    if needs.get("duplicates") and contract.duplicates != "any":
+        out.append(Gap("duplicates", "duplicate slots; the kernel declares duplicates=forbid", False))
+    for key, attr, text in (("strided_source", "strided_sources", "a non-contiguous source"),
+                            ("strided_index", "strided_index", "a strided or offset index tensor"),
+                            ("aliased_caches", "aliased_caches", "caches that alias one allocation"),
+                            ("large_cache", "large_caches", "offsets past 2**31 elements")):
+        if needs.get(key) and not getattr(contract, attr):
+            out.append(Gap(key, f"{text}; the kernel declares {attr}=False", key != "large_cache"))
+    row_bytes = needs.get("row_bytes")
+    if row_bytes and row_bytes % contract.row_bytes_multiple:
+        out.append(Gap("row_bytes", f"rows of {row_bytes} bytes; the kernel needs a multiple of "
+                                    f"{contract.row_bytes_multiple}", True))
+    if needs.get("bad_input") and not contract.validates:
+        out.append(Gap("bad_input", "bad input; the kernel declares validates=False (undefined behaviour)", False))
+    return out

@@ -1,0 +1,20 @@
+"""Op specs: one module per op family, each the calling convention its kernels implement.
+
+Adding an op means one reference module, one spec module here, and one line below.
+"""
+
+from __future__ import annotations
+
+from .base import Case, OpSpec, Prepared
+from .store_cache import StoreCache
+
+SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (StoreCache(),)}
+
+
+def get_spec(op: str) -> OpSpec:
+    if op not in SPECS:
+        raise ValueError(f"op {op!r} has no spec; known ops: {', '.join(SPECS)}")
+    return SPECS[op]
+
+
+__all__ = ["Case", "OpSpec", "Prepared", "SPECS", "get_spec"]

@@ -1,0 +1,111 @@
+"""Input builders shared by the op specs: slots, index tensors, source rows and caches, each in
+the layout variant a case asks for (contiguous, sliced from a fused tensor, strided, aliased)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..buffers import NUMPY_DTYPES, Arena
+
+GUARD_MIN = 256
+
+
+def values(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
+    """Random finite source values (uint8: random bytes)."""
+    if dtype == "uint8":
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+    return (rng.standard_normal(shape) * 2.0).astype(np.float32).astype(NUMPY_DTYPES[dtype])
+
+
+def slots(rng: np.random.Generator, n: int, num_slots: int, *, padding: str | None = None,
+          dups: bool = False) -> np.ndarray:
+    """``n`` distinct slots in ``[1, num_slots)`` (slot 0 stays the padding slot), then padding
+    entries (-1 or slot 0) or duplicated slots mixed in when the case asks for them."""
+    out = rng.permutation(np.arange(1, num_slots))[:n].astype(np.int64)
+    if n and padding:
+        marked = rng.choice(n, size=max(1, n // 8), replace=False)
+        out[marked] = -1 if padding == "negative" else int(padding.split(":")[1])
+    if n > 1 and dups:
+        targets = rng.choice(n, size=max(1, n // 8), replace=False)
+        out[targets] = out[rng.integers(0, n, size=targets.size)]
+    return out
+
+
+def index(arena: Arena, name: str, entries: np.ndarray, dtype: str, layout: str, num_slots: int,
+          rng: np.random.Generator):
+    """The index tensor: contiguous, every other element of a larger tensor ("strided"), or at a
+    storage offset ("offset"). The skipped elements hold valid but wrong slots, so a kernel that
+    ignores the stride or the offset writes wrong rows instead of crashing."""
+    entries = entries.astype(NUMPY_DTYPES[dtype])
+    n = len(entries)
+    decoys = rng.integers(1, max(num_slots, 2), size=2 * n + 8).astype(entries.dtype)
+    if layout == "contig":
+        return arena.tensor(name, entries, role="index")
+    step, offset = (2, 1) if layout == "strided" else (1, 5)
+    arena.tensor(name + "_storage", decoys, role="decoy")
+    return arena.view(name, name + "_storage", (n,), (step,), offset * entries.itemsize, dtype,
+                      role="index", values=entries)
+
+
+def rows(arena: Arena, names: tuple, arrays: tuple, layout: str):
+    """Source tensors ``[N, *row]``: each in its own allocation, or ("fused") all sliced out of one
+    row-major tensor that also holds a leading block of other columns (a fused qkv projection),
+    so each one's row stride exceeds its row."""
+    if layout == "contig":
+        return tuple(arena.tensor(n, a, role="source") for n, a in zip(names, arrays))
+    dtype = arrays[0].dtype
+    n = arrays[0].shape[0]
+    widths = [int(np.prod(a.shape[1:])) for a in arrays]
+    lead = widths[0]  # the "q" columns no kernel should touch
+    row = lead + sum(widths)
+    region = "_".join(names) + "_fused"
+    arena.region(region, max(n * row * dtype.itemsize, 1), GUARD_MIN)
+    out, column = [], lead
+    for name, a, w in zip(names, arrays, widths):
+        strides = (row,) + _inner_strides(a.shape[1:])
+        out.append(arena.view(name, region, a.shape, strides, column * dtype.itemsize,
+                              _dtype_name(dtype), role="source", values=a))
+        column += w
+    return tuple(out)
+
+
+def caches(arena: Arena, names: tuple, shapes: tuple, dtype: str, layout: str, slot_axes: int = 1):
+    """Cache tensors, poisoned: separate allocations ("plain"), each at a storage offset of three
+    slots ("offset"), or ("aliased") interleaved views of one allocation, slot by slot, the way a
+    fused kv tensor ``[S, 2, ...]`` is split into K and V. ``slot_axes`` leading axes address a
+    slot; the guard band is at least one slot stride, so a -1 write lands in it."""
+    itemsize = NUMPY_DTYPES[dtype].itemsize
+    if layout in ("plain", "offset"):
+        out = []
+        for name, shape in zip(names, shapes):
+            slot_bytes = int(np.prod(shape[1:])) * itemsize
+            lead = 3 * slot_bytes if layout == "offset" else 0
+            arena.region(name + "_storage", lead + int(np.prod(shape)) * itemsize,
+                         max(GUARD_MIN, slot_bytes))
+            out.append(arena.view(name, name + "_storage", shape, None, lead, dtype, role="cache"))
+        return tuple(out)
+    per_slot = [int(np.prod(s[1:])) for s in shapes]
+    stride0 = sum(per_slot)
+    region = "_".join(names) + "_storage"
+    arena.region(region, shapes[0][0] * stride0 * itemsize, max(GUARD_MIN, stride0 * itemsize))
+    out, column = [], 0
+    for name, shape, width in zip(names, shapes, per_slot):
+        strides = (stride0,) + _inner_strides(shape[1:])
+        out.append(arena.view(name, region, shape, strides, column * itemsize, dtype, role="cache"))
+        column += width
+    return tuple(out)
+
+
+def _inner_strides(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _dtype_name(dtype) -> str:
+    for name, d in NUMPY_DTYPES.items():
+        if d == dtype:
+            return name
+    raise TypeError(dtype)

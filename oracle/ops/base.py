@@ -1,0 +1,146 @@
+"""What every op spec provides, and the one-way pipeline that runs a case.
+
+case -> inputs (an Arena of guarded views) -> kernel call -> reference -> comparison -> outcome.
+A spec knows its op's calling convention: how to build valid inputs for a case, how to call the
+reference with a contract's knobs, and what bad inputs look like. Nothing downstream reaches back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..buffers import Arena, SHORT_NAMES
+from ..contract import Contract
+
+PARAM_ORDER = ("dtype", "fp8", "index", "shape", "layout", "src", "index_layout", "cache",
+               "padding", "dups", "scale", "values", "bad", "large", "n")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One generated case: an op, its case class and its parameters. ``seed`` is derived from the
+    id, so the same case always builds the same inputs on every machine."""
+
+    op: str
+    cls: str
+    params: tuple = ()  # sorted (key, value) pairs
+
+    @classmethod
+    def make(cls, op: str, case_class: str, **params) -> "Case":
+        return cls(op, case_class, tuple(sorted((k, v) for k, v in params.items() if v is not None)))
+
+    @property
+    def p(self) -> dict:
+        return dict(self.params)
+
+    @property
+    def id(self) -> str:
+        p = self.p
+        parts = []
+        for key in PARAM_ORDER:
+            if key not in p:
+                continue
+            value = p[key]
+            if key == "dtype":
+                parts.append(SHORT_NAMES.get(value, value))
+            elif key == "n":
+                parts.append(f"N{value}")
+            elif key == "shape":
+                parts.append("x".join(map(str, value)))
+            elif key in ("dups", "large"):
+                parts.append(key)
+            elif key == "padding":
+                parts.append("pad_" + str(value).replace(":", ""))
+            elif key in ("src", "index_layout", "cache"):
+                parts.append(f"{value}_{ {'src': 'src', 'index_layout': 'index', 'cache': 'cache'}[key]}")
+            elif key == "scale":
+                parts.append(f"scale_{value}")
+            elif key == "bad":
+                parts.append(f"bad_{value}")
+            else:
+                parts.append(str(value))
+        return "-".join(parts)
+
+    @property
+    def seed(self) -> int:
+        digest = hashlib.sha256(f"{self.op}/{self.cls}/{self.id}".encode()).digest()
+        return int.from_bytes(digest[:4], "little")
+
+
+@dataclass
+class Prepared:
+    """A case's inputs, ready to call: the arena, the kernel's arguments, and the reference's."""
+
+    arena: Arena
+    args: tuple  # positional arguments of the op's calling convention
+    caches: tuple  # names of the views the kernel writes
+    before: dict = field(default_factory=dict)  # region snapshots taken just before the call
+
+    def numpy(self, name: str) -> np.ndarray:
+        """The numpy twin of a view as it was before the call."""
+        return self.arena.numpy_view(self.before, name).copy()
+
+
+class OpSpec:
+    """Base class of the op specs in this package. Subclasses set the class attributes and
+    implement ``build``, ``expected`` and ``bad_inputs``."""
+
+    name: str = ""
+    signature: str = ""
+    dtypes: tuple = ()  # source/cache dtypes the catalogue exercises
+    index_dtypes: tuple = ("int32", "int64")
+    fp8: bool = False  # has a kv_cache_dtype / fp8 path
+    default_shape: tuple = ()
+    shapes: tuple = ()  # shape variants for the "sizes" case class
+    sizes: tuple = (0, 1, 7, 133, 4096)
+    sources: tuple = ()  # sources that can be non-contiguous slices of one tensor
+    aliasing: tuple = ("aliased", "offset")  # cache variants
+    layouts: tuple = ()  # paged cache layouts
+    returns: bool = False  # the op returns a tensor instead of writing a cache
+
+    def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
+        raise NotImplementedError
+
+    def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
+        """Expected contents of each written view (ndarray or OneOfRows), by the reference under
+        the contract's knobs; ``override`` replaces knobs to test alternative explanations."""
+        raise NotImplementedError
+
+    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
+        """Other behaviours a failing kernel might implement, as reference overrides, so a failure
+        can say "the result matches <label>"."""
+        return []
+
+    def row_bytes(self, case: Case) -> int:
+        return 0
+
+    def needs(self, case: Case) -> dict:
+        """What a kernel must declare for this case to be inside its contract."""
+        p = self.p_with_defaults(case)
+        out = {"dtype": p.get("dtype"), "index_dtype": p.get("index") if self.index_dtypes else None,
+               "fp8_format": p.get("fp8"), "scale": "head" if p.get("scale") == "head" else
+               ("tensor" if p.get("fp8") else None),
+               "layout": p.get("layout"), "padding": p.get("padding"),
+               "duplicates": bool(p.get("dups")), "strided_source": p.get("src") == "fused",
+               "strided_index": p.get("index_layout") in ("strided", "offset"),
+               "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted"),
+               "large_cache": bool(p.get("large")), "bad_input": p.get("bad") is not None,
+               "row_bytes": self.row_bytes(case)}
+        return out
+
+    def p_with_defaults(self, case: Case) -> dict:
+        p = {"n": 133, "shape": self.default_shape, "index": "int64", "src": "contig",
+             "index_layout": "contig", "cache": "plain", "values": "random"}
+        if self.layouts:
+            p["layout"] = self.layouts[0]
+        if self.dtypes:
+            p["dtype"] = self.dtypes[0]
+        p.update(case.p)
+        return p
+
+    def bad_inputs(self) -> tuple:
+        """Names of the bad-input variants ``build`` knows how to make."""
+        return ()

@@ -1,0 +1,69 @@
+"""``store_cache(k, v, k_cache, v_cache, loc)``: sglang's flat K/V scatter.
+
+k, v ``[N, H, D]`` with any row stride (often slices of one fused qkv tensor); caches ``[S, H, D]``;
+loc int32 or int64 ``[N]``. Rows are copied bitwise (fp8 pools are passed as uint8).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import reference
+from ..buffers import NUMPY_DTYPES, Arena
+from ..contract import Contract
+from . import _build
+from .base import Case, OpSpec, Prepared
+
+
+class StoreCache(OpSpec):
+    name = "store_cache"
+    signature = "store_cache(k, v, k_cache, v_cache, loc)"
+    dtypes = ("bfloat16", "float16", "float32", "uint8")
+    default_shape = (8, 128)  # (heads, head_dim)
+    shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (1, 96), (1, 97))
+    sources = ("k", "v")
+
+    def row_bytes(self, case: Case) -> int:
+        p = self.p_with_defaults(case)
+        heads, dim = p["shape"]
+        return heads * dim * NUMPY_DTYPES[p["dtype"]].itemsize
+
+    def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
+        p = self.p_with_defaults(case)
+        heads, dim = p["shape"]
+        n, dtype = p["n"], p["dtype"]
+        num_slots = max(2 * n, 64) + 3
+        k, v = _build.rows(arena, ("k", "v"), (_build.values(rng, (n, heads, dim), dtype),
+                                               _build.values(rng, (n, heads, dim), dtype)), p["src"])
+        k_cache, v_cache = _build.caches(arena, ("k_cache", "v_cache"),
+                                         ((num_slots, heads, dim),) * 2, dtype, p["cache"])
+        entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+        bad = p.get("bad")
+        if bad == "out_of_range" and n:
+            entries[n // 2] = num_slots
+        loc = _build.index(arena, "loc", entries, p["index"], p["index_layout"], num_slots, rng)
+        if bad == "dtype_mismatch":
+            k = k.to(torch.float16 if k.dtype != torch.float16 else torch.float32)
+        elif bad == "shape_mismatch":
+            v = v[:, :, : dim - 1]
+        elif bad == "index_dtype":
+            loc = loc.to(torch.int16)
+        elif bad == "loc_length":
+            loc = loc[: max(n - 1, 0)]
+        return Prepared(arena, (k, v, k_cache, v_cache, loc), ("k_cache", "v_cache"))
+
+    def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
+        policies = {"padding": contract.padding, "duplicates": contract.duplicates} | override
+        loc = prepared.numpy("loc")
+        return {cache: reference.store_cache(prepared.numpy(cache), loc, prepared.numpy(src), **policies)
+                for cache, src in (("k_cache", "k"), ("v_cache", "v"))}
+
+    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
+        if not case.p.get("padding"):
+            return []
+        return [(f"padding={policy!r}", {"padding": policy})
+                for policy in ("none", "negative", "reserved:0") if policy != contract.padding]
+
+    def bad_inputs(self) -> tuple:
+        return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "loc_length")

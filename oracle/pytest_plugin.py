@@ -1,0 +1,163 @@
+"""The pytest plug-in behind ``conformance/``: options, parametrization, failure reports, summary.
+
+Loaded through the ``pytest11`` entry point, so the suite runs from an installed kv-oracle as well
+as from a clone (``pytest --pyargs conformance``). Test ids read
+``test_store_cache[torch.store_cache][bf16-int32-fused_src]``: op, kernel, case.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import warnings
+from collections import Counter, defaultdict
+
+import pytest
+
+PROFILE_DEFAULT = "quick"
+
+
+class UndeclaredCapability(UserWarning):
+    """A kernel passed a case its contract does not declare: widen the contract?"""
+
+
+class ToleranceUsed(UserWarning):
+    """An fp8 result was accepted only through the contract's declared tolerance."""
+
+
+class ConformanceFailure(AssertionError):
+    """A kernel disagreed with the reference; the message is the whole report."""
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("oracle", "kv-oracle conformance")
+    group.addoption("--oracle-backend", default=None, help="only kernels of these backends (comma-separated)")
+    group.addoption("--oracle-kernel", default=None, help="only these kernels (comma-separated names)")
+    group.addoption("--oracle-op", default=None, help="only these ops (comma-separated)")
+    group.addoption("--oracle-profile", default=PROFILE_DEFAULT, choices=("quick", "full", "exhaustive"),
+                    help="how many cases: quick (default), full, exhaustive")
+    group.addoption("--oracle-dump", default=None, metavar="DIR",
+                    help="write each failing case as an .npz bundle for `oracle replay`")
+
+
+def _kernels(config, op):
+    from .registry import default_registry
+
+    registry = default_registry.discover()
+    return registry.select(backend=config.getoption("oracle_backend"),
+                           kernel=config.getoption("oracle_kernel"), op=op)
+
+
+def _op_selected(config, op) -> bool:
+    ops = config.getoption("oracle_op")
+    return ops is None or op in {s.strip() for s in ops.split(",")}
+
+
+def pytest_generate_tests(metafunc):
+    if "oracle_case" in metafunc.fixturenames:
+        from .cases import catalogue
+
+        op = metafunc.function.__name__.removeprefix("test_")
+        params = []
+        if _op_selected(metafunc.config, op):
+            profile = metafunc.config.getoption("oracle_profile")
+            for kernel in _kernels(metafunc.config, op):
+                reason = kernel.unavailable()
+                if reason:
+                    params.append(pytest.param((kernel, None, reason), id=f"{kernel.name}][unavailable"))
+                    continue
+                for case in catalogue(op, profile):
+                    params.append(pytest.param((kernel, case, None), id=f"{kernel.name}][{case.id}"))
+        if not params:
+            params.append(pytest.param((None, None, "no kernel registered for this op matches the "
+                                                    "filters"), id="no kernel"))
+        metafunc.parametrize("oracle_case", params)
+    if "oracle_plugin_error" in metafunc.fixturenames:
+        from .registry import default_registry
+
+        errors = default_registry.discover().errors
+        metafunc.parametrize("oracle_plugin_error", errors or [None],
+                             ids=[e.plugin for e in errors] or ["none broken"])
+
+
+def check_case(request, oracle_case) -> None:
+    """Run one (kernel, case) and turn the outcome into a pytest outcome."""
+    from .runner import FAIL, NOT_SUPPORTED, UNAVAILABLE, UNDECLARED, run_case
+
+    kernel, case, reason = oracle_case
+    if kernel is None:
+        pytest.skip(reason)
+    node = request.node
+    node.user_properties += [("oracle_kernel", kernel.name), ("oracle_op", kernel.contract.op)]
+    if case is None:
+        node.user_properties.append(("oracle_status", UNAVAILABLE))
+        pytest.skip(f"unavailable: {reason}")
+    outcome = run_case(kernel, case)
+    node.user_properties += [("oracle_class", case.cls), ("oracle_case", case.id),
+                             ("oracle_seed", case.seed), ("oracle_status", outcome.status),
+                             ("oracle_seconds", round(outcome.seconds, 6))]
+    if outcome.status == UNAVAILABLE:
+        pytest.skip(f"unavailable: {outcome.message}")
+    if outcome.status == NOT_SUPPORTED:
+        pytest.skip(f"not supported: {outcome.message}")
+    if outcome.status == UNDECLARED:
+        warnings.warn(UndeclaredCapability(f"{kernel.name} {case.id}: works, not declared: {outcome.message}"))
+        return
+    if outcome.warning:
+        warnings.warn(ToleranceUsed(f"{kernel.name} {case.id}: {outcome.warning}"))
+    if outcome.status == FAIL:
+        node.user_properties.append(("oracle_first_difference", outcome.first))
+        lines = [f"{kernel.name} fails {case.op} case {case.id} (class {case.cls}, seed {case.seed})",
+                 outcome.message]
+        dump_dir = request.config.getoption("oracle_dump")
+        if dump_dir and outcome.prepared is not None:
+            from .bundle import write_bundle
+
+            path = write_bundle(dump_dir, kernel, case, outcome)
+            lines.append(f"bundle: {path}\nreplay elsewhere: oracle replay {shlex.quote(str(path))} "
+                         f"--kernel {kernel.name}")
+        lines.append("re-run exactly this case: " + replay_command(request))
+        raise ConformanceFailure("\n".join(lines))
+
+
+def replay_command(request) -> str:
+    path = str(request.node.path)
+    name = request.node.name
+    plugins = os.environ.get("ORACLE_PLUGINS")
+    env = f"ORACLE_PLUGINS={shlex.quote(plugins)} " if plugins else ""
+    return f"{env}{shlex.quote(sys.executable)} -m pytest {shlex.quote(path + '::' + name)}" + \
+        "".join(f" {opt}={shlex.quote(str(request.config.getoption(key)))}"
+                for opt, key in (("--oracle-profile", "oracle_profile"),) if request.config.getoption(key)
+                != PROFILE_DEFAULT)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(ConformanceFailure):
+        report.longrepr = str(call.excinfo.value)
+
+
+_OUTCOMES: dict = defaultdict(Counter)
+
+
+def pytest_runtest_logreport(report):
+    props = dict(report.user_properties)
+    if report.when != "call" or "oracle_status" not in props:
+        return
+    status = "fail" if report.failed else props["oracle_status"]
+    _OUTCOMES[(props["oracle_op"], props["oracle_kernel"])][status] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _OUTCOMES:
+        return
+    columns = ("pass", "fail", "not supported", "works, not declared", "unavailable")
+    terminalreporter.section("kv-oracle conformance")
+    width = max(len(f"{op} / {kernel}") for op, kernel in _OUTCOMES) + 2
+    terminalreporter.write_line(f"{'op / kernel':<{width}}" + "".join(f"{c:>21}" for c in columns))
+    for (op, kernel), counts in sorted(_OUTCOMES.items()):
+        terminalreporter.write_line(f"{op + ' / ' + kernel:<{width}}" +
+                                    "".join(f"{counts.get(c, 0):>21}" for c in columns))

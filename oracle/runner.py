@@ -1,0 +1,132 @@
+"""Run one case through one kernel and judge it against the reference under the kernel's contract."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .buffers import Arena
+from .compare import Difference, expected_regions, first_difference
+from .contract import gaps
+from .ops import get_spec
+from .ops.base import Case, Prepared
+from .registry import Kernel
+
+PASS, FAIL, NOT_SUPPORTED, UNAVAILABLE, UNDECLARED = (
+    "pass", "fail", "not supported", "unavailable", "works, not declared")
+
+
+@dataclass
+class Outcome:
+    status: str
+    message: str = ""
+    first: dict = field(default_factory=dict)  # the first difference, machine-readable
+    seconds: float = 0.0
+    warning: str = ""  # passed with a tolerance
+    prepared: Prepared | None = None  # kept on failure, for the dump bundle
+    expected: dict | None = None
+
+
+def run_case(kernel: Kernel, case: Case) -> Outcome:
+    reason = kernel.unavailable()
+    if reason:
+        return Outcome(UNAVAILABLE, reason)
+    spec = get_spec(case.op)
+    contract = kernel.contract
+    out_of_contract = gaps(contract, spec.needs(case))
+    if any(not g.probe for g in out_of_contract):
+        return Outcome(NOT_SUPPORTED, "; ".join(g.text for g in out_of_contract))
+    start = time.perf_counter()
+    outcome = _execute(kernel, spec, case)
+    outcome.seconds = time.perf_counter() - start
+    if out_of_contract:  # a harmless probe of an undeclared capability
+        text = "; ".join(g.text for g in out_of_contract)
+        if outcome.status == PASS:
+            return Outcome(UNDECLARED, text, seconds=outcome.seconds)
+        return Outcome(NOT_SUPPORTED, f"{text} (probed: it does not work either)", seconds=outcome.seconds)
+    return outcome
+
+
+def _execute(kernel: Kernel, spec, case: Case) -> Outcome:
+    contract = kernel.contract
+    arena = Arena(contract.device, case.seed)
+    prepared = spec.build(case, arena, np.random.default_rng(case.seed), contract)
+    prepared.before = arena.snapshot()
+    if case.p.get("bad"):
+        return _judge_rejection(kernel, case, prepared)
+    try:
+        returned = kernel.fn(*prepared.args)
+        _synchronize(contract.device)
+    except Exception as exc:
+        return Outcome(FAIL, f"the kernel raised {type(exc).__name__}: {exc}", prepared=prepared)
+    after = arena.snapshot()
+    expected = spec.expected(prepared, case, contract)
+    if spec.returns:
+        expected, returned_problem = spec.check_returned(prepared, expected, returned)
+        if returned_problem:
+            return Outcome(FAIL, returned_problem, prepared=prepared, expected=expected)
+    regions, problems = expected_regions(arena, prepared.before, after, expected)
+    difference = first_difference(arena, regions, after)
+    if difference is None and not problems:
+        return Outcome(PASS)
+    if difference is not None and contract.tolerance and not problems:
+        tolerated = _within_tolerance(arena, expected, after, contract.tolerance)
+        if tolerated is not None:
+            return Outcome(PASS, warning=f"{tolerated} fp8 code(s) off by at most "
+                                         f"{contract.tolerance.codes} (budget {contract.tolerance.budget})")
+    lines = list(problems)
+    if difference is not None:
+        lines.append(difference.text)
+        lines += _explanations(spec, case, contract, prepared, arena, after)
+    return Outcome(FAIL, "\n".join(lines), first=difference.first if difference else {"duplicates": problems},
+                   prepared=prepared, expected=expected)
+
+
+def _judge_rejection(kernel: Kernel, case: Case, prepared: Prepared) -> Outcome:
+    try:
+        kernel.fn(*prepared.args)
+        _synchronize(kernel.contract.device)
+    except Exception as exc:
+        after = prepared.arena.snapshot()
+        changed = [name for name in after if not np.array_equal(after[name], prepared.before[name])]
+        if changed:
+            return Outcome(FAIL, f"rejected bad input ({case.p['bad']}) with {type(exc).__name__}: {exc}, "
+                                 f"but memory changed first in: {', '.join(changed)}", prepared=prepared)
+        return Outcome(PASS, f"rejected with {type(exc).__name__}: {exc}")
+    return Outcome(FAIL, f"accepted bad input ({case.p['bad']}) without an error; the contract "
+                         "declares validates=True", prepared=prepared)
+
+
+def _explanations(spec, case, contract, prepared, arena, after) -> list[str]:
+    """Which alternative behaviour the kernel's result matches, if any."""
+    found = []
+    for label, override in spec.alternatives(case, contract):
+        try:
+            alt = spec.expected(prepared, case, contract, **override)
+        except (TypeError, ValueError):
+            continue
+        regions, problems = expected_regions(arena, prepared.before, after, alt)
+        if not problems and first_difference(arena, regions, after) is None:
+            found.append(f"the result matches {label}")
+    return found
+
+
+def _within_tolerance(arena, expected: dict, after: dict, tolerance) -> int | None:
+    off = 0
+    for name, want in expected.items():
+        got = arena.numpy_view(after, name)
+        if got.dtype != np.uint8:
+            return None
+        delta = np.abs(got.astype(np.int16) - np.asarray(want).astype(np.int16))
+        if delta.max(initial=0) > tolerance.codes:
+            return None
+        off += int(np.count_nonzero(delta))
+    return off if off <= tolerance.budget else None
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
