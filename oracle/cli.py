@@ -20,6 +20,27 @@ def _selfcheck(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from .bundle import replay
+    from .registry import default_registry
+
+    registry = default_registry.discover()
+    for error in registry.errors:
+        print(f"warning: plug-in {error.plugin} failed to load: {error.error}", file=sys.stderr)
+    if args.kernel not in registry.kernels:
+        known = ", ".join(sorted(registry.kernels)) or "none"
+        print(f"error: --kernel {args.kernel!r} is not registered (known: {known})", file=sys.stderr)
+        return 2
+    kernel = registry.kernels[args.kernel]
+    reason = kernel.unavailable()
+    if reason:
+        print(f"error: kernel {args.kernel} is unavailable here: {reason}", file=sys.stderr)
+        return 2
+    passed, report = replay(args.bundle, kernel)
+    print(report)
+    return 0 if passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="oracle",
@@ -30,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     selfcheck = commands.add_parser(
         "selfcheck", help="check the reference against its committed golden fp8 vectors")
     selfcheck.set_defaults(handler=_selfcheck)
+    replay = commands.add_parser(
+        "replay", help="re-run a failing case dumped with pytest --oracle-dump on a kernel")
+    replay.add_argument("bundle", help="the .npz bundle")
+    replay.add_argument("--kernel", required=True, help="registered kernel name")
+    replay.set_defaults(handler=_replay)
     return parser
 
 
