@@ -73,6 +73,11 @@ def pytest_generate_tests(metafunc):
             params.append(pytest.param((None, None, "no kernel registered for this op matches the "
                                                     "filters"), id="no kernel"))
         metafunc.parametrize("oracle_case", params)
+    if "oracle_kernel" in metafunc.fixturenames:
+        kernels = [k for k in _kernels(metafunc.config, None) if _op_selected(metafunc.config, k.contract.op)]
+        params = [pytest.param((k, "unavailable: " + r if (r := k.unavailable()) else None), id=k.name)
+                  for k in kernels] or [pytest.param((None, "no kernel matches the filters"), id="no kernel")]
+        metafunc.parametrize("oracle_kernel", params)
     if "oracle_plugin_error" in metafunc.fixturenames:
         from .registry import default_registry
 

@@ -114,6 +114,12 @@ class OpSpec:
         can say "the result matches <label>"."""
         return []
 
+    def shape_strategy(self):
+        """Shapes for property tests (a hypothesis strategy); by default the catalogue's."""
+        from hypothesis import strategies as st
+
+        return st.sampled_from(tuple(dict.fromkeys((self.default_shape,) + tuple(self.shapes))))
+
     def row_bytes(self, case: Case) -> int:
         return 0
 

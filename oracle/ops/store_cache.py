@@ -24,6 +24,11 @@ class StoreCache(OpSpec):
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (1, 96), (1, 97))
     sources = ("k", "v")
 
+    def shape_strategy(self):
+        from hypothesis import strategies as st
+
+        return st.tuples(st.integers(1, 8), st.integers(1, 130))
+
     def row_bytes(self, case: Case) -> int:
         p = self.p_with_defaults(case)
         heads, dim = p["shape"]

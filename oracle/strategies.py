@@ -1,0 +1,55 @@
+"""Hypothesis strategies that draw cases inside a kernel's contract, for property tests.
+
+The drawn case goes through the same pipeline as the catalogue's (oracle.runner.run_case), so a
+property failure reports, dumps and replays like any other; hypothesis shrinks it first.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from .contract import Contract
+from .ops import get_spec
+from .ops.base import Case
+
+MAX_ROWS = 300
+
+
+@st.composite
+def cases(draw, op: str, contract: Contract) -> Case:
+    """A case of ``op`` that ``contract`` declares: its dtypes, index dtypes, layouts, padding,
+    duplicates and fp8 formats only, with random sizes, shapes and strides."""
+    spec = get_spec(op)
+    params = {"n": draw(st.integers(0, MAX_ROWS))}
+    dtypes = [d for d in spec.dtypes if d in contract.dtypes]
+    if dtypes:
+        params["dtype"] = draw(st.sampled_from(dtypes))
+    if spec.index_dtypes:
+        params["index"] = draw(st.sampled_from([d for d in spec.index_dtypes if d in contract.index_dtypes]))
+        if contract.strided_index:
+            params["index_layout"] = draw(st.sampled_from(["contig", "strided", "offset"]))
+        if not spec.returns and contract.padding != "none":
+            params["padding"] = draw(st.sampled_from([None, contract.padding]))
+        if not spec.returns and contract.duplicates == "any":
+            params["dups"] = draw(st.booleans()) or None
+    params["shape"] = draw(spec.shape_strategy())
+    if spec.sources and contract.strided_sources:
+        params["src"] = draw(st.sampled_from(["contig", "fused"]))
+    if spec.aliasing and contract.aliased_caches:
+        params["cache"] = draw(st.sampled_from(("plain",) + tuple(spec.aliasing)))
+    layouts = [l for l in spec.layouts if l in contract.layouts]
+    if layouts:
+        params["layout"] = draw(st.sampled_from(layouts))
+    if spec.fp8 and contract.fp8_formats:
+        fmt = draw(st.sampled_from((None,) + tuple(contract.fp8_formats)))
+        if fmt is not None or not spec.dtypes:
+            params["fp8"] = fmt or contract.fp8_formats[0]
+            scales = [s for s in spec.fp8_scales if s != "head" or "head" in contract.scales]
+            params["scale"] = draw(st.sampled_from(scales))
+            params["values"] = draw(st.sampled_from(["random", "special"]))
+    case = Case.make(op, "property", **params)
+    row_bytes = spec.row_bytes(case)
+    if row_bytes % contract.row_bytes_multiple:
+        params["shape"] = spec.default_shape
+        case = Case.make(op, "property", **params)
+    return case
