@@ -1,0 +1,313 @@
+"""Slot addressing shared by every cache writer: padding and duplicates policies, slot validation,
+the row scatter, and the set of allowed results when slots collide.
+
+A writer maps source position ``i`` to slot ``index[i]`` and copies one row there. Every writer
+goes through :func:`plan_slots` (which positions write which slot, or an error naming the
+offending position) and :func:`write_rows` (the scatter into a new output array), so all of them
+agree on what a padding slot, an out-of-range slot and a duplicated slot mean.
+
+Padding policies (``padding=``):
+
+- ``"none"``: every slot must lie in ``[0, num_slots)``.
+- ``"negative"``: slots ``< 0`` are skipped (vLLM, aiter); ``>= num_slots`` is an error.
+- ``"reserved:K"``: slot ``K`` is skipped (sglang's CUDA-graph padding slot 0); any other slot
+  outside ``[0, num_slots)``, negatives included, is an error, and so is ``K`` itself when it
+  lies outside that range (sglang checks the bound before the skip).
+
+Duplicates policies (``duplicates=``):
+
+- ``"forbid"``: two written positions naming one slot is an error.
+- ``"any"``: allowed; no peer orders concurrent writes, so the slot must end up holding exactly
+  one of its colliding rows, whole. The writer then returns a :class:`OneOfRows`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _validate as v
+
+DUPLICATES = ("forbid", "any")
+_RESERVED = re.compile(r"reserved:([0-9]+)")
+_SHOWN_POSITIONS = 8  # longer lists in messages are cut, with a count of the rest
+
+
+@dataclass(frozen=True)
+class Padding:
+    """A parsed ``padding=`` policy; ``reserved`` is the skipped slot of ``"reserved:K"``."""
+
+    kind: str  # "none", "negative" or "reserved"
+    reserved: int | None = None
+
+    @classmethod
+    def parse(cls, spec) -> "Padding":
+        if spec in ("none", "negative"):
+            return cls(spec)
+        match = _RESERVED.fullmatch(spec) if isinstance(spec, str) else None
+        if match is None:
+            raise ValueError(f"padding={spec!r} is not a padding policy; expected 'none', "
+                             "'negative' or 'reserved:K' with K >= 0 (e.g. 'reserved:0')")
+        return cls("reserved", int(match.group(1)))
+
+    def __str__(self) -> str:
+        return self.kind if self.reserved is None else f"reserved:{self.reserved}"
+
+    def skipped(self, slots: np.ndarray, num_slots: int) -> np.ndarray:
+        if self.kind == "negative":
+            return slots < 0
+        if self.kind == "reserved" and self.reserved < num_slots:
+            return slots == self.reserved
+        return np.zeros(slots.shape, dtype=bool)
+
+    def note(self) -> str:
+        return {"none": "", "negative": " (negative slots are skipped)",
+                "reserved": f" (only slot {self.reserved} is skipped)"}[self.kind]
+
+
+def parse_policies(padding, duplicates) -> Padding:
+    v.require_choice("duplicates", duplicates, DUPLICATES)
+    return Padding.parse(padding)
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """Which source positions write which slot.
+
+    ``positions``: the written source positions, ascending (int64); ``slots``: the slot each one
+    writes; ``collisions``: for every slot written more than once, ``(slot, members)`` where
+    ``members`` are indices into ``positions`` (ascending).
+    """
+
+    positions: np.ndarray
+    slots: np.ndarray
+    collisions: tuple
+
+
+def plan_slots(name: str, index, num_slots: int, *, padding="none",
+               duplicates="forbid") -> SlotPlan:
+    """Validate ``index`` (1-D int32/int64, named ``name`` in errors) against ``num_slots`` slots
+    under the two policies, and say which positions write where. Raises before anything is
+    written: ``TypeError`` for a wrong index dtype, ``ValueError`` naming the first offending
+    position for an out-of-range slot, and the slot and its positions for a forbidden duplicate.
+    """
+    policy = parse_policies(padding, duplicates)
+    v.require_index(name, index)
+    slots = index.astype(np.int64)
+    skipped = policy.skipped(slots, num_slots)
+    out_of_range = ~skipped & ((slots < 0) | (slots >= num_slots))
+    if out_of_range.any():
+        bad = np.flatnonzero(out_of_range)
+        more = f"; {len(bad) - 1} more position(s) are out of range too" if len(bad) > 1 else ""
+        raise ValueError(f"{name}[{bad[0]}] = {slots[bad[0]]} is out of range [0, {num_slots}) "
+                         f"under padding={str(policy)!r}{policy.note()}{more}")
+
+    positions = np.flatnonzero(~skipped)
+    written = slots[positions]
+    collisions = _collisions(written)
+    if collisions and duplicates == "forbid":
+        slot, members = collisions[0]
+        more = f"; {len(collisions) - 1} more slot(s) are duplicated" if len(collisions) > 1 else ""
+        raise ValueError(f"{name} writes slot {slot} more than once, at positions "
+                         f"{_list(positions[members])}{more}; duplicates='forbid' (pass "
+                         "duplicates='any' to accept any one of the colliding rows)")
+    return SlotPlan(positions, written, collisions)
+
+
+def _collisions(slots: np.ndarray) -> tuple:
+    if len(slots) == 0:
+        return ()
+    order = np.argsort(slots, kind="stable")  # stable: members stay in position order
+    ordered = slots[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    counts = np.diff(np.r_[starts, len(slots)])
+    return tuple((int(ordered[s]), order[s:s + c]) for s, c in zip(starts, counts) if c > 1)
+
+
+def _list(values) -> str:
+    shown = ", ".join(str(int(x)) for x in values[:_SHOWN_POSITIONS])
+    rest = len(values) - _SHOWN_POSITIONS
+    return shown + (f", ... ({rest} more)" if rest > 0 else "")
+
+
+def write_rows(out: np.ndarray, plan: SlotPlan, rows: np.ndarray, *, slot_axes=(0,),
+               row_region=()):
+    """Write ``rows[j]`` to slot ``plan.slots[j]`` of ``out`` (in place) and return the outcome.
+
+    ``slot_axes``: the axes of ``out`` that address a slot, most significant first; a slot is
+    unravelled over their sizes (``(0,)`` flat, ``(0, 1)`` paged NHD, ``(0, 2)`` paged HND).
+    ``row_region``: slices for the remaining axes, in order (missing ones mean the whole axis),
+    selecting the part of a slot's row that is written. ``rows`` has shape
+    ``(len(plan.positions),) + region shape``, with the region's axes in ``out``'s order.
+
+    Returns ``out`` when no slot is written twice, else a :class:`OneOfRows` whose ``base`` is
+    ``out`` holding, at each duplicated slot, the row of its last position.
+    """
+    slot_axes = tuple(slot_axes)
+    region = _region_index(out.ndim, slot_axes, row_region)
+    dest = np.moveaxis(out[region], slot_axes, range(len(slot_axes)))  # a view: writes land in out
+    slot_shape = tuple(out.shape[a] for a in slot_axes)
+    if rows.shape != (len(plan.slots),) + dest.shape[len(slot_axes):]:
+        raise ValueError(f"internal: {len(plan.slots)} rows of shape "
+                         f"{dest.shape[len(slot_axes):]} expected, got {rows.shape}")
+    # numpy leaves the winner of a repeated index unspecified, so write each slot once: its last.
+    _, last_from_end = np.unique(plan.slots[::-1], return_index=True)
+    last = len(plan.slots) - 1 - last_from_end
+    dest[np.unravel_index(plan.slots[last], slot_shape)] = rows[last]
+    if not plan.collisions:
+        return out
+    collisions = []
+    for slot, members in plan.collisions:
+        coords = np.unravel_index(slot, slot_shape)
+        index = _region_index(out.ndim, slot_axes, row_region, coords)
+        collisions.append(Collision(slot, index, tuple(int(p) for p in plan.positions[members]),
+                                    rows[members].copy()))
+    return OneOfRows(out, tuple(collisions))
+
+
+def _region_index(ndim: int, slot_axes, row_region, coords=None) -> tuple:
+    """An index into the full output: slot axes get ``coords`` (whole axis if None), the other
+    axes take ``row_region`` in order."""
+    region = iter(row_region)
+    index = []
+    for axis in range(ndim):
+        if axis in slot_axes:
+            index.append(slice(None) if coords is None else int(coords[slot_axes.index(axis)]))
+        else:
+            index.append(next(region, slice(None)))
+    return tuple(index)
+
+
+@dataclass(frozen=True)
+class Collision:
+    """One slot written by several source positions: ``index`` selects its row region in the
+    full output array; ``rows[k]`` is the row position ``positions[k]`` would leave there."""
+
+    slot: int
+    index: tuple
+    positions: tuple
+    rows: np.ndarray
+
+
+class OneOfRows:
+    """The set of allowed results of a write with duplicated slots.
+
+    An ``actual`` output is allowed when it equals ``base`` bitwise everywhere except the row
+    regions of the duplicated slots, and each of those holds, bitwise and whole, the row of one of
+    its colliding positions. ``base`` itself is allowed (each duplicated slot holds its last
+    position's row, what a sequential loop leaves).
+    """
+
+    def __init__(self, base: np.ndarray, collisions: tuple):
+        self.base = base
+        self.collisions = collisions
+
+    def __repr__(self) -> str:
+        slots = ", ".join(f"{c.slot}: positions {_list(c.positions)}" for c in self.collisions)
+        return (f"OneOfRows(shape={self.base.shape}, dtype={self.base.dtype}, "
+                f"duplicated {{{slots}}})")
+
+    def __contains__(self, actual) -> bool:
+        return self.check(actual) is None
+
+    def resolve(self, actual: np.ndarray) -> np.ndarray:
+        """The allowed outcome closest to ``actual``: ``base`` with each duplicated slot holding
+        ``actual``'s row where that row is one of its colliding rows (else the last one's), so a
+        byte comparison with ``actual`` then flags only what is not allowed."""
+        resolved = self.base.copy()
+        if _same_kind(self.base, actual):
+            return resolved
+        for c in self.collisions:
+            if _judge_row(np.asarray(actual[c.index]), c) is None:
+                resolved[c.index] = actual[c.index]
+        return resolved
+
+    def check(self, actual) -> str | None:
+        """None when ``actual`` is allowed, else the reason: which slot, which positions collide,
+        and how the row fails (torn between rows, or matching none), or where the rest differs."""
+        reason = _same_kind(self.base, actual)
+        if reason:
+            return reason
+        patched = actual.copy()
+        for c in self.collisions:
+            why = _judge_row(np.asarray(actual[c.index]), c)
+            if why:
+                return f"slot {c.slot} (written by positions {_list(c.positions)}): {why}"
+            patched[c.index] = self.base[c.index]
+        why = _first_difference(self.base, patched)
+        return f"outside the duplicated slots: {why}" if why else None
+
+
+def check_outcome(expected, actual) -> str | None:
+    """None when ``actual`` is an allowed result, else why not. ``expected`` is an array
+    (bitwise equality; the reason names the first differing index and how many differ) or a
+    :class:`OneOfRows`."""
+    if isinstance(expected, OneOfRows):
+        return expected.check(actual)
+    reason = _same_kind(expected, actual)
+    return reason or _first_difference(expected, actual)
+
+
+def _same_kind(expected: np.ndarray, actual) -> str | None:
+    if not isinstance(actual, np.ndarray):
+        return f"result is a {type(actual).__name__}, not a numpy array"
+    if actual.shape != expected.shape:
+        return f"result has shape {actual.shape}; expected {expected.shape}"
+    if actual.dtype != expected.dtype:
+        return f"result has dtype {actual.dtype}; expected {expected.dtype}"
+    return None
+
+
+def element_bytes(array: np.ndarray) -> np.ndarray:
+    """The bytes of each element, shape ``array.shape + (itemsize,)``: compares NaN payloads and
+    -0 exactly, for any dtype."""
+    flat = np.ascontiguousarray(array).reshape(-1)
+    return flat.view(np.uint8).reshape(array.shape + (array.dtype.itemsize,))
+
+
+def _first_difference(expected: np.ndarray, actual: np.ndarray) -> str | None:
+    differs = (element_bytes(expected) != element_bytes(actual)).any(axis=-1)
+    if not differs.any():
+        return None
+    where = tuple(int(i) for i in np.argwhere(differs)[0])
+    return (f"element {where} has bytes {element_bytes(actual[where]).tobytes().hex(' ')}, "
+            f"expected {element_bytes(expected[where]).tobytes().hex(' ')}; "
+            f"{int(differs.sum())} of {differs.size} elements differ")
+
+
+def _judge_row(actual_row: np.ndarray, c: Collision) -> str | None:
+    itemsize = actual_row.dtype.itemsize
+    got = element_bytes(actual_row).reshape(-1, itemsize)
+    candidates = element_bytes(c.rows).reshape(len(c.positions), -1, itemsize)
+    matches = (candidates == got).all(axis=-1)  # [candidate, element]
+    if matches.all(axis=1).any():
+        return None
+    covered = matches.any(axis=0)
+    if not covered.all():
+        first = int(np.argmin(covered))
+        closest = int(np.argmax(matches.sum(axis=1)))
+        return (f"matches none of the {len(c.positions)} colliding rows (element {first}, bytes "
+                f"{first * itemsize}..{(first + 1) * itemsize - 1}, equals none of them; the "
+                f"closest, position {c.positions[closest]}, differs in "
+                f"{int((~matches[closest]).sum())} of {matches.shape[1]} elements)")
+    pieces = [f"{start * itemsize}..{end * itemsize - 1} from position {c.positions[k]}"
+              for start, end, k in _segments(matches)]
+    return "torn row: bytes " + ", ".join(pieces)
+
+
+def _segments(matches: np.ndarray):
+    """Cover the elements with as few single-candidate runs as a greedy scan finds: at each start,
+    the candidate whose run reaches furthest."""
+    count = matches.shape[1]
+    start = 0
+    while start < count:
+        best_end, best = start, 0
+        for k in np.flatnonzero(matches[:, start]):
+            misses = np.flatnonzero(~matches[k, start:])
+            end = start + int(misses[0]) if len(misses) else count
+            if end > best_end:
+                best_end, best = end, int(k)
+        yield start, best_end, best
+        start = best_end
