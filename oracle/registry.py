@@ -74,14 +74,16 @@ class Registry:
         return fn
 
     def load_plugin(self, label: str, target: Callable[[], object]) -> None:
-        """Run one plug-in; on failure record why. Kernels it registered before failing stay."""
-        self._loading = label
+        """Run one plug-in, with :func:`oracle.register` routed to this registry; on failure
+        record why. Kernels it registered before failing stay."""
+        global _loading_into
+        self._loading, outer, _loading_into = label, _loading_into, self
         try:
             target()
         except Exception as exc:
             self.errors.append(PluginError(label, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         finally:
-            self._loading = "direct call"
+            self._loading, _loading_into = "direct call", outer
 
     def discover(self) -> "Registry":
         """Load every plug-in once: entry points first, then ORACLE_PLUGINS."""
@@ -119,4 +121,10 @@ def _resolve(spec: str) -> Callable:
 
 
 default_registry = Registry()
-register = default_registry.register
+_loading_into: Registry | None = None  # the registry whose plug-in is running, if any
+
+
+def register(fn: Callable | None = None, *, contract: Contract | None = None, **fields):
+    """Register a kernel (see :meth:`Registry.register`): into the registry that is loading the
+    calling plug-in, else into the default one."""
+    return (_loading_into or default_registry).register(fn, contract=contract, **fields)
