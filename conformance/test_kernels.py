@@ -14,6 +14,26 @@ def test_store_cache(request, oracle_case):
     check_case(request, oracle_case)
 
 
+def test_set_mla_kv_buffer(request, oracle_case):
+    check_case(request, oracle_case)
+
+
+def test_concat_and_cache_mla(request, oracle_case):
+    check_case(request, oracle_case)
+
+
+def test_translate_full_to_swa(request, oracle_case):
+    check_case(request, oracle_case)
+
+
+def test_reshape_and_cache_flash(request, oracle_case):
+    check_case(request, oracle_case)
+
+
+def test_quantize_fp8(request, oracle_case):
+    check_case(request, oracle_case)
+
+
 def test_plugins_load(oracle_plugin_error):
     """A plug-in that fails to import or registers a bad manifest fails here, by name."""
     if oracle_plugin_error is not None:

@@ -9,10 +9,15 @@ from . import __version__
 
 
 def _selfcheck(args: argparse.Namespace) -> int:
-    from .reference.golden import format_table, run_golden
+    from .reference.golden import check_golden
 
-    results = run_golden()
-    print(format_table(results))
+    results, failures = check_golden()
+    width = max(len(r.name) for r in results)
+    print(f"{'format / mode':<{width}}  {'vectors':>7}  {'failures':>8}")
+    for r in results:
+        print(f"{r.name:<{width}}  {r.cases:>7}  {r.failures:>8}")
+    for f in failures:
+        print(f"FAIL {f.name}: x={f.x} {f.knobs or ''} expected {f.expected}, got {f.actual} ({f.why})")
     failed = sum(r.failures for r in results)
     total = sum(r.cases for r in results)
     print(f"\n{total - failed} of {total} golden fp8 vectors agree with the reference"

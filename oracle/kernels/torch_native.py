@@ -47,8 +47,197 @@ def store_cache(k, v, k_cache, v_cache, loc):
     v_cache.index_put_((index,), v)
 
 
+def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope):
+    """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang's naive MLA writer)."""
+    _check_index("loc", loc, kv_buffer.shape[0])
+    if kv_buffer.dim() != 2:
+        raise ValueError(f"kv_buffer must be 2-D [S, W], got shape {tuple(kv_buffer.shape)}")
+    for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)):
+        if src.dtype != kv_buffer.dtype:
+            raise TypeError(f"{name} has dtype {src.dtype} but kv_buffer has dtype {kv_buffer.dtype}")
+        if src.dim() != 2 or src.shape[0] != loc.shape[0]:
+            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [{loc.shape[0]}, width]")
+    width = cache_k_nope.shape[1] + cache_k_rope.shape[1]
+    if kv_buffer.shape[1] < width:
+        raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")
+    rows = torch.cat([cache_k_nope, cache_k_rope], dim=1)
+    kv_buffer[:, :width].index_put_((loc.long(),), rows)
+
+
+FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2,
+              "e4m3fnuz": torch.float8_e4m3fnuz, "e5m2fnuz": torch.float8_e5m2fnuz}
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """Entry ``slot`` (block ``slot // block_size``, token ``slot % block_size``) of ``kv_cache``
+    gets ``cat(kv_c[i], k_pe[i])``, as fp8 codes of ``x / scale`` (in float32, then torch's cast)
+    when ``kv_cache_dtype`` names an fp8 format; negative slots are skipped, as in vLLM."""
+    if kv_cache.dim() != 3:
+        raise ValueError(f"kv_cache must be 3-D [num_blocks, block_size, entry], got {tuple(kv_cache.shape)}")
+    num_blocks, block_size, width = kv_cache.shape
+    num_slots = num_blocks * block_size
+    if slot_mapping.dtype not in INDEX_DTYPES or slot_mapping.dim() != 1:
+        raise TypeError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    num_tokens = slot_mapping.shape[0]
+    if kv_c.dtype != k_pe.dtype or kv_c.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"kv_c ({kv_c.dtype}) and k_pe ({k_pe.dtype}) must share a float dtype")
+    for name, src in (("kv_c", kv_c), ("k_pe", k_pe)):
+        if src.dim() != 2 or src.shape[0] < num_tokens:
+            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {num_tokens}, width]")
+    if width != kv_c.shape[1] + k_pe.shape[1]:
+        raise ValueError(f"kv_cache entries have {width} elements; expected kv_c + k_pe = "
+                         f"{kv_c.shape[1] + k_pe.shape[1]}")
+    if kv_cache_dtype == "auto":
+        fp8 = None
+        if kv_cache.dtype != kv_c.dtype:
+            raise TypeError(f"kv_cache has dtype {kv_cache.dtype} but kv_c has dtype {kv_c.dtype}")
+    elif kv_cache_dtype in FP8_DTYPES:
+        fp8 = FP8_DTYPES[kv_cache_dtype]
+        if kv_cache.dtype != torch.uint8:
+            raise TypeError(f"kv_cache has dtype {kv_cache.dtype}; kv_cache_dtype {kv_cache_dtype} needs uint8")
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.numel() != 1:
+            raise TypeError(f"scale must be a float32 tensor of one element, got {scale!r}")
+        if not (torch.isfinite(scale).all() and (scale > 0).all()):
+            raise ValueError(f"scale must be finite and > 0, got {float(scale.reshape(()))}")
+    else:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not 'auto' or one of {sorted(FP8_DTYPES)}")
+    if num_tokens and int(slot_mapping.max()) >= num_slots:
+        raise ValueError(f"slot_mapping holds slot {int(slot_mapping.max())}, out of range [0, {num_slots})")
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    rows = torch.cat([kv_c[:num_tokens][keep], k_pe[:num_tokens][keep]], dim=1)
+    if fp8 is not None:
+        rows = (rows.float() / scale.reshape(())).to(fp8).view(torch.uint8)
+    kv_cache.index_put_((slots // block_size, slots % block_size), rows)
+
+
+def translate_full_to_swa(mapping, loc):
+    """``mapping[loc]``, after checking that only -1 is negative and nothing reaches past the
+    table (the sentinel only through -1)."""
+    if mapping.dtype not in INDEX_DTYPES or mapping.dim() != 1 or mapping.numel() == 0:
+        raise TypeError(f"mapping must be a non-empty 1-D int32/int64 tensor, got {mapping.dtype} "
+                        f"{tuple(mapping.shape)}")
+    if int(mapping[-1]) != -1:
+        raise ValueError(f"mapping[-1] = {int(mapping[-1])}; the last entry must be the -1 sentinel")
+    if loc.dtype not in INDEX_DTYPES:
+        raise TypeError(f"loc has dtype {loc.dtype}; expected torch.int32 or torch.int64")
+    table = mapping.numel() - 1
+    bad = ((loc < 0) & (loc != -1)) | (loc >= table)
+    if bad.any():
+        value = int(loc[bad].reshape(-1)[0])
+        raise ValueError(f"loc holds {value}: only -1 may be negative, and entries must lie in [0, {table})")
+    return mapping[loc.long()]
+
+
+KV_CACHE_DTYPES = {"auto": None, "fp8": "e4m3fn", "fp8_e4m3": "e4m3fn", "fp8_e5m2": "e5m2",
+                   **{name: name for name in FP8_DTYPES}}  # format names and vLLM's spellings
+
+
+def _check_scale(name: str, scale, heads: int) -> None:
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor, got "
+                        f"{scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__}")
+    if scale.dim() != 1 or scale.numel() not in (1, heads):
+        raise ValueError(f"{name} has shape {tuple(scale.shape)}; expected [1] or [{heads}] (per head)")
+
+
+def _to_fp8_codes(rows: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """uint8 codes of ``rows / scale`` (``[N, H, D]``; the scale broadcast over heads): the
+    quotient in float32, then torch's own cast."""
+    return (rows.float() / scale.reshape(1, -1, 1)).to(FP8_DTYPES[fmt]).view(torch.uint8)
+
+
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                            k_scale, v_scale):
+    """Token ``i`` goes to block ``slot // block_size``, token ``slot % block_size`` of the
+    ``[num_blocks, block_size, H, D]`` caches (any strides, HND views included; last dim
+    contiguous), as fp8 codes of ``x / scale`` when ``kv_cache_dtype`` names an fp8 format.
+    Negative slots are skipped, as in vLLM; everything is checked before anything is written."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of {sorted(KV_CACHE_DTYPES)}")
+    fmt = KV_CACHE_DTYPES[kv_cache_dtype]
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [num_blocks, block_size, H, D], got {tuple(cache.shape)}")
+        if cache.stride(-1) != 1:
+            raise ValueError(f"{name} has strides {cache.stride()}; its last dimension must be contiguous")
+        if fmt is not None and cache.dtype != torch.uint8:
+            raise TypeError(f"{name} has dtype {cache.dtype}; kv_cache_dtype {kv_cache_dtype} stores uint8 codes")
+    num_blocks, block_size, heads, _ = key_cache.shape
+    if tuple(value_cache.shape[:3]) != (num_blocks, block_size, heads):
+        raise ValueError(f"value_cache has shape {tuple(value_cache.shape)}; key_cache {tuple(key_cache.shape)}")
+    if slot_mapping.dtype not in INDEX_DTYPES or slot_mapping.dim() != 1:
+        raise TypeError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    num_tokens = slot_mapping.shape[0]
+    for name, src, cache_name, cache in (("key", key, "key_cache", key_cache),
+                                         ("value", value, "value_cache", value_cache)):
+        if src.dim() != 3 or src.shape[0] < num_tokens or tuple(src.shape[1:]) != tuple(cache.shape[2:]):
+            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {num_tokens}, "
+                             f"{', '.join(map(str, cache.shape[2:]))}] to match {cache_name}")
+        if fmt is None and src.dtype != cache.dtype:
+            raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")
+        if fmt is not None and src.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} has dtype {src.dtype}; expected float32, float16 or bfloat16")
+    if fmt is not None:
+        _check_scale("k_scale", k_scale, heads)
+        _check_scale("v_scale", v_scale, heads)
+    num_slots = num_blocks * block_size
+    if num_tokens and int(slot_mapping.max()) >= num_slots:
+        raise ValueError(f"slot_mapping holds slot {int(slot_mapping.max())}, out of range [0, {num_slots}) "
+                         "(negative slots are padding)")
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    index = (slots // block_size, slots % block_size)
+    for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+        rows = src[:num_tokens][keep]
+        cache.index_put_(index, rows if fmt is None else _to_fp8_codes(rows, scale, fmt))
+
+
+def quantize_fp8(out, x, scale, fmt):
+    """``out = fp8(x / scale)`` as uint8 codes; x ``[N, H, D]``, scale [1] or [H]."""
+    if fmt not in FP8_DTYPES:
+        raise ValueError(f"fmt={fmt!r} is not one of {sorted(FP8_DTYPES)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x has dtype {x.dtype}; expected float32, float16 or bfloat16")
+    if out.dtype != torch.uint8:
+        raise TypeError(f"out has dtype {out.dtype}; expected torch.uint8 (fp8 codes)")
+    if x.dim() != 3 or tuple(out.shape) != tuple(x.shape):
+        raise ValueError(f"out has shape {tuple(out.shape)} and x {tuple(x.shape)}; expected one [N, H, D] shape")
+    _check_scale("scale", scale, x.shape[1])
+    out.copy_(_to_fp8_codes(x, scale, fmt))
+
+
+def _torch_fp8_preset() -> str:
+    """torch >= 2.12 saturates e4m3fn on CPU (preset torch_2_13); older torch does not."""
+    major, minor = (int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return "torch_2_13" if (major, minor) >= (2, 12) else "torch_2_11"
+
+
 def register() -> None:
     common = dict(backend="torch", device="cpu", validates=True,
                   notes="plain torch; -1 would wrap to the last row, so padding is out of contract")
     oracle.register(store_cache, op="store_cache", name="torch.store_cache",
                     dtypes=("float32", "float16", "bfloat16", "uint8"), **common)
+    oracle.register(set_mla_kv_buffer, op="set_mla_kv_buffer", name="torch.set_mla_kv_buffer",
+                    backend="torch", device="cpu", validates=True,
+                    dtypes=("float32", "float16", "bfloat16", "uint8"),
+                    notes="sglang's naive writer: index_put_ of cat(nope, rope); -1 would wrap to the "
+                          "last row and slot 0 is written, so padding is out of contract")
+    oracle.register(concat_and_cache_mla, op="concat_and_cache_mla", name="torch.concat_and_cache_mla",
+                    backend="torch", device="cpu", validates=True, padding="negative",
+                    fp8_formats=tuple(FP8_DTYPES), fp8_preset=_torch_fp8_preset(), scales=("tensor",),
+                    notes="index_put_ of cat(kv_c, k_pe); fp8 by x / scale in float32 and torch's cast")
+    oracle.register(translate_full_to_swa, op="translate_full_to_swa", name="torch.translate_full_to_swa",
+                    backend="torch", device="cpu", validates=True, padding="negative",
+                    notes="mapping[loc] after range checks; -1 translates through the sentinel")
+    oracle.register(reshape_and_cache_flash, op="reshape_and_cache_flash",
+                    name="torch.reshape_and_cache_flash", backend="torch", device="cpu",
+                    validates=True, padding="negative", fp8_formats=tuple(FP8_DTYPES),
+                    fp8_preset=_torch_fp8_preset(),
+                    notes="index_put_ by (block, offset) on any cache view; fp8 by x / scale in "
+                          "float32 (scale broadcast over heads) and torch's cast; -1 slots skipped")
+    oracle.register(quantize_fp8, op="quantize_fp8", name="torch.quantize_fp8", backend="torch",
+                    device="cpu", validates=True, fp8_formats=tuple(FP8_DTYPES),
+                    fp8_preset=_torch_fp8_preset(),
+                    notes="out.copy_((x.float() / scale).to(fp8).view(uint8))")

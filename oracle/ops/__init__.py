@@ -6,9 +6,20 @@ Adding an op means one reference module, one spec module here, and one line belo
 from __future__ import annotations
 
 from .base import Case, OpSpec, Prepared
+from .mla import ConcatAndCacheMla, SetMlaKvBuffer
+from .paged import ReshapeAndCacheFlash
+from .quantize import QuantizeFp8
 from .store_cache import StoreCache
+from .swa import TranslateFullToSwa
 
-SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (StoreCache(),)}
+SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
+    StoreCache(),
+    SetMlaKvBuffer(),
+    ConcatAndCacheMla(),
+    TranslateFullToSwa(),
+    ReshapeAndCacheFlash(),
+    QuantizeFp8(),
+)}
 
 
 def get_spec(op: str) -> OpSpec:

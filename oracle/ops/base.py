@@ -100,6 +100,8 @@ class OpSpec:
     aliasing: tuple = ("aliased", "offset")  # cache variants
     layouts: tuple = ()  # paged cache layouts
     returns: bool = False  # the op returns a tensor instead of writing a cache
+    fp8_scales: tuple = ()  # scale variants of the "fp8" case class ("1.0", "0.0123", "head")
+    large_case = None  # params (dict) of the "large" case of the full profile, or None
 
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
         raise NotImplementedError

@@ -76,7 +76,9 @@ class NaNEncoding:
         try:
             byte = int(text, 16)
         except ValueError:
-            raise ValueError(f"nan={spec!r} is not a NaN byte such as '0x7F|sign' or '0x7F'") from None
+            byte = -1
+        if not 0 <= byte <= 0xFF:
+            raise ValueError(f"nan={spec!r} is not a NaN byte such as '0x7F|sign' or '0x7F'")
         if fmt.fnuz:
             if (byte, signed) != (0x80, False):
                 raise ValueError(f"nan={spec!r}: {fmt.name} has a single NaN, 0x80")
@@ -204,7 +206,9 @@ def _scale_array(scale, x: np.ndarray, head_axis: int):
         if scale.size == 0 or not np.all(np.isfinite(scale)) or not np.all(scale > 0):
             raise ValueError(f"scale must be finite and > 0, got {scale!r}")
         if scale.ndim == 1 and scale.size > 1:
-            axis = head_axis % max(x.ndim, 1) if x.ndim else None
+            axis = head_axis % x.ndim if -x.ndim <= head_axis < x.ndim else None
+            if x.ndim and axis is None:
+                raise ValueError(f"head_axis={head_axis} is out of range for x with shape {x.shape}")
             if axis is None or x.shape[axis] != scale.size:
                 raise ValueError(f"per-head scale has shape {scale.shape} but x has shape "
                                  f"{x.shape} (head axis {head_axis})")
@@ -212,10 +216,10 @@ def _scale_array(scale, x: np.ndarray, head_axis: int):
         scale = scale.reshape(())[()]
     elif isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating)):
         raise TypeError(f"scale must be a number or a float32 array, got {scale!r}")
-    if not (np.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be finite and > 0, got {scale!r}")
-    scale = np.float32(scale)
-    return None if scale == 1 else scale
+    narrowed = np.float32(scale)  # kernels hold the scale as float32: judge it there
+    if not (np.isfinite(narrowed) and narrowed > 0):
+        raise ValueError(f"scale must be finite and > 0, got {scale!r} (as float32: {narrowed!r})")
+    return None if narrowed == 1 else narrowed
 
 
 def _table_key(values: np.ndarray) -> np.ndarray:
@@ -223,7 +227,7 @@ def _table_key(values: np.ndarray) -> np.ndarray:
     bits = np.ascontiguousarray(values).view(np.uint32)
     key = bits >> np.uint32(15)
     key |= (bits & np.uint32(0x7FFF)) != 0
-    return key
+    return key.reshape(np.shape(values))  # ascontiguousarray makes 0-d inputs 1-d
 
 
 @functools.lru_cache(maxsize=64)

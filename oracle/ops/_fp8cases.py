@@ -1,0 +1,247 @@
+"""fp8 case inputs and alternative explanations, shared by the op specs that quantize.
+
+Case parameters of the "fp8" class: ``fp8`` (the format), ``scale`` and ``values``.
+
+``scale``: "1.0" (the scale-free path), "0.0123" (per tensor; not a power of two, so ``x / s``,
+``x * (1/s)`` and ``x * s`` differ) or "head" (one float32 scale per head). A second tensor of the
+same op (V next to K) gets a different scale, 2.61 times larger, so swapping them shows.
+
+``values``:
+
+- "random": ordinary activations (normal, sigma 2) in the case's dtype.
+- "special": float32 sources whose QUOTIENT ``x / scale`` is, bit for bit, each of: every code of
+  the format, every tie between adjacent codes (subnormal ties and the tie between 0 and the
+  smallest subnormal included), ±max, the tie above max and its neighbours, values that overflow
+  (2*max, 1e30, the float32 max), quarter and half of the smallest subnormal, ±0, ±inf and NaN of
+  both signs (with and without payload), plus a few raw sources (±float32 max, whose quotient is
+  inf for scales below 1). Where several sources give the quotient, the one whose ``x * (1/s)``
+  lands on another fp8 code is taken, so the case also tells division from reciprocal
+  multiplication. A quotient no float32 source reaches exactly keeps the nearest source (its
+  rounding is accepted): for K's 0.0123 that is about a third of the targets, the ties whose
+  significand is 1.3125 or more (464, the tie above e4m3fn's max, among them); V's 0.0321 and the
+  per-head scales reach 85-99% of them, scale 1 all.
+- "double_rounding": float32 sources whose quotient rounds to a different code when it is first
+  rounded to float16 or bfloat16: for every tie, quotients one ulp, 0.75 and 2 float16 half-ulps
+  from it on the side away from the even code (the last only bfloat16 pulls back to the tie), and
+  the witnesses 0x3F080001 and 0x3F37F333 (e4m3fn: 0x31 direct, 0x30 via float16; 0x33 and 0x34).
+
+The value sets are built in float32 and the spec uses float32 sources for them unless the case
+names a dtype (then the sources are rounded to it and the exactness is lost, knowingly).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..buffers import NUMPY_DTYPES
+from ..contract import Contract
+from ..reference import fp8 as _fp8
+from ..reference.presets import PRESETS
+from . import _build
+
+SCALES = ("1.0", "0.0123", "head")
+VALUE_SETS = ("random", "special", "double_rounding")
+EXACT_SETS = ("special", "double_rounding")  # built in float32
+SECOND_SCALE = 2.61  # V's scale relative to K's
+KNOBS = tuple(_fp8.Fp8Knobs.__dataclass_fields__)
+LITERAL_WITNESSES = (0x3F080001, 0x3F37F333)
+_F32 = np.float32
+
+
+def with_defaults(p: dict, case_params: dict) -> dict:
+    """float32 sources for the exact value sets unless the case names a dtype."""
+    if p.get("values") in EXACT_SETS and "dtype" not in case_params:
+        p["dtype"] = "float32"
+    return p
+
+
+def scale_values(choice: str, heads: int, tensor: int = 0) -> np.ndarray:
+    """The float32 scale of case parameter ``choice``: shape (1,), or (heads,) for "head".
+    ``tensor`` 0 is the first (or only) tensor's scale, 1 the second's."""
+    if choice not in SCALES:
+        raise ValueError(f"scale={choice!r} is not one of {SCALES}")
+    if choice == "1.0":
+        return np.ones(1, _F32)
+    factor = SECOND_SCALE if tensor else 1.0
+    if choice == "head":
+        h = np.arange(heads)
+        return (0.0123 * factor * (1.0 + 0.37 * ((h + 3 * tensor) % 7))).astype(_F32)
+    return np.array([float(choice) * factor], _F32)
+
+
+def broadcast_scale(scale: np.ndarray, ndim: int, head_axis: int = -2) -> np.ndarray:
+    """``scale`` ((1,) or (H,)) shaped to broadcast over an array of ``ndim`` dims whose heads lie
+    on ``head_axis``."""
+    scale = np.asarray(scale, _F32)
+    if scale.size == 1:
+        return scale.reshape(())
+    axis = head_axis % ndim
+    return scale.reshape((scale.size,) + (1,) * (ndim - 1 - axis))
+
+
+def values(rng: np.random.Generator, kind: str, fmt: str, shape, dtype: str, scale: np.ndarray,
+           head_axis: int = -2) -> np.ndarray:
+    """Source values of value set ``kind`` for format ``fmt``, placed for ``scale``."""
+    if kind not in VALUE_SETS:
+        raise ValueError(f"values={kind!r} is not one of {VALUE_SETS}")
+    if kind == "random":
+        return _build.values(rng, shape, dtype)
+    pool, raw = special_pool(fmt) if kind == "special" else (double_rounding_pool(fmt), None)
+    size = int(np.prod(shape))
+    picks = np.arange(size) % len(pool)
+    quotients = pool[picks].reshape(shape)
+    keep = np.zeros(shape, bool) if raw is None else raw[picks].reshape(shape)
+    s = np.broadcast_to(broadcast_scale(scale, len(shape), head_axis), shape)
+    x = place(quotients, keep, s, fmt)
+    with np.errstate(all="ignore"):  # a narrower dtype rounds (and overflows) the sources
+        return x.astype(NUMPY_DTYPES[dtype])
+
+
+def place(quotients: np.ndarray, keep: np.ndarray, scale: np.ndarray, fmt: str) -> np.ndarray:
+    """float32 sources ``x`` with ``fl(x / scale) == quotients`` bit for bit where a float32 ``x``
+    within 4 ulps of ``quotient * scale`` gives it, preferring one whose ``x * fl(1/scale)``
+    rounds to another code of ``fmt``; elsewhere that nearest ``x``. Non-finite quotients, unit
+    scales and ``keep`` entries are sources as they are."""
+    x = quotients.astype(_F32, copy=True)
+    todo = np.isfinite(quotients) & ~keep & (scale != 1)
+    if not todo.any():
+        return x
+    q, s = quotients[todo].astype(_F32), scale[todo].astype(_F32)
+    x0 = (q.astype(np.float64) * s).astype(_F32)  # the product of two float32 is exact in float64
+    candidates, up, down = [x0], x0, x0
+    for _ in range(4):
+        up, down = np.nextafter(up, _F32(np.inf)), np.nextafter(down, _F32(-np.inf))
+        candidates += [down, up]
+    c = np.stack(candidates)
+    with np.errstate(all="ignore"):
+        hit = (c / s).view(np.uint32) == q.view(np.uint32)
+        product = (c * (_F32(1) / s)).astype(_F32)
+    codes = _fp8.quantize(q, fmt)
+    witness = hit & (_fp8.quantize(product.reshape(-1), fmt).reshape(c.shape) != codes)
+    pick = np.where(witness.any(0), witness.argmax(0), np.where(hit.any(0), hit.argmax(0), 0))
+    x[todo] = c[pick, np.arange(c.shape[1])]
+    return x
+
+
+def _code_magnitudes(fmt: str) -> np.ndarray:
+    """The values of codes 0..max (sign clear), float64."""
+    form = _fp8.get_format(fmt)
+    return _fp8.code_values(fmt)[: form.max_code + 1].astype(np.float64)
+
+
+def _signed(magnitudes) -> np.ndarray:
+    m = np.asarray(magnitudes, np.float64).astype(_F32)
+    return np.concatenate([m, -m])
+
+
+@functools.lru_cache(maxsize=8)
+def special_pool(fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """(quotients, raw): the "special" targets of ``fmt`` (float32) and which are raw sources."""
+    codes = _code_magnitudes(fmt)
+    ties = (codes[:-1] + codes[1:]) / 2
+    maximum, step = codes[-1], codes[-1] - codes[-2]
+    above = maximum + step / 2
+    fmax = float(np.finfo(_F32).max)
+    edges = [above, np.nextafter(_F32(above), _F32(0)), np.nextafter(_F32(above), _F32(np.inf)),
+             2 * maximum, 1e30, fmax, codes[1] / 4, codes[1] / 2,
+             np.nextafter(_F32(codes[1] / 2), _F32(1)), np.nextafter(_F32(codes[1] / 2), _F32(0))]
+    finite = _signed(np.concatenate([codes, ties, edges]))
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFC12345], np.uint32).view(_F32)
+    specials = np.concatenate([finite, np.array([np.inf, -np.inf], _F32), nans])
+    raw = np.array([fmax, -fmax], _F32)
+    pool = np.concatenate([specials, raw])
+    keep = np.zeros(pool.shape, bool)
+    keep[-raw.size:] = True
+    pool.flags.writeable = keep.flags.writeable = False
+    return pool, keep
+
+
+@functools.lru_cache(maxsize=8)
+def double_rounding_pool(fmt: str) -> np.ndarray:
+    """The "double_rounding" quotients of ``fmt`` (float32)."""
+    codes = _code_magnitudes(fmt)
+    ties = (codes[:-1] + codes[1:]) / 2
+    away = np.where(np.arange(ties.size) % 2 == 0, 1.0, -1.0)  # the side away from the even code
+    exponent = np.floor(np.log2(ties))
+    half16 = np.exp2(np.maximum(exponent - 10, -24)) / 2  # float16 half-ulp (subnormals: 2**-25)
+    one_ulp = np.nextafter(ties.astype(_F32), (away * np.inf).astype(_F32)).astype(np.float64)
+    targets = np.concatenate([one_ulp, ties + away * 0.75 * half16, ties + away * 2 * half16])
+    literals = np.array(LITERAL_WITNESSES, np.uint32).view(_F32).astype(np.float64)
+    pool = _signed(np.concatenate([targets, literals]))
+    pool.flags.writeable = False
+    return pool
+
+
+# --- alternative explanations ---------------------------------------------------------------
+
+def alternatives(p: dict, contract: Contract) -> list[tuple[str, dict]]:
+    """Other fp8 behaviours a failing kernel may implement, as overrides for ``resolve``."""
+    fmt = p.get("fp8")
+    if not fmt:
+        return []
+    out = []
+    if p.get("scale", "1.0") != "1.0":
+        out += [("no scale (scale 1)", {"scale": "one"}),
+                ("an inverted scale (x * scale instead of x / scale)", {"scale": "inverted"})]
+    try:
+        declared = contract.knobs(fmt)
+    except (TypeError, ValueError):  # the contract's preset does not cover this format
+        declared = None
+    if declared is not None:
+        if p.get("scale", "1.0") != "1.0":
+            other = "mul_reciprocal" if declared.scale_op == "div" else "div"
+            out.append((f"scale_op={other!r}", {"scale_op": other}))
+        for inter in (None, "float16", "bfloat16"):
+            if inter != declared.intermediate:
+                what = "single rounding" if inter is None else f"double rounding through {inter}"
+                out.append((f"intermediate={inter!r} ({what})", {"intermediate": inter}))
+        out.append((f"saturate={not declared.saturate}",
+                     {"saturate": not declared.saturate, "inf": None}))
+        if declared.nan.endswith("|sign"):
+            unsigned = declared.nan[: -len("|sign")]
+            out.append((f"nan={unsigned!r} (NaN sign dropped)", {"nan": unsigned}))
+    for name, preset in PRESETS.items():
+        if name != contract.fp8_preset and fmt in preset.formats:
+            out.append((f"preset {name!r} ({_short(preset.models)})", {"preset": name}))
+    return out
+
+
+def _short(models: str) -> str:
+    """A preset's description up to its first clause break."""
+    for mark in (":", ";", ", as in"):
+        models = models.split(mark)[0]
+    return models.strip()
+
+
+def resolve(contract: Contract, fmt: str | None, override: dict) -> tuple[str | None, dict, dict]:
+    """Split an ``expected(**override)`` into (scale mode, fp8 arguments for the reference, the
+    other overrides). The fp8 arguments are the contract's preset and knobs, with a "preset"
+    override replacing both and knob overrides replacing single knobs; empty when ``fmt`` is None."""
+    rest = dict(override)
+    mode = rest.pop("scale", None)
+    preset = rest.pop("preset", None)
+    knobs = {k: rest.pop(k) for k in list(rest) if k in KNOBS}
+    if not fmt:
+        return None, {}, rest
+    if preset is None:
+        args = {"preset": contract.fp8_preset, **dict(contract.fp8_knobs)}
+    else:
+        args = {"preset": preset}
+    return mode, args | knobs, rest
+
+
+def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_axis: int = -2):
+    """(source, scale) as the reference should see them under a scale mode: None (as given),
+    "one" (the scale ignored) or "inverted" (``x * scale`` in float32, then no scale)."""
+    if mode is None:
+        return source, scale
+    if mode == "one":
+        return source, np.ones(1, _F32)
+    if mode == "inverted":
+        widened = source.astype(_F32)
+        with np.errstate(all="ignore"):  # special values: inf and NaN sources
+            product = (widened * broadcast_scale(scale, widened.ndim, head_axis)).astype(_F32)
+        return product, np.ones(1, _F32)
+    raise ValueError(f"scale mode {mode!r} is not 'one' or 'inverted'")

@@ -1,0 +1,243 @@
+"""The MLA latent-cache writers: one row per token, the compressed KV (``nope`` / ``kv_c``) followed
+by the rotary part (``rope`` / ``k_pe``).
+
+``set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope)``: sglang's flat writer.
+kv_buffer ``[S, W]`` with ``W >= nope + rope`` (elements past ``nope + rope`` stay untouched),
+nope ``[N, nope]``, rope ``[N, rope]``, one dtype (uint8 for fp8 byte layouts, 528 + 128 bytes);
+loc int32 or int64 ``[N]``. Case shapes are ``(nope, rope)`` or ``(nope, rope, W)``.
+
+``concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)``: vLLM's paged
+writer. kv_cache ``[num_blocks, block_size, rank + rope]``; kv_cache_dtype "auto" (plain copy) or
+an fp8 format name (uint8 cache of codes); scale a float32 tensor ``[1]``. Case shapes are
+``(rank, rope)`` or ``(rank, rope, block_size)`` (block size 16 otherwise).
+
+"fused" sources are both parts sliced out of one latent tensor ``[N, lead + nope + rope]`` (a fused
+qkv_a projection), so each part's row stride exceeds its width. "aliased" caches share their
+allocation with a neighbour view interleaved row by row (block by block, paged), which must stay
+untouched.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .. import reference
+from ..buffers import NUMPY_DTYPES, Arena
+from ..contract import Contract
+from . import _build, _fp8cases
+from .base import Case, OpSpec, Prepared
+
+NEIGHBOUR = 8  # elements per row (per block, paged) of the view interleaved with an "aliased" cache
+BLOCK_SIZE = 16
+
+
+def _other_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float16 if dtype != torch.float16 else torch.float32
+
+
+def _cache(arena: Arena, name: str, shape: tuple, dtype: str, layout: str) -> torch.Tensor:
+    """One cache in the case's layout; "aliased" interleaves it with a neighbour view."""
+    if layout == "aliased":
+        neighbour = (shape[0], NEIGHBOUR)
+        return _build.caches(arena, (name, name + "_neighbour"), (shape, neighbour), dtype, layout)[0]
+    return _build.caches(arena, (name,), (shape,), dtype, layout)[0]
+
+
+def _padding_alternatives(case: Case, contract: Contract) -> list:
+    if not case.p.get("padding"):
+        return []
+    return [(f"padding={policy!r}", {"padding": policy})
+            for policy in ("none", "negative", "reserved:0") if policy != contract.padding]
+
+
+class SetMlaKvBuffer(OpSpec):
+    name = "set_mla_kv_buffer"
+    signature = "set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope)"
+    dtypes = ("bfloat16", "float16", "float32", "uint8")
+    default_shape = (512, 64)  # (nope, rope); uint8 defaults to the fp8 byte layout 528 + 128
+    shapes = ((512, 64), (528, 64), (256, 64), (128, 64), (512, 32),  # sglang's grid
+              (528, 128), (528, 128, 700),  # the fp8 byte layout, also in a wider row
+              (512, 64, 640), (97, 31, 133),  # W wider than nope + rope: the tail stays untouched
+              (511, 65), (97, 31), (1, 1))  # odd widths: alignment fallbacks
+    sources = ("nope", "rope")
+
+    def p_with_defaults(self, case: Case) -> dict:
+        p = super().p_with_defaults(case)
+        if "shape" not in case.p and p.get("dtype") == "uint8":
+            p["shape"] = (528, 128)
+        return p
+
+    @staticmethod
+    def dims(p: dict) -> tuple[int, int, int]:
+        """(nope, rope, W) of a case."""
+        nope, rope = p["shape"][:2]
+        return nope, rope, p["shape"][2] if len(p["shape"]) > 2 else nope + rope
+
+    def row_bytes(self, case: Case) -> int:
+        """Bytes of the written part of a row, nope + rope."""
+        p = self.p_with_defaults(case)
+        nope, rope, _ = self.dims(p)
+        return (nope + rope) * NUMPY_DTYPES[p["dtype"]].itemsize
+
+    def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
+        p = self.p_with_defaults(case)
+        nope_w, rope_w, width = self.dims(p)
+        n, dtype, bad = p["n"], p["dtype"], p.get("bad")
+        num_slots = max(2 * n, 64) + 3
+        nope, rope = _build.rows(arena, ("nope", "rope"), (_build.values(rng, (n, nope_w), dtype),
+                                                           _build.values(rng, (n, rope_w), dtype)),
+                                 p["src"])
+        if bad == "narrow_buffer":
+            width = nope_w + rope_w - 1
+        kv_buffer = _cache(arena, "kv_buffer", (num_slots, width), dtype, p["cache"])
+        entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+        if bad == "out_of_range" and n:
+            entries[n // 2] = num_slots
+        loc = _build.index(arena, "loc", entries, p["index"], p["index_layout"], num_slots, rng)
+        if bad == "dtype_mismatch":
+            rope = rope.to(_other_dtype(rope.dtype))
+        elif bad == "shape_mismatch":
+            nope = nope[: max(n - 1, 0)]
+        elif bad == "index_dtype":
+            loc = loc.to(torch.int16)
+        return Prepared(arena, (kv_buffer, loc, nope, rope), ("kv_buffer",))
+
+    def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
+        """Overrides besides the policies: ``swapped=True`` (rope written first, nope after it)
+        and ``rope_at=k`` (rope written at element ``k`` of the row instead of at ``nope``)."""
+        swapped, rope_at = override.pop("swapped", False), override.pop("rope_at", None)
+        policies = {"padding": contract.padding, "duplicates": contract.duplicates} | override
+        buffer, loc = prepared.numpy("kv_buffer"), prepared.numpy("loc")
+        nope, rope = prepared.numpy("nope"), prepared.numpy("rope")
+        if swapped:
+            nope, rope = rope, nope
+        if rope_at is None:
+            return {"kv_buffer": reference.set_mla_kv_buffer(buffer, loc, nope, rope, **policies)}
+        out = reference.set_mla_kv_buffer(buffer, loc, nope, rope[:, :0], **policies)
+        out[:, rope_at:] = reference.set_mla_kv_buffer(out[:, rope_at:], loc, rope, nope[:, :0],
+                                                       **policies)
+        return {"kv_buffer": out}
+
+    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
+        out = _padding_alternatives(case, contract)
+        if case.p.get("dups"):
+            return out
+        p = self.p_with_defaults(case)
+        nope, rope, width = self.dims(p)
+        itemsize = NUMPY_DTYPES[p["dtype"]].itemsize
+        out.append(("nope and rope swapped (rope at offset 0, nope after it)", {"swapped": True}))
+        if width > nope + rope:
+            out.append((f"rope written at the end of the row (element {width - rope} = W - rope) "
+                        f"instead of after nope (element {nope})", {"rope_at": width - rope}))
+        if itemsize > 1 and nope * itemsize + rope <= width:
+            out.append((f"rope written at element {nope * itemsize} (nope's byte size used as an "
+                        "element offset)", {"rope_at": nope * itemsize}))
+        return out
+
+    def bad_inputs(self) -> tuple:
+        return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "narrow_buffer")
+
+
+FP8_BAD = ("scale_dtype", "fp8_cache_dtype")  # bad inputs only an fp8 call can have
+
+
+class ConcatAndCacheMla(OpSpec):
+    name = "concat_and_cache_mla"
+    signature = "concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)"
+    dtypes = ("bfloat16", "float16", "float32")
+    fp8 = True
+    fp8_scales = tuple(s for s in _fp8cases.SCALES if s != "head")  # the latent row has no heads
+    default_shape = (512, 64)  # (kv_lora_rank, rope); a third entry is the block size
+    shapes = ((512, 64), (256, 64), (128, 64), (512, 32), (511, 65), (97, 31),
+              (512, 64, 1), (97, 31, 5))
+    sources = ("kv_c", "k_pe")
+
+    @staticmethod
+    def dims(p: dict) -> tuple[int, int, int]:
+        """(rank, rope, block_size) of a case."""
+        rank, rope = p["shape"][:2]
+        return rank, rope, p["shape"][2] if len(p["shape"]) > 2 else BLOCK_SIZE
+
+    def p_with_defaults(self, case: Case) -> dict:
+        p = super().p_with_defaults(case)
+        if p.get("bad") in FP8_BAD and "fp8" not in case.p:  # built as an e4m3fn call
+            p["fp8"] = "e4m3fn"
+        if p.get("fp8"):
+            p.setdefault("scale", "1.0")
+        return _fp8cases.with_defaults(p, case.p)
+
+    def row_bytes(self, case: Case) -> int:
+        """Bytes of one entry, the gcd over source and cache (fp8: one byte per element), so a
+        declared multiple divides both."""
+        p = self.p_with_defaults(case)
+        rank, rope, _ = self.dims(p)
+        source = NUMPY_DTYPES[p["dtype"]].itemsize
+        return math.gcd((rank + rope) * source, (rank + rope) * (1 if p.get("fp8") else source))
+
+    def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
+        p = self.p_with_defaults(case)
+        rank, rope_w, block_size = self.dims(p)
+        n, dtype, fmt, bad = p["n"], p["dtype"], p.get("fp8"), p.get("bad")
+        num_blocks = -(-(max(2 * n, 64) + 3) // block_size)
+        num_slots = num_blocks * block_size
+        scale_values = _fp8cases.scale_values(p.get("scale", "1.0"), 1)
+        scale = arena.tensor("scale", scale_values, role="scale")
+        if fmt:
+            arrays = tuple(_fp8cases.values(rng, p["values"], fmt, (n, w), dtype, scale_values)
+                           for w in (rank, rope_w))
+        else:
+            arrays = tuple(_build.values(rng, (n, w), dtype) for w in (rank, rope_w))
+        kv_c, k_pe = _build.rows(arena, ("kv_c", "k_pe"), arrays, p["src"])
+        width = rank + rope_w + (1 if bad == "cache_width" else 0)
+        cache_dtype = "uint8" if fmt else dtype
+        if bad == "fp8_cache_dtype":
+            cache_dtype = dtype
+        kv_cache = _cache(arena, "kv_cache", (num_blocks, block_size, width), cache_dtype, p["cache"])
+        entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+        if bad == "out_of_range" and n:
+            entries[n // 2] = num_slots
+        slot_mapping = _build.index(arena, "slot_mapping", entries, p["index"], p["index_layout"],
+                                    num_slots, rng)
+        if bad == "scale_dtype":
+            scale = scale.to(torch.float64)
+        elif bad == "dtype_mismatch":
+            k_pe = k_pe.to(_other_dtype(k_pe.dtype))
+        elif bad == "shape_mismatch":
+            k_pe = k_pe[: max(n - 1, 0)]
+        elif bad == "index_dtype":
+            slot_mapping = slot_mapping.to(torch.int16)
+        return Prepared(arena, (kv_c, k_pe, kv_cache, slot_mapping, fmt or "auto", scale), ("kv_cache",))
+
+    def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
+        """Overrides: the policies, the fp8 ones of :func:`_fp8cases.resolve` (scale mode,
+        preset, knobs), and ``swapped=True`` (k_pe written first, kv_c after it)."""
+        fmt = self.p_with_defaults(case).get("fp8")
+        mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
+        swapped = rest.pop("swapped", False)
+        policies = {"padding": contract.padding, "duplicates": contract.duplicates} | rest
+        scale = prepared.numpy("scale")
+        kv_c, _ = _fp8cases.apply_scale(mode, prepared.numpy("kv_c"), scale)
+        k_pe, scale = _fp8cases.apply_scale(mode, prepared.numpy("k_pe"), scale)
+        if swapped:
+            kv_c, k_pe = k_pe, kv_c
+        fp8 = {"kv_cache_dtype": fmt, "scale": scale, **fp8_args} if fmt else {}
+        return {"kv_cache": reference.concat_and_cache_mla(prepared.numpy("kv_cache"),
+                                                           prepared.numpy("slot_mapping"),
+                                                           kv_c, k_pe, **policies, **fp8)}
+
+    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
+        out = _padding_alternatives(case, contract)
+        out += _fp8cases.alternatives(self.p_with_defaults(case), contract)
+        if not case.p.get("dups"):
+            out.append(("kv_c and k_pe swapped (k_pe at offset 0, kv_c after it)", {"swapped": True}))
+        return out
+
+    def bad_inputs(self) -> tuple:
+        return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "cache_width",
+                ) + FP8_BAD
+
+
+__all__ = ["ConcatAndCacheMla", "SetMlaKvBuffer"]

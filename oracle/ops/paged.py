@@ -1,0 +1,170 @@
+"""``reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+k_scale, v_scale)``: vLLM's paged K/V write.
+
+key, value ``[T, H, D]`` with any row stride (often slices of one fused qkv tensor); caches
+``[num_blocks, block_size, H, D]``: "NHD" a plain allocation of that shape, "HND" a permuted view
+of a ``[num_blocks, H, block_size, D]`` allocation (the kernel must read the strides). Slot ``s``
+is token ``s % block_size`` of block ``s // block_size``; slot_mapping int32 or int64.
+``kv_cache_dtype`` "auto" copies (cache dtype = source dtype); an fp8 format name stores
+``fp8(x / scale)`` codes in uint8 caches. k_scale, v_scale: float32 tensors of shape [1] or [H]
+(also checked unchanged); under "auto" they are 1.0 and ignored, as vLLM does.
+
+Case variants beyond the catalogue's: block size 16; cache "padded" gives each cache a block
+stride larger than a block (K by one token row, V by two), so K's and V's strides differ and a
+kernel that assumes dense blocks, or reuses K's strides for V, writes the wrong place. No
+``large_case``: a cache past 2**31 elements is 2 GiB per cache even in fp8, and a case holds
+about six copies of both (arena, two snapshots, expected regions, reference inputs and outputs),
+beyond a 24 GiB machine running two workers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .. import reference
+from ..buffers import NUMPY_DTYPES, Arena
+from ..contract import Contract
+from . import _build, _fp8cases
+from .base import Case, OpSpec, Prepared
+
+BLOCK_SIZE = 16
+PADDED_TOKENS = (1, 2)  # extra token rows per block of K and of V in the "padded" variant
+
+
+class ReshapeAndCacheFlash(OpSpec):
+    name = "reshape_and_cache_flash"
+    signature = ("reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, "
+                 "kv_cache_dtype, k_scale, v_scale)")
+    dtypes = ("bfloat16", "float16", "float32")
+    fp8 = True
+    fp8_scales = _fp8cases.SCALES
+    default_shape = (8, 128)  # (heads, head_size)
+    shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (13, 46), (8, 96), (1, 97))
+    sources = ("key", "value")
+    aliasing = ("aliased", "offset", "padded")
+    layouts = ("NHD", "HND")
+    large_case = None  # does not fit: see the module docstring
+
+    def p_with_defaults(self, case: Case) -> dict:
+        p = super().p_with_defaults(case)
+        if p.get("bad") in ("scale_dtype", "cache_dtype") and "fp8" not in case.p:
+            p["fp8"] = "e4m3fn"
+        if p.get("fp8"):
+            p.setdefault("scale", "1.0")
+        return _fp8cases.with_defaults(p, case.p)
+
+    def needs(self, case: Case) -> dict:
+        out = super().needs(case)
+        if self.p_with_defaults(case)["cache"] == "padded":
+            out["aliased_caches"] = True  # views into larger allocations
+        return out
+
+    def row_bytes(self, case: Case) -> int:
+        """The byte width of the unit a kernel copies: a token's [H, D] row (NHD) or one head's
+        D elements (HND), the gcd over source and cache (so a declared multiple divides both)."""
+        p = self.p_with_defaults(case)
+        heads, dim = p["shape"]
+        unit = dim if p["layout"] == "HND" else heads * dim
+        source = NUMPY_DTYPES[p["dtype"]].itemsize
+        return math.gcd(unit * source, unit * (1 if p.get("fp8") else source))
+
+    def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
+        p = self.p_with_defaults(case)
+        heads, dim = p["shape"]
+        n, dtype, fmt, bad = p["n"], p["dtype"], p.get("fp8"), p.get("bad")
+        num_blocks = -(-(max(2 * n, 64) + 3) // BLOCK_SIZE)
+        num_slots = num_blocks * BLOCK_SIZE
+        choice = p.get("scale", "1.0")
+        scales = [_fp8cases.scale_values(choice, heads, t) for t in (0, 1)]
+        k_scale = arena.tensor("k_scale", scales[0], role="scale")
+        v_scale = arena.tensor("v_scale", scales[1], role="scale")
+        if fmt:
+            arrays = tuple(_fp8cases.values(rng, p["values"], fmt, (n, heads, dim), dtype, s)
+                           for s in scales)
+        else:
+            arrays = tuple(_build.values(rng, (n, heads, dim), dtype) for _ in range(2))
+        key, value = _build.rows(arena, ("key", "value"), arrays, p["src"])
+        cache_dtype = "uint8" if fmt and bad != "cache_dtype" else dtype
+        key_cache, value_cache = _caches(arena, (num_blocks, BLOCK_SIZE, heads, dim), cache_dtype,
+                                         p["cache"], p["layout"])
+        entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+        if bad == "out_of_range" and n:
+            entries[n // 2] = num_slots
+        slot_mapping = _build.index(arena, "slot_mapping", entries, p["index"], p["index_layout"],
+                                    num_slots, rng)
+        kv_cache_dtype = fmt or "auto"
+        if bad == "dtype_mismatch":
+            key = key.to(torch.float16 if key.dtype != torch.float16 else torch.float32)
+        elif bad == "shape_mismatch":
+            value = value[:, :, : dim - 1]
+        elif bad == "index_dtype":
+            slot_mapping = slot_mapping.to(torch.int16)
+        elif bad == "scale_dtype":
+            k_scale = k_scale.to(torch.float64)
+        elif bad == "kv_cache_dtype":
+            kv_cache_dtype = "fp9"
+        elif bad == "layout":  # every other element of a wider cache: last dim not contiguous
+            shape = (num_blocks, BLOCK_SIZE, heads, dim)
+            itemsize = NUMPY_DTYPES[cache_dtype].itemsize
+            arena.region("key_cache_strided", 2 * math.prod(shape) * itemsize, _build.GUARD_MIN)
+            strides = (BLOCK_SIZE * heads * dim * 2, heads * dim * 2, dim * 2, 2)
+            key_cache = arena.view("key_cache", "key_cache_strided", shape, strides, 0, cache_dtype,
+                                   role="cache")
+        return Prepared(arena, (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                k_scale, v_scale), ("key_cache", "value_cache"))
+
+    def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
+        fmt = self.p_with_defaults(case).get("fp8")
+        mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
+        policies = {"padding": contract.padding, "duplicates": contract.duplicates} | rest
+        key, k_scale = _fp8cases.apply_scale(mode, prepared.numpy("key"), prepared.numpy("k_scale"))
+        value, v_scale = _fp8cases.apply_scale(mode, prepared.numpy("value"), prepared.numpy("v_scale"))
+        # The caches' numpy twins have the kernel's logical [blocks, block_size, H, D] shape in
+        # either layout (HND through its strides), so the reference addresses them as NHD.
+        with np.errstate(all="ignore"):  # special values overflow and divide NaN on purpose
+            k, v = reference.reshape_and_cache_flash(
+                prepared.numpy("key_cache"), prepared.numpy("value_cache"),
+                prepared.numpy("slot_mapping"), key, value, kv_cache_dtype=fmt or "auto",
+                k_scale=k_scale, v_scale=v_scale, layout="NHD", **policies, **fp8_args)
+        return {"key_cache": k, "value_cache": v}
+
+    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
+        out = _fp8cases.alternatives(self.p_with_defaults(case), contract)
+        if case.p.get("padding"):
+            out += [(f"padding={policy!r}", {"padding": policy})
+                    for policy in ("none", "negative", "reserved:0") if policy != contract.padding]
+        return out
+
+    def bad_inputs(self) -> tuple:
+        return ("dtype_mismatch", "shape_mismatch", "out_of_range", "layout", "scale_dtype",
+                "index_dtype", "kv_cache_dtype", "cache_dtype")
+
+
+def _caches(arena: Arena, shape: tuple, dtype: str, variant: str, layout: str):
+    """key_cache and value_cache of logical shape ``shape`` (NHD), allocated in ``layout`` order
+    ("HND": ``[blocks, H, block_size, D]``, handed over as a permuted view) as ``variant``:
+    plain, offset, aliased (see _build.caches) or padded (a block stride past the block)."""
+    num_blocks, block_size, heads, dim = shape
+    alloc = shape if layout == "NHD" else (num_blocks, heads, block_size, dim)
+    names = ("key_cache", "value_cache")
+    if variant == "padded":
+        itemsize = NUMPY_DTYPES[dtype].itemsize
+        views = []
+        for name, extra in zip(names, PADDED_TOKENS):
+            stride0 = (block_size + extra) * heads * dim
+            arena.region(name + "_storage", num_blocks * stride0 * itemsize,
+                         max(_build.GUARD_MIN, stride0 * itemsize))
+            strides = (stride0, math.prod(alloc[2:]), alloc[3], 1)
+            views.append(arena.view(name, name + "_storage", alloc, strides, 0, dtype, role="cache"))
+    else:
+        views = list(_build.caches(arena, names, (alloc, alloc), dtype, variant))
+    if layout == "HND":
+        for i, name in enumerate(names):
+            spec = arena.views[name]
+            s0, s1, s2, s3 = spec.strides
+            views[i] = arena.view(name, spec.region, shape, (s0, s2, s1, s3), spec.offset, dtype,
+                                  role="cache")
+    return tuple(views)

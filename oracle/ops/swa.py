@@ -1,0 +1,169 @@
+"""``translate_full_to_swa(mapping, loc) -> Tensor``: sglang's full -> SWA slot translation.
+
+mapping int64 or int32 ``[size_full + page_size + 1]``: the full->SWA table (zeros for unmapped
+slots) followed by the -1 sentinel; loc int32 or int64, any shape, strides and storage offset.
+Returns ``mapping[loc]`` as a new tensor of the mapping's dtype and loc's shape; -1 translates to
+-1 through the sentinel. Writes nothing: mapping and loc must be left as they were.
+
+Case axes: ``dtype`` is the mapping's dtype (int64, int32; the contract has no field for integer
+table dtypes, so it is not a requirement), ``index`` loc's; ``shape`` ``(size_full, page_size)``,
+or ``(size_full, page_size, cols)`` for a 2-D loc ``[n, cols]``; ``cache="offset"`` puts the
+mapping at a storage offset. Every loc of two or more entries holds some -1 entries, so those cases
+need ``padding="negative"`` (-1 is padding and translates to padding); the catalogue has no
+padding class for ops that return.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import reference
+from ..buffers import NUMPY_DTYPES, TORCH_DTYPES, Arena, dtype_name, to_numpy
+from ..contract import Contract
+from . import _build
+from .base import Case, OpSpec, Prepared
+
+SENTINEL = -1
+
+
+class TranslateFullToSwa(OpSpec):
+    name = "translate_full_to_swa"
+    signature = "translate_full_to_swa(mapping, loc) -> Tensor"
+    dtypes = ("int64", "int32")  # the mapping's dtype
+    default_shape = (1024, 16)  # (size_full, page_size)
+    shapes = ((1024, 1), (1024, 16), (8192, 64), (16, 16), (1024, 16, 3))
+    aliasing = ("offset",)
+    returns = True
+
+    def needs(self, case: Case) -> dict:
+        out = super().needs(case)
+        p = self.p_with_defaults(case)
+        out["dtype"] = None
+        count = p["n"] * (p["shape"][2] if len(p["shape"]) > 2 else 1)
+        out["padding"] = "negative" if count >= 2 else None
+        return out
+
+    def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
+        p = self.p_with_defaults(case)
+        size_full, page_size = p["shape"][:2]
+        cols = p["shape"][2] if len(p["shape"]) > 2 else None
+        n, bad = p["n"], p.get("bad")
+        table = size_full + page_size  # mapping[table] is the sentinel
+        values = self._table(rng, size_full, page_size)
+        if bad == "no_sentinel":
+            values[-1] = values[table - 1] or page_size
+        mapping = self._mapping(arena, values.astype(NUMPY_DTYPES[p["dtype"]]), p["cache"], rng)
+
+        count = n * (cols or 1)
+        entries = rng.integers(0, table, size=count).astype(np.int64)
+        if count >= 2:  # the table's edges, and -1 (padding) entries
+            entries[rng.choice(count, size=2, replace=False)] = (0, table - 1)
+            entries[rng.choice(count, size=max(1, count // 8), replace=False)] = SENTINEL
+        where = count // 2
+        if bad == "negative_two" and count:
+            entries[where] = -2
+        elif bad == "sentinel_index" and count:
+            entries[where] = table
+        elif bad == "out_of_range" and count:
+            entries[where] = table + 1 + 7
+        if cols:
+            loc = arena.tensor("loc", entries.reshape(n, cols).astype(NUMPY_DTYPES[p["index"]]),
+                               role="index")
+        else:
+            loc = _build.index(arena, "loc", entries, p["index"], p["index_layout"], table, rng)
+        if bad == "index_dtype":
+            loc = loc.to(torch.int16)
+        elif bad == "mapping_dtype":
+            mapping = mapping.to(torch.float32)
+        return Prepared(arena, (mapping, loc), ())
+
+    @staticmethod
+    def _table(rng: np.random.Generator, size_full: int, page_size: int) -> np.ndarray:
+        """A table in a state the allocator can reach: about 3/4 of the full pages mapped, each
+        slot by slot into its own SWA page, some with an unmapped tail (a partly filled page);
+        page 0 and the other pages unmapped (0); the -1 sentinel last."""
+        mapping = reference.make_swa_mapping(size_full, page_size)
+        pages = size_full // page_size
+        mapped = rng.permutation(np.arange(1, pages + 1))[: max(1, (3 * pages) // 4)]
+        swa_pages = rng.permutation(np.arange(1, pages + 1))[: len(mapped)]
+        offsets = np.arange(page_size)
+        for full_page, swa_page in zip(mapped, swa_pages):
+            used = page_size if rng.random() < 0.7 else int(rng.integers(1, page_size + 1))
+            mapping[full_page * page_size + offsets[:used]] = swa_page * page_size + offsets[:used]
+        return mapping
+
+    @staticmethod
+    def _mapping(arena: Arena, values: np.ndarray, layout: str, rng: np.random.Generator):
+        if layout != "offset":
+            return arena.tensor("mapping", values, role="source")
+        lead = 5  # elements of decoy table entries before the mapping
+        decoys = rng.integers(1, max(len(values), 2), size=len(values) + lead).astype(values.dtype)
+        arena.tensor("mapping_storage", decoys, role="decoy")
+        return arena.view("mapping", "mapping_storage", values.shape, (1,), lead * values.itemsize,
+                          dtype_name(values.dtype), role="source", values=values)
+
+    def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
+        """Nothing is written: every region must be left as it was (the returned tensor is
+        judged by :meth:`check_returned`)."""
+        return {}
+
+    def expected_returned(self, prepared: Prepared) -> np.ndarray:
+        return reference.translate_full_to_swa(prepared.numpy("mapping"), prepared.numpy("loc"))
+
+    def check_returned(self, prepared: Prepared, expected: dict, returned) -> tuple[dict, str | None]:
+        """(the memory expectation, unchanged; None, or why ``returned`` is wrong): a tensor on
+        the case's device, of the mapping's dtype and loc's shape, equal to the reference."""
+        want = self.expected_returned(prepared)
+        want_dtype = TORCH_DTYPES[dtype_name(want.dtype)]
+        if not isinstance(returned, torch.Tensor):
+            return expected, f"returned {type(returned).__name__}, not a tensor"
+        device = torch.device(prepared.arena.device)
+        problems = []
+        if returned.device.type != device.type:
+            problems.append(f"returned a tensor on {returned.device}; expected {device}")
+        if returned.dtype != want_dtype:
+            problems.append(f"returned dtype {returned.dtype}; expected {want_dtype} (the mapping's dtype)")
+        if tuple(returned.shape) != want.shape:
+            problems.append(f"returned shape {tuple(returned.shape)}; expected {want.shape} (loc's shape)")
+            return expected, "\n".join(problems)
+        got = to_numpy(returned).astype(np.int64).reshape(-1)
+        flat = want.astype(np.int64).reshape(-1)
+        differ = np.flatnonzero(got != flat)
+        if differ.size:
+            i = int(differ[0])
+            loc = prepared.numpy("loc").reshape(-1)
+            where = np.unravel_index(i, want.shape) if want.ndim else ()
+            index = ", ".join(str(int(k)) for k in where)
+            problems.append(f"returned[{index}] = {int(got[i])}, expected {int(flat[i])} "
+                            f"(loc[{index}] = {int(loc[i])}); {differ.size} of {flat.size} entries differ")
+            problems += [f"the result matches {label}" for label, alt in self._misreads(prepared)
+                         if alt.shape == got.shape and np.array_equal(alt, got)]
+        return expected, "\n".join(problems) or None
+
+    @staticmethod
+    def _misreads(prepared: Prepared):
+        """What a kernel returns when it reads loc contiguously from its first element (stride
+        ignored) or from its storage's start (storage offset ignored)."""
+        views = prepared.arena.views
+        if "loc_storage" not in views or "loc" not in views:
+            return
+        spec = views["loc"]
+        storage = prepared.numpy("loc_storage").astype(np.int64)
+        mapping = prepared.numpy("mapping").astype(np.int64)
+        start = spec.offset // spec.itemsize
+        n = int(np.prod(spec.shape))
+        for label, begin in (("loc read contiguously (its stride ignored)", start),
+                             ("loc read from its storage's start (its storage offset ignored)", 0)):
+            if (spec.strides == (1,) and begin == start) or begin + n > storage.size:
+                continue
+            read = storage[begin: begin + n]
+            if np.all((read >= -len(mapping)) & (read < len(mapping))):
+                yield label, mapping[read]
+
+    def bad_inputs(self) -> tuple:
+        return ("negative_two", "sentinel_index", "out_of_range", "index_dtype", "mapping_dtype",
+                "no_sentinel")
+
+
+__all__ = ["TranslateFullToSwa"]
