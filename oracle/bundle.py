@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .buffers import Arena, Region, ViewSpec, to_numpy, to_torch
+from .buffers import Arena, Region, SparseBytes, ViewSpec, fill_tiled, to_numpy, to_torch
 from .compare import expected_regions, first_difference
 from .ops import get_spec
 from .ops.base import Case, Prepared
@@ -28,10 +28,12 @@ FORMAT = 1
 def write_bundle(directory, kernel, case: Case, outcome) -> Path:
     prepared: Prepared = outcome.prepared
     arena = prepared.arena
-    arrays = {f"region.{name}": data for name, data in prepared.before.items()}
+    arrays = {f"region.{name}": _packed(data) for name, data in prepared.before.items()}
+    arrays.update({f"tile.{name}": data.tile for name, data in prepared.before.items()
+                   if isinstance(data, SparseBytes)})
     if outcome.expected is not None:
         expected, _ = expected_regions(arena, prepared.before, prepared.before, _bases(outcome.expected))
-        arrays.update({f"expected.{name}": data for name, data in expected.items()})
+        arrays.update({f"expected.{name}": _packed(data) for name, data in expected.items()})
     args = []
     for position, arg in enumerate(prepared.args):
         if isinstance(arg, torch.Tensor):
@@ -47,7 +49,7 @@ def write_bundle(directory, kernel, case: Case, outcome) -> Path:
         "format": FORMAT, "kv_oracle": __version__, "torch": torch.__version__,
         "op": case.op, "case_class": case.cls, "case_id": case.id, "params": case.params,
         "seed": case.seed, "kernel": kernel.name, "contract": kernel.contract.as_dict(),
-        "regions": {n: {"payload": r.payload, "guard": r.guard} for n, r in arena.regions.items()},
+        "regions": {n: _region_meta(r, prepared.before[n]) for n, r in arena.regions.items()},
         "views": [asdict(v) for v in arena.views.values()], "caches": list(prepared.caches),
         "args": args, "message": outcome.message,
     }
@@ -72,8 +74,18 @@ def replay(path, kernel) -> tuple[bool, str]:
     case = Case(meta["op"], meta["case_class"], tuple((k, _tuple(v)) for k, v in meta["params"]))
     arena = Arena(kernel.contract.device, meta["seed"])
     for name, info in meta["regions"].items():
-        tensor = torch.from_numpy(arrays[f"region.{name}"].copy()).to(arena.device)
-        arena.regions[name] = Region(name, info["payload"], info["guard"], tensor)
+        if "windows" in info:  # sparse: the tile everywhere, then the saved windows
+            tile = arrays[f"tile.{name}"]
+            tensor = fill_tiled(info["payload"] + 2 * info["guard"], tile, arena.device)
+            packed = torch.from_numpy(arrays[f"region.{name}"]).to(arena.device)
+            at = 0
+            for start, end in info["windows"]:
+                tensor[start:end] = packed[at: at + end - start]
+                at += end - start
+            arena.regions[name] = Region(name, info["payload"], info["guard"], tensor, tile)
+        else:
+            tensor = torch.from_numpy(arrays[f"region.{name}"].copy()).to(arena.device)
+            arena.regions[name] = Region(name, info["payload"], info["guard"], tensor)
     for view in meta["views"]:
         arena.views[view["name"]] = ViewSpec(**{**view, "shape": tuple(view["shape"]),
                                                "strides": tuple(view["strides"])})
@@ -101,12 +113,29 @@ def replay(path, kernel) -> tuple[bool, str]:
         expected = get_spec(case.op).expected(prepared, case, kernel.contract)
         regions, problems = expected_regions(arena, prepared.before, after, expected)
     else:
-        regions = {n: arrays[f"expected.{n}"] for n in meta["regions"]}
+        regions = {n: _unpacked(arrays[f"expected.{n}"], prepared.before[n]) for n in meta["regions"]}
         problems = []
     difference = first_difference(arena, regions, after)
     if difference is None and not problems:
         return True, f"{header}\npass"
     return False, "\n".join([header, *problems, difference.text if difference else ""]).rstrip()
+
+
+def _packed(data):
+    return data.data if isinstance(data, SparseBytes) else data
+
+
+def _unpacked(saved: np.ndarray, like):
+    if isinstance(like, SparseBytes):
+        return SparseBytes(like.size, like.starts, like.ends, saved, like.tile)
+    return saved
+
+
+def _region_meta(region: Region, snapshot) -> dict:
+    info = {"payload": region.payload, "guard": region.guard}
+    if isinstance(snapshot, SparseBytes):
+        info["windows"] = [[int(a), int(b)] for a, b in zip(snapshot.starts, snapshot.ends)]
+    return info
 
 
 def _bases(expected: dict) -> dict:

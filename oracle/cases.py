@@ -59,7 +59,7 @@ def _duplicates(spec: OpSpec, profile: str):
 
 
 def _large(spec: OpSpec, profile: str):
-    if profile != "quick" and getattr(spec, "large_case", None):
+    if spec.large_case and (profile != "quick" or spec.large_in_quick):
         yield dict(spec.large_case, large=True)
 
 

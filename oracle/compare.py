@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .buffers import NUMPY_DTYPES, Arena, ViewSpec, numpy_view
+from .buffers import NUMPY_DTYPES, Arena, SparseBytes, ViewSpec, numpy_view, read_bytes
 from .reference.slots import OneOfRows
 
 
@@ -44,20 +44,29 @@ def expected_regions(arena: Arena, before: dict, after: dict, expected: dict) ->
 
 def first_difference(arena: Arena, expected: dict, after: dict) -> Difference | None:
     for name, want in expected.items():
-        got = after[name]
-        if np.array_equal(want, got):
-            continue
-        where = np.flatnonzero(want != got)
-        return _describe(arena, name, where, want, got)
+        where, count = _differing(want, after[name])
+        if count:
+            return _describe(arena, name, int(where[0]), count, want, after[name])
     return None
 
 
-def _describe(arena: Arena, region: str, where: np.ndarray, want: np.ndarray, got: np.ndarray) -> Difference:
+def _differing(want, got) -> tuple[np.ndarray, int]:
+    """Region offsets of differing bytes (at least the first), and how many differ."""
+    if not isinstance(want, SparseBytes):
+        where = np.flatnonzero(want != got)
+        return where, int(where.size)
+    packed = np.flatnonzero(want.data != got.data)
+    window = np.searchsorted(want.bases, packed, side="right") - 1
+    inside = want.starts[window] + packed - want.bases[window]
+    stray = np.array([offset for offset, _ in got.stray], np.int64)
+    return np.sort(np.concatenate([inside, stray])), int(packed.size) + got.stray_count
+
+
+def _describe(arena: Arena, region: str, byte: int, count: int, want, got) -> Difference:
     reg = arena.regions[region]
-    byte = int(where[0])
     payload_offset = byte - reg.guard
     lines = []
-    first = {"region": region, "byte": payload_offset, "differing_bytes": int(where.size)}
+    first = {"region": region, "byte": payload_offset, "differing_bytes": count}
     in_guard = payload_offset < 0 or payload_offset >= reg.payload
     views = [v for v in arena.views.values() if v.region == region]
     owner = _owner(views, payload_offset)
@@ -65,7 +74,7 @@ def _describe(arena: Arena, region: str, where: np.ndarray, want: np.ndarray, go
         side = "before" if payload_offset < 0 else "after"
         distance = -payload_offset if payload_offset < 0 else payload_offset - reg.payload + 1
         lines.append(f"guard band written: {distance} byte(s) {side} the payload of region {region!r} "
-                     f"({where.size} guard/payload bytes differ in all)")
+                     f"({count} guard/payload bytes differ in all)")
         first["guard"] = side
     if owner is not None:
         spec, index, within = owner
@@ -74,6 +83,10 @@ def _describe(arena: Arena, region: str, where: np.ndarray, want: np.ndarray, go
         exp, act = _element(want, reg.guard, spec, index), _element(got, reg.guard, spec, index)
         lines.append(f"first difference at {element} byte {within}: expected {exp}, got {act}")
         first.update(expected=exp, got=act)
+        if not 0 <= index[0] < spec.shape[0]:
+            lines.append(f"row {index[0]} lies outside {spec.name} (shape {list(spec.shape)}): an "
+                         "address computed past the view, as from a negative slot or an int32 "
+                         "offset that wrapped")
         if not in_guard:
             rows = _rows_differing(arena, region, spec, want, got)
             lines.append(f"{rows[0]} of {rows[1]} {'slots' if spec.role == 'cache' else 'rows'} of "
@@ -83,7 +96,8 @@ def _describe(arena: Arena, region: str, where: np.ndarray, want: np.ndarray, go
                 lines.append(f"{spec.name} is an input ({spec.role}): the kernel modified it")
     else:
         lines.append(f"first difference at byte {payload_offset} of region {region!r}: expected "
-                     f"0x{want[byte]:02x}, got 0x{got[byte]:02x} (outside every view)")
+                     f"0x{read_bytes(want, byte, 1)[0]:02x}, got 0x{read_bytes(got, byte, 1)[0]:02x} "
+                     f"(outside every view; {count} bytes differ in all)")
     return Difference("\n".join(lines), first)
 
 
@@ -118,12 +132,13 @@ def _owner(views: list[ViewSpec], offset: int):
     return None if best is None else best[1]
 
 
-def _element(region_bytes: np.ndarray, guard: int, spec: ViewSpec, index) -> str:
+def _element(region_bytes, guard: int, spec: ViewSpec, index) -> str:
     dtype = NUMPY_DTYPES[spec.dtype]
     start = guard + spec.offset + sum(i * s for i, s in zip(index, spec.strides)) * dtype.itemsize
-    if start < 0 or start + dtype.itemsize > region_bytes.size:
+    size = region_bytes.size if isinstance(region_bytes, (np.ndarray, SparseBytes)) else 0
+    if start < 0 or start + dtype.itemsize > size:
         return "(outside the allocation)"
-    raw = region_bytes[start: start + dtype.itemsize]
+    raw = np.ascontiguousarray(read_bytes(region_bytes, start, dtype.itemsize))
     value = raw.view(dtype)[0]
     hexes = "0x" + raw[::-1].tobytes().hex()
     if dtype.kind in "ui":

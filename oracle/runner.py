@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .buffers import Arena
+from .buffers import Arena, same_bytes
 from .compare import Difference, expected_regions, first_difference
 from .contract import gaps
 from .ops import get_spec
@@ -91,7 +91,7 @@ def _judge_rejection(kernel: Kernel, case: Case, prepared: Prepared) -> Outcome:
         _synchronize(kernel.contract.device)
     except Exception as exc:
         after = prepared.arena.snapshot()
-        changed = [name for name in after if not np.array_equal(after[name], prepared.before[name])]
+        changed = [name for name in after if not same_bytes(after[name], prepared.before[name])]
         if changed:
             return Outcome(FAIL, f"rejected bad input ({case.p['bad']}) with {type(exc).__name__}: {exc}, "
                                  f"but memory changed first in: {', '.join(changed)}", prepared=prepared)

@@ -9,6 +9,15 @@ from ..buffers import NUMPY_DTYPES, Arena
 
 GUARD_MIN = 256
 
+# The "large" case class: uint8 caches of LARGE_UNITS rows (slots, or blocks when paged) whose row
+# stride is LARGE_STRIDE elements, so units 32..63 sit past 2**31 elements. Only the last two are
+# written there: computed in int32, their offsets wrap to 2**26 and 2**27 below the cache, into
+# LARGE_LEAD bytes of poisoned lead, where the comparison names them (``k_cache[-1, ...]``)
+# instead of the kernel scribbling over unrelated memory. About 4.3 GB, held sparsely.
+LARGE_STRIDE = 1 << 26
+LARGE_UNITS = 64
+LARGE_LEAD = 3 << 26
+
 
 def values(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
     """Random finite source values (uint8: random bytes)."""
@@ -94,6 +103,31 @@ def caches(arena: Arena, names: tuple, shapes: tuple, dtype: str, layout: str, s
         out.append(arena.view(name, region, shape, strides, column * itemsize, dtype, role="cache"))
         column += width
     return tuple(out)
+
+
+def large_caches(arena: Arena, names: tuple, shapes: tuple):
+    """uint8 caches ``[LARGE_UNITS, *row]`` in one sparse region, each row a contiguous block at
+    a stride of LARGE_STRIDE, the caches interleaved within that stride after LARGE_LEAD bytes."""
+    share = LARGE_STRIDE // len(names)
+    rows = [int(np.prod(shape[1:])) for shape in shapes]
+    if any(shape[0] != LARGE_UNITS for shape in shapes) or max(rows) > share:
+        raise ValueError(f"large caches are [{LARGE_UNITS}, row] with rows of at most {share} bytes")
+    payload = LARGE_LEAD + (LARGE_UNITS - 1) * LARGE_STRIDE + (len(names) - 1) * share + rows[-1]
+    region = "_".join(names) + "_large"
+    arena.region(region, payload, GUARD_MIN, sparse=True)
+    return tuple(arena.view(name, region, shape, (LARGE_STRIDE,) + _inner_strides(shape[1:]),
+                            LARGE_LEAD + i * share, "uint8", role="cache")
+                 for i, (name, shape) in enumerate(zip(names, shapes)))
+
+
+def large_slots(rng: np.random.Generator, n: int, per_unit: int = 1) -> np.ndarray:
+    """``n`` distinct slots of a large cache: in its last two units (past 2**31 elements) and in
+    units 1..31 (below), ``per_unit`` slots to a unit (the block size, paged)."""
+    if n < 2:
+        raise ValueError("a large case writes at least the last two units")
+    units = np.concatenate([[LARGE_UNITS - 1, LARGE_UNITS - 2],
+                            rng.choice(np.arange(1, LARGE_UNITS // 2), size=n - 2, replace=False)])
+    return (units * per_unit + rng.integers(0, per_unit, size=n)).astype(np.int64)
 
 
 def _inner_strides(shape) -> tuple:

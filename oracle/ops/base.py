@@ -101,7 +101,8 @@ class OpSpec:
     layouts: tuple = ()  # paged cache layouts
     returns: bool = False  # the op returns a tensor instead of writing a cache
     fp8_scales: tuple = ()  # scale variants of the "fp8" case class ("1.0", "0.0123", "head")
-    large_case = None  # params (dict) of the "large" case of the full profile, or None
+    large_case = None  # params (dict) of the "large" case (caches past 2**31 elements), or None
+    large_in_quick = False  # also in the quick profile (each large case takes ~4 GB and seconds)
 
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
         raise NotImplementedError
@@ -134,7 +135,7 @@ class OpSpec:
                "layout": p.get("layout"), "padding": p.get("padding"),
                "duplicates": bool(p.get("dups")), "strided_source": p.get("src") == "fused",
                "strided_index": p.get("index_layout") in ("strided", "offset"),
-               "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted"),
+               "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted") or bool(p.get("large")),
                "large_cache": bool(p.get("large")), "bad_input": p.get("bad") is not None,
                "row_bytes": self.row_bytes(case)}
         return out

@@ -63,6 +63,7 @@ class SetMlaKvBuffer(OpSpec):
               (512, 64, 640), (97, 31, 133),  # W wider than nope + rope: the tail stays untouched
               (511, 65), (97, 31), (1, 1))  # odd widths: alignment fallbacks
     sources = ("nope", "rope")
+    large_case = {"dtype": "uint8", "n": 7}  # the fp8 byte layout, rows past 2**31 elements
 
     def p_with_defaults(self, case: Case) -> dict:
         p = super().p_with_defaults(case)
@@ -86,14 +87,18 @@ class SetMlaKvBuffer(OpSpec):
         p = self.p_with_defaults(case)
         nope_w, rope_w, width = self.dims(p)
         n, dtype, bad = p["n"], p["dtype"], p.get("bad")
-        num_slots = max(2 * n, 64) + 3
+        num_slots = _build.LARGE_UNITS if p.get("large") else max(2 * n, 64) + 3
         nope, rope = _build.rows(arena, ("nope", "rope"), (_build.values(rng, (n, nope_w), dtype),
                                                            _build.values(rng, (n, rope_w), dtype)),
                                  p["src"])
         if bad == "narrow_buffer":
             width = nope_w + rope_w - 1
-        kv_buffer = _cache(arena, "kv_buffer", (num_slots, width), dtype, p["cache"])
-        entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+        if p.get("large"):
+            kv_buffer, = _build.large_caches(arena, ("kv_buffer",), ((num_slots, width),))
+            entries = _build.large_slots(rng, n)
+        else:
+            kv_buffer = _cache(arena, "kv_buffer", (num_slots, width), dtype, p["cache"])
+            entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
         if bad == "out_of_range" and n:
             entries[n // 2] = num_slots
         loc = _build.index(arena, "loc", entries, p["index"], p["index_layout"], num_slots, rng)
@@ -154,6 +159,7 @@ class ConcatAndCacheMla(OpSpec):
     shapes = ((512, 64), (256, 64), (128, 64), (512, 32), (511, 65), (97, 31),
               (512, 64, 1), (97, 31, 5))
     sources = ("kv_c", "k_pe")
+    large_case = {"fp8": "e4m3fn", "n": 7}  # fp8 blocks past 2**31 elements
 
     @staticmethod
     def dims(p: dict) -> tuple[int, int, int]:
@@ -181,7 +187,7 @@ class ConcatAndCacheMla(OpSpec):
         p = self.p_with_defaults(case)
         rank, rope_w, block_size = self.dims(p)
         n, dtype, fmt, bad = p["n"], p["dtype"], p.get("fp8"), p.get("bad")
-        num_blocks = -(-(max(2 * n, 64) + 3) // block_size)
+        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // block_size)
         num_slots = num_blocks * block_size
         scale_values = _fp8cases.scale_values(p.get("scale", "1.0"), 1)
         scale = arena.tensor("scale", scale_values, role="scale")
@@ -195,8 +201,12 @@ class ConcatAndCacheMla(OpSpec):
         cache_dtype = "uint8" if fmt else dtype
         if bad == "fp8_cache_dtype":
             cache_dtype = dtype
-        kv_cache = _cache(arena, "kv_cache", (num_blocks, block_size, width), cache_dtype, p["cache"])
-        entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+        if p.get("large"):
+            kv_cache, = _build.large_caches(arena, ("kv_cache",), ((num_blocks, block_size, width),))
+            entries = _build.large_slots(rng, n, block_size)
+        else:
+            kv_cache = _cache(arena, "kv_cache", (num_blocks, block_size, width), cache_dtype, p["cache"])
+            entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
         if bad == "out_of_range" and n:
             entries[n // 2] = num_slots
         slot_mapping = _build.index(arena, "slot_mapping", entries, p["index"], p["index_layout"],

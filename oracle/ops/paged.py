@@ -12,9 +12,7 @@ is token ``s % block_size`` of block ``s // block_size``; slot_mapping int32 or 
 Case variants beyond the catalogue's: block size 16; cache "padded" gives each cache a block
 stride larger than a block (K by one token row, V by two), so K's and V's strides differ and a
 kernel that assumes dense blocks, or reuses K's strides for V, writes the wrong place. No
-``large_case``: a cache past 2**31 elements is 2 GiB per cache even in fp8, and a case holds
-about six copies of both (arena, two snapshots, expected regions, reference inputs and outputs),
-beyond a 24 GiB machine running two workers.
+``large_case``: e4m3fn caches whose blocks lie past 2**31 elements (_build.large_caches).
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ class ReshapeAndCacheFlash(OpSpec):
     sources = ("key", "value")
     aliasing = ("aliased", "offset", "padded")
     layouts = ("NHD", "HND")
-    large_case = None  # does not fit: see the module docstring
+    large_case = {"fp8": "e4m3fn", "n": 7}
 
     def p_with_defaults(self, case: Case) -> dict:
         p = super().p_with_defaults(case)
@@ -75,7 +73,7 @@ class ReshapeAndCacheFlash(OpSpec):
         p = self.p_with_defaults(case)
         heads, dim = p["shape"]
         n, dtype, fmt, bad = p["n"], p["dtype"], p.get("fp8"), p.get("bad")
-        num_blocks = -(-(max(2 * n, 64) + 3) // BLOCK_SIZE)
+        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // BLOCK_SIZE)
         num_slots = num_blocks * BLOCK_SIZE
         choice = p.get("scale", "1.0")
         scales = [_fp8cases.scale_values(choice, heads, t) for t in (0, 1)]
@@ -88,9 +86,14 @@ class ReshapeAndCacheFlash(OpSpec):
             arrays = tuple(_build.values(rng, (n, heads, dim), dtype) for _ in range(2))
         key, value = _build.rows(arena, ("key", "value"), arrays, p["src"])
         cache_dtype = "uint8" if fmt and bad != "cache_dtype" else dtype
-        key_cache, value_cache = _caches(arena, (num_blocks, BLOCK_SIZE, heads, dim), cache_dtype,
-                                         p["cache"], p["layout"])
-        entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+        if p.get("large"):
+            key_cache, value_cache = _build.large_caches(arena, ("key_cache", "value_cache"),
+                                                         ((num_blocks, BLOCK_SIZE, heads, dim),) * 2)
+            entries = _build.large_slots(rng, n, BLOCK_SIZE)
+        else:
+            key_cache, value_cache = _caches(arena, (num_blocks, BLOCK_SIZE, heads, dim), cache_dtype,
+                                             p["cache"], p["layout"])
+            entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
         if bad == "out_of_range" and n:
             entries[n // 2] = num_slots
         slot_mapping = _build.index(arena, "slot_mapping", entries, p["index"], p["index_layout"],

@@ -23,6 +23,8 @@ class StoreCache(OpSpec):
     default_shape = (8, 128)  # (heads, head_dim)
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (1, 96), (1, 97))
     sources = ("k", "v")
+    large_case = {"dtype": "uint8", "n": 7}  # 8 x 128 byte rows (an fp8 pool) past 2**31 elements
+    large_in_quick = True  # so every run catches int32 offsets, at ~6 s per kernel
 
     def shape_strategy(self):
         from hypothesis import strategies as st
@@ -38,12 +40,16 @@ class StoreCache(OpSpec):
         p = self.p_with_defaults(case)
         heads, dim = p["shape"]
         n, dtype = p["n"], p["dtype"]
-        num_slots = max(2 * n, 64) + 3
+        num_slots = _build.LARGE_UNITS if p.get("large") else max(2 * n, 64) + 3
         k, v = _build.rows(arena, ("k", "v"), (_build.values(rng, (n, heads, dim), dtype),
                                                _build.values(rng, (n, heads, dim), dtype)), p["src"])
-        k_cache, v_cache = _build.caches(arena, ("k_cache", "v_cache"),
-                                         ((num_slots, heads, dim),) * 2, dtype, p["cache"])
-        entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+        shapes = ((num_slots, heads, dim),) * 2
+        if p.get("large"):
+            k_cache, v_cache = _build.large_caches(arena, ("k_cache", "v_cache"), shapes)
+            entries = _build.large_slots(rng, n)
+        else:
+            k_cache, v_cache = _build.caches(arena, ("k_cache", "v_cache"), shapes, dtype, p["cache"])
+            entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
         bad = p.get("bad")
         if bad == "out_of_range" and n:
             entries[n // 2] = num_slots

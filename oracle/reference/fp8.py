@@ -192,9 +192,10 @@ def _scaled_float32(x: np.ndarray, scale, scale_op: str, head_axis: int) -> np.n
     scale = _scale_array(scale, widened, head_axis)
     if scale is None:
         return widened
-    if scale_op == "div":
-        return widened / scale
-    return widened * (np.float32(1.0) / scale)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN inputs are in the domain
+        if scale_op == "div":
+            return widened / scale
+        return widened * (np.float32(1.0) / scale)
 
 
 def _scale_array(scale, x: np.ndarray, head_axis: int):
