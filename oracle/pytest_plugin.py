@@ -39,6 +39,10 @@ def pytest_addoption(parser):
                     help="how many cases: quick (default), full, exhaustive")
     group.addoption("--oracle-dump", default=None, metavar="DIR",
                     help="write each failing case as an .npz bundle for `oracle replay`")
+    group.addoption("--oracle-report", default=None, metavar="PATH",
+                    help="write the JSON conformance report (docs/report-schema.md) here")
+    group.addoption("--oracle-target", default=None, metavar="NAME",
+                    help="the execution target's name in the report (default: GPU or CPU model)")
 
 
 def _kernels(config, op):
@@ -96,12 +100,15 @@ def check_case(request, oracle_case) -> None:
     node = request.node
     node.user_properties += [("oracle_kernel", kernel.name), ("oracle_op", kernel.contract.op)]
     if case is None:
-        node.user_properties.append(("oracle_status", UNAVAILABLE))
+        node.user_properties += [("oracle_status", UNAVAILABLE), ("oracle_message", reason)]
         pytest.skip(f"unavailable: {reason}")
-    outcome = run_case(kernel, case)
     node.user_properties += [("oracle_class", case.cls), ("oracle_case", case.id),
-                             ("oracle_seed", case.seed), ("oracle_status", outcome.status),
+                             ("oracle_seed", case.seed), ("oracle_params", _jsonable_params(case))]
+    outcome = run_case(kernel, case)
+    node.user_properties += [("oracle_status", outcome.status), ("oracle_message", outcome.message),
                              ("oracle_seconds", round(outcome.seconds, 6))]
+    if kernel.contract.device.startswith("cuda"):
+        node.stash[_CUDA_KERNEL] = True
     if outcome.status == UNAVAILABLE:
         pytest.skip(f"unavailable: {outcome.message}")
     if outcome.status == NOT_SUPPORTED:
@@ -145,21 +152,110 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = str(call.excinfo.value)
 
 
+_CUDA_KERNEL = pytest.StashKey[bool]()
+
+
+def pytest_runtest_teardown(item):
+    """A CUDA kernel that left a sticky error (an illegal address, say) poisons its process for
+    every later case: end the worker now, so xdist reports it crashed here and starts a fresh one."""
+    if item.stash.get(_CUDA_KERNEL, False) and hasattr(item.config, "workerinput"):
+        import torch
+
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as exc:
+            sys.stderr.write(f"kv-oracle: CUDA context poisoned after {item.nodeid}: {exc}\n")
+            os._exit(70)
+
+
+def _jsonable_params(case) -> dict:
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in case.params}
+
+
 _OUTCOMES: dict = defaultdict(Counter)
+
+
+_CASES: dict = {}  # nodeid -> the report's case record (controller side)
 
 
 def pytest_runtest_logreport(report):
     props = dict(report.user_properties)
+    if report.when == "???":  # xdist: the worker died while running this item
+        record = _crash_record(report)
+        if record is not None:
+            _CASES[report.nodeid] = record
+            _OUTCOMES[(record["op"], record["kernel"])]["crashed"] += 1
+        return
     if report.when != "call" or "oracle_status" not in props:
         return
     status = "fail" if report.failed else props["oracle_status"]
     _OUTCOMES[(props["oracle_op"], props["oracle_kernel"])][status] += 1
+    message = props.get("oracle_message", "")
+    if report.failed and status == "fail" and not message:
+        message = str(report.longrepr)
+    _CASES[report.nodeid] = {
+        "op": props["oracle_op"], "kernel": props["oracle_kernel"],
+        "case_id": props.get("oracle_case", "(unavailable)"), "case_class": props.get("oracle_class", "-"),
+        "params": props.get("oracle_params", {}), "seed": props.get("oracle_seed"), "status": status,
+        "seconds": props.get("oracle_seconds", report.duration), "message": message,
+        "first_difference": props.get("oracle_first_difference"), "nodeid": report.nodeid}
+
+
+def _crash_record(report) -> dict | None:
+    """The case a crashed worker was running, from its node id alone (the worker is gone):
+    ``...test_<op>[<kernel>][<case id>]``."""
+    from .cases import catalogue
+
+    name = report.nodeid.rpartition("::")[2]
+    func, _, rest = name.partition("[")
+    if not func.startswith("test_") or not rest.endswith("]"):
+        return None
+    op = func.removeprefix("test_")
+    kernel, _, case_id = rest[:-1].partition("][")
+    cases = {c.id: c for profile in ("quick", "full") for c in catalogue(op, profile)} if case_id else {}
+    case = cases.get(case_id)
+    return {"op": op, "kernel": kernel, "case_id": case_id or "(property)",
+            "case_class": case.cls if case else "property", "params": _jsonable_params(case) if case else {},
+            "seed": case.seed if case else None, "status": "crashed", "seconds": report.duration or 0.0,
+            "message": str(report.longrepr), "first_difference": None, "nodeid": report.nodeid}
+
+
+_STARTED: dict = {}
+
+
+def pytest_sessionstart(session):
+    import datetime
+    import time
+
+    _STARTED.update(wall=time.time(), iso=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    path = config.getoption("oracle_report", None)
+    if not path or hasattr(config, "workerinput"):  # workers forward their results to the controller
+        return
+    import time
+
+    from . import report
+    from .registry import default_registry
+
+    kernels, errors = report.describe_kernels(default_registry.discover())
+    selected = {k.name for k in _kernels(config, None)}
+    report.write(path, {
+        "schema_version": report.SCHEMA_VERSION, "tool": report.describe_tool(),
+        "target": report.describe_target(config.getoption("oracle_target")),
+        "profile": config.getoption("oracle_profile"), "started": _STARTED.get("iso", ""),
+        "duration_s": round(time.time() - _STARTED.get("wall", time.time()), 3),
+        "command": list(config.invocation_params.args),
+        "kernels": [k for k in kernels if k["name"] in selected], "plugin_errors": errors,
+        "cases": [_CASES[n] for n in sorted(_CASES)]})
 
 
 def pytest_terminal_summary(terminalreporter):
     if not _OUTCOMES:
         return
-    columns = ("pass", "fail", "not supported", "works, not declared", "unavailable")
+    columns = ("pass", "fail", "crashed", "not supported", "works, not declared", "unavailable")
     terminalreporter.section("kv-oracle conformance")
     width = max(len(f"{op} / {kernel}") for op, kernel in _OUTCOMES) + 2
     terminalreporter.write_line(f"{'op / kernel':<{width}}" + "".join(f"{c:>21}" for c in columns))

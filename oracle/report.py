@@ -1,0 +1,289 @@
+"""The conformance report: one JSON document per run, versioned, validated, and merged across
+machines into one matrix (docs/report-schema.md).
+
+A report holds the execution target (CPU, GPU, driver and library versions, kv-oracle version and
+commit), the profile, each kernel's contract and availability, and each case's outcome. Reports
+from several machines merge into a matrix whose columns are the targets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+from collections import Counter, defaultdict
+from importlib import metadata
+from pathlib import Path
+
+from . import __version__
+
+SCHEMA_VERSION = 1
+STATUSES = ("pass", "fail", "crashed", "not supported", "works, not declared", "unavailable")
+FAILING = ("fail", "crashed")
+
+# The schema, field by field: name -> (type or types, required). Nested objects have their own
+# entries; lists name their item schema. docs/report-schema.md explains each field.
+_STR, _NUM, _OPT_STR = (str,), (int, float), (str, type(None))
+SCHEMA = {
+    "report": {"schema_version": ((int,), True), "tool": (("tool",), True), "target": (("target",), True),
+               "profile": (_STR, True), "started": (_STR, True), "duration_s": (_NUM, True),
+               "command": (([str],), True), "kernels": (([("kernel",)],), True),
+               "plugin_errors": (([("plugin_error",)],), True), "cases": (([("case",)],), True)},
+    "tool": {"name": (_STR, True), "version": (_STR, True), "git_commit": (_OPT_STR, True)},
+    "target": {"name": (_STR, True), "hostname": (_STR, True), "platform": (_STR, True),
+               "cpu": (("cpu",), True), "gpu": (("gpu", type(None)), True),
+               "versions": ((dict,), True)},
+    "cpu": {"model": (_STR, True), "cores": ((int,), True), "flags": (([str],), True)},
+    "gpu": {"name": (_STR, True), "capability": (_STR, True), "driver": (_OPT_STR, True),
+            "cuda": (_OPT_STR, True), "rocm": (_OPT_STR, True)},
+    "kernel": {"name": (_STR, True), "op": (_STR, True), "backend": (_STR, True),
+               "plugin": (_STR, True), "contract": ((dict,), True), "unavailable": (_OPT_STR, True)},
+    "plugin_error": {"plugin": (_STR, True), "error": (_STR, True)},
+    "case": {"op": (_STR, True), "kernel": (_STR, True), "case_id": (_STR, True),
+             "case_class": (_STR, True), "params": ((dict,), True), "seed": ((int, type(None)), True),
+             "status": (_STR, True), "seconds": (_NUM, True), "message": (_STR, True),
+             "first_difference": ((dict, type(None)), True), "nodeid": (_STR, True)},
+}
+
+
+def validate(report: dict) -> list[str]:
+    """Every way ``report`` departs from the schema (empty when it conforms)."""
+    problems: list[str] = []
+    _check(report, "report", "$", problems)
+    if not problems and report["schema_version"] != SCHEMA_VERSION:
+        problems.append(f"$.schema_version is {report['schema_version']}; this kv-oracle reads {SCHEMA_VERSION}")
+    for i, case in enumerate(report.get("cases", []) if not problems else []):
+        if case["status"] not in STATUSES:
+            problems.append(f"$.cases[{i}].status {case['status']!r} is not one of {', '.join(STATUSES)}")
+    return problems
+
+
+def _check(value, kind, path, problems) -> None:
+    if not isinstance(value, dict):
+        problems.append(f"{path} is {type(value).__name__}, expected an object ({kind})")
+        return
+    fields = SCHEMA[kind]
+    for key in sorted(set(value) - set(fields)):
+        problems.append(f"{path}.{key} is not in the schema")
+    for key, (types, required) in fields.items():
+        if key not in value:
+            if required:
+                problems.append(f"{path}.{key} is missing")
+            continue
+        _check_value(value[key], types, f"{path}.{key}", problems)
+
+
+def _check_value(value, types, path, problems) -> None:
+    for t in types:
+        if isinstance(t, list):  # a list of items of schema t[0]
+            if isinstance(value, list):
+                for i, item in enumerate(value):
+                    _check_value(item, (t[0],) if not isinstance(t[0], tuple) else t[0], f"{path}[{i}]", problems)
+                return
+        elif isinstance(t, str):
+            if isinstance(value, dict):
+                _check(value, t, path, problems)
+                return
+        elif isinstance(value, t) and not (t in (int, float) and isinstance(value, bool)):
+            return
+    problems.append(f"{path} = {value!r:.60} has the wrong type")
+
+
+# --- the execution target ---------------------------------------------------------------------
+
+
+def describe_target(name: str | None = None) -> dict:
+    """Where this run executes: CPU, GPU, driver and library versions."""
+    cpu = _cpu()
+    gpu = _gpu()
+    versions = {"python": platform.python_version()}
+    for package in ("torch", "triton", "numpy", "ml_dtypes", "pytest", "pytest-xdist", "hypothesis"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    default = f"{gpu['name']}" if gpu else f"cpu: {cpu['model']}"
+    return {"name": name or default, "hostname": socket.gethostname(), "platform": platform.platform(),
+            "cpu": cpu, "gpu": gpu, "versions": versions}
+
+
+def _cpu() -> dict:
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = sorted(value.split())
+    except OSError:
+        pass
+    return {"model": model or "unknown", "cores": os.cpu_count() or 0, "flags": flags}
+
+
+def _gpu() -> dict | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return {"name": torch.cuda.get_device_name(), "capability": f"{major}.{minor}",
+            "driver": _driver_version(), "cuda": torch.version.cuda,
+            "rocm": getattr(torch.version, "hip", None)}
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def describe_tool() -> dict:
+    commit = None
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=10)
+        commit = out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"name": "kv-oracle", "version": __version__, "git_commit": commit}
+
+
+def describe_kernels(registry) -> tuple[list, list]:
+    kernels = [{"name": k.name, "op": k.contract.op, "backend": k.contract.backend, "plugin": k.plugin,
+                "contract": json.loads(json.dumps(k.contract.as_dict(), default=list)),
+                "unavailable": k.unavailable()}
+               for k in sorted(registry.kernels.values(), key=lambda k: (k.contract.op, k.name))]
+    errors = [{"plugin": e.plugin, "error": e.error} for e in registry.errors]
+    return kernels, errors
+
+
+def write(path, report: dict) -> Path:
+    problems = validate(report)
+    if problems:  # never write a report that a later merge would refuse
+        raise ValueError("report does not match schema: " + "; ".join(problems[:5]))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load(path) -> dict:
+    report = json.loads(Path(path).read_text())
+    problems = validate(report)
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems[:5]))
+    return report
+
+
+# --- matrices ---------------------------------------------------------------------------------
+
+
+def cell(statuses: Counter) -> str:
+    """One matrix cell: FAIL (with counts) beats pass; n/s and unavailable only when alone."""
+    total = sum(statuses.values())
+    bad = statuses["fail"] + statuses["crashed"]
+    if statuses["crashed"]:
+        return f"CRASH {bad}/{total}"
+    if bad:
+        return f"FAIL {bad}/{total}"
+    ran = statuses["pass"] + statuses["works, not declared"]
+    if ran:
+        note = f" +{statuses['works, not declared']}wnd" if statuses["works, not declared"] else ""
+        return f"pass {ran}{note}" + (f" ({statuses['not supported']} n/s)" if statuses["not supported"] else "")
+    if statuses["unavailable"]:
+        return "unavailable"
+    return "n/s" if total else ""
+
+
+def matrix(reports: list[dict]) -> tuple[list[str], list[tuple], dict]:
+    """(column names, row keys (op, kernel, case class), {(row, column): Counter})."""
+    columns = _column_names(reports)
+    cells: dict = defaultdict(Counter)
+    rows = set()
+    for column, report in zip(columns, reports):
+        for case in report["cases"]:
+            row = (case["op"], case["kernel"], case["case_class"])
+            rows.add(row)
+            cells[(row, column)][case["status"]] += 1
+    return columns, sorted(rows), cells
+
+
+def _column_names(reports: list[dict]) -> list[str]:
+    names = [r["target"]["name"] for r in reports]
+    seen = Counter(names)
+    out, count = [], Counter()
+    for name, report in zip(names, reports):
+        count[name] += 1
+        out.append(name if seen[name] == 1 else f"{name} #{count[name]} ({report['target']['hostname']})")
+    return out
+
+
+def render_text(reports: list[dict]) -> str:
+    columns, rows, cells = matrix(reports)
+    head = ("op", "kernel", "case class")
+    table = [head + tuple(columns)] + [row + tuple(cell(cells[(row, c)]) for c in columns) for row in rows]
+    widths = [max(len(str(r[i])) for r in table) for i in range(len(head) + len(columns))]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += ["", *_notes(reports, columns)]
+    return "\n".join(lines).rstrip()
+
+
+def render_markdown(reports: list[dict]) -> str:
+    columns, rows, cells = matrix(reports)
+    out = ["# kv-oracle conformance matrix", "",
+           "Legend: **pass N**: N cases passed (`+Kwnd`: K of them work but are not declared in the "
+           "contract; `(M n/s)`: M more are outside the contract); **FAIL b/N** or **CRASH b/N**: b of "
+           "N cases failed or crashed their worker; **n/s**: every case is outside the declared "
+           "contract; **unavailable**: the kernel cannot run on that target (reason below); blank: "
+           "not run there.", "", "## Targets", ""]
+    for column, report in zip(columns, reports):
+        t = report["target"]
+        gpu = f", GPU {t['gpu']['name']} (sm {t['gpu']['capability']}, driver {t['gpu']['driver']}, " \
+              f"CUDA {t['gpu']['cuda']})" if t["gpu"] else ""
+        versions = ", ".join(f"{k} {v}" for k, v in t["versions"].items() if v)
+        out.append(f"- **{column}**: {t['cpu']['model']} ({t['cpu']['cores']} cores){gpu}; {versions}; "
+                   f"kv-oracle {report['tool']['version']} ({(report['tool']['git_commit'] or 'no commit')[:12]}), "
+                   f"profile {report['profile']}, {report['started']}")
+    out += ["", "## Totals per kernel", "", "| kernel | " + " | ".join(columns) + " |",
+            "| --- |" + " --- |" * len(columns)]
+    for kernel in sorted({row[1] for row in rows}):
+        totals = []
+        for column in columns:
+            counts = sum((cells[(row, column)] for row in rows if row[1] == kernel), Counter())
+            totals.append(cell(counts))
+        out.append(f"| {kernel} | " + " | ".join(totals) + " |")
+    out += ["", "## By case class", "", "| op | kernel | case class | " + " | ".join(columns) + " |",
+            "| --- | --- | --- |" + " --- |" * len(columns)]
+    for row in rows:
+        out.append("| " + " | ".join(row) + " | " + " | ".join(cell(cells[(row, c)]) for c in columns) + " |")
+    notes = _notes(reports, columns)
+    if notes:
+        out += ["", "## Notes", "", *(f"- {n}" for n in notes)]
+    return "\n".join(out) + "\n"
+
+
+def _notes(reports: list[dict], columns: list[str]) -> list[str]:
+    notes = []
+    for column, report in zip(columns, reports):
+        for k in report["kernels"]:
+            if k["unavailable"]:
+                notes.append(f"{column}: {k['name']} unavailable: {k['unavailable']}")
+        for e in report["plugin_errors"]:
+            notes.append(f"{column}: plug-in {e['plugin']} failed to load: {e['error']}")
+        for case in report["cases"]:
+            if case["status"] == "works, not declared":
+                notes.append(f"{column}: {case['kernel']} works, not declared: {case['case_id']} "
+                             f"({case['message']})")
+            elif case["status"] in FAILING:
+                first = case["message"].splitlines()[0] if case["message"] else ""
+                notes.append(f"{column}: {case['status'].upper()} {case['kernel']} {case['case_id']}: {first}")
+    return notes

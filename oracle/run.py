@@ -1,0 +1,84 @@
+"""``oracle run``: the conformance suite through pytest and pytest-xdist, then the matrix.
+
+Cases run in xdist worker processes, never in the ``oracle`` process itself. A kernel that
+segfaults takes down only its worker: xdist reports the case it was running as crashed and starts
+a fresh worker for the rest. A CUDA kernel that leaves a sticky error ends its worker right after
+that case (the plug-in's teardown check), so no later case inherits a poisoned context. (One xdist
+group per kernel, ``--dist loadgroup``, would be tidier, but xdist 3.8 fails with an internal
+error when it replaces a crashed worker under that scheduler.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import tempfile
+from pathlib import Path
+
+from . import report as _report
+
+
+def _ini() -> Path:
+    """The suite's own pytest configuration, wherever the conformance package is installed."""
+    return Path(importlib.util.find_spec("conformance").origin).parent / "oracle-run.ini"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", help="only kernels of these backends (comma-separated)")
+    parser.add_argument("--kernel", help="only these kernels (comma-separated names)")
+    parser.add_argument("--op", help="only these ops (comma-separated)")
+    parser.add_argument("--profile", default="quick", choices=("quick", "full", "exhaustive"))
+    parser.add_argument("-n", dest="workers", default="auto",
+                        help="worker processes (pytest-xdist), 'auto' for one per core; 0 runs "
+                             "in this process, without crash isolation")
+    parser.add_argument("--report", metavar="PATH", help="write the JSON report here")
+    parser.add_argument("--junit", metavar="PATH", help="write JUnit XML here (pytest's --junitxml)")
+    parser.add_argument("--markdown", metavar="PATH", help="write the matrix as Markdown here")
+    parser.add_argument("--target", help="the execution target's name in the report")
+    parser.add_argument("--dump", metavar="DIR", help="write each failing case as an .npz bundle")
+    parser.add_argument("--self-check", action="store_true",
+                        help="run the catalogue of deliberately wrong kernels instead, and print "
+                             "the kill rate")
+    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
+
+
+def pytest_arguments(args: argparse.Namespace, report_path: str) -> list[str]:
+    ini = _ini()
+    out = ["-c", str(ini), "--rootdir", str(ini.parent), "--pyargs", "conformance",
+           "--oracle-profile", args.profile, "--oracle-report", report_path]
+    if str(args.workers) != "0":
+        out += ["-n", str(args.workers), "--dist", "load", "--max-worker-restart", "1000"]
+    for option, value in (("--oracle-backend", args.backend), ("--oracle-kernel", args.kernel),
+                          ("--oracle-op", args.op), ("--oracle-target", args.target),
+                          ("--oracle-dump", args.dump), ("--junitxml", args.junit)):
+        if value:
+            out += [option, value]
+    return out + list(args.pytest_args)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.self_check:
+        from .mutants import format_table, self_check
+
+        result = self_check(profile=args.profile, progress=print)
+        print(format_table(result))
+        return 0 if result.all_killed else 1
+    import pytest
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = args.report or str(Path(scratch) / "report.json")
+        status = pytest.main(pytest_arguments(args, path))
+        if not Path(path).exists():
+            print(f"oracle run: pytest ended with status {int(status)} before writing a report")
+            return int(status) or 2
+        report = _report.load(path)
+    print("\n" + _report.render_text([report]))
+    if args.markdown:
+        Path(args.markdown).write_text(_report.render_markdown([report]))
+    failed = [c for c in report["cases"] if c["status"] in _report.FAILING]
+    counts = {s: sum(c["status"] == s for c in report["cases"]) for s in _report.STATUSES}
+    print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+          + (f"; report: {args.report}" if args.report else ""))
+    if failed:
+        return 1
+    return 0 if int(status) in (0, 5) else int(status)

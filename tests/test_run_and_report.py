@@ -1,0 +1,121 @@
+"""`oracle list`, `oracle run` and `oracle report merge`, end to end in subprocesses, and the report
+schema's validator against reports it must accept and reject."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oracle import report
+
+PLUGINS = str(Path(__file__).parent / "plugins")
+
+
+def oracle(*args, env=None, timeout=300):
+    environment = {**os.environ, "PYTHONPATH": PLUGINS, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "oracle", *args], capture_output=True, text=True,
+                          timeout=timeout, env=environment)
+
+
+@pytest.fixture(scope="module")
+def crashing_run(tmp_path_factory):
+    """One `oracle run` over a kernel that segfaults on N == 7 and the torch baseline."""
+    out = tmp_path_factory.mktemp("run")
+    done = oracle("run", "--op", "store_cache", "--kernel", "crashing.store_cache,torch.store_cache",
+                  "-n", "2", "--report", str(out / "cpu.json"), "--junit", str(out / "junit.xml"),
+                  "--markdown", str(out / "matrix.md"), "--target", "test-cpu",
+                  "--", "-k", "int32-N7 or bf16-int64 or fp16-int32 or unavailable",
+                  env={"ORACLE_PLUGINS": "crashing:register"})
+    return done, out
+
+
+def test_list_names_every_kernel_its_contract_and_broken_plugins():
+    done = oracle("list", env={"ORACLE_PLUGINS": "crashing:register,no_such_module:register"})
+    assert done.returncode == 1  # a broken plug-in is an error, and says which
+    assert "BROKEN plug-in ORACLE_PLUGINS no_such_module:register: ModuleNotFoundError" in done.stdout
+    line = next(l for l in done.stdout.splitlines() if l.startswith("crashing.store_cache"))
+    assert "[crashing] store_cache on cpu, bfloat16" in line and "available" in line
+    assert "torch.reshape_and_cache_flash" in done.stdout
+
+
+def test_run_reports_the_crashed_case_and_goes_on(crashing_run):
+    done, out = crashing_run
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((out / "cpu.json").read_text())
+    assert report.validate(data) == []
+    by_id = {(c["kernel"], c["case_id"]): c for c in data["cases"]}
+    crashed = by_id[("crashing.store_cache", "int32-N7")]
+    assert crashed["status"] == "crashed" and "crashed while running" in crashed["message"]
+    assert crashed["case_class"] == "sizes" and crashed["seed"] is not None
+    assert by_id[("crashing.store_cache", "bf16-int64")]["status"] == "pass"
+    assert by_id[("crashing.store_cache", "fp16-int32")]["status"] == "works, not declared"
+    for case_id in ("int32-N7", "bf16-int64", "fp16-int32"):  # the baseline ran every case, after the crash too
+        assert by_id[("torch.store_cache", case_id)]["status"] == "pass"
+    assert "CRASH 1/1" in done.stdout and "sizes" in done.stdout
+    assert data["target"]["name"] == "test-cpu" and data["profile"] == "quick"
+    assert {k["name"] for k in data["kernels"]} >= {"crashing.store_cache", "torch.store_cache"}
+
+
+def test_run_writes_junit_and_markdown(crashing_run):
+    _, out = crashing_run
+    junit = (out / "junit.xml").read_text()
+    assert "crashing.store_cache" in junit and "<testsuite" in junit
+    markdown = (out / "matrix.md").read_text()
+    assert "Legend" in markdown and "| crashing.store_cache |" in markdown
+
+
+def test_merge_puts_targets_side_by_side(crashing_run, tmp_path):
+    _, out = crashing_run
+    data = json.loads((out / "cpu.json").read_text())
+    other = copy.deepcopy(data)
+    other["target"]["name"] = "H100 80GB HBM3"
+    for case in other["cases"]:
+        if case["status"] == "crashed":
+            case["status"], case["message"] = "pass", ""
+    (tmp_path / "gpu.json").write_text(json.dumps(other))
+    done = oracle("report", "merge", str(out / "cpu.json"), str(tmp_path / "gpu.json"),
+                  "--markdown", str(tmp_path / "merged.md"))
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[0]
+    assert "test-cpu" in header and "H100 80GB HBM3" in header
+    row = next(l for l in done.stdout.splitlines() if "crashing.store_cache" in l and " sizes " in l)
+    assert "CRASH 1/1" in row and "pass 1" in row
+    merged = (tmp_path / "merged.md").read_text()
+    assert "| kernel | test-cpu | H100 80GB HBM3 |" in merged
+
+
+def test_merge_refuses_a_report_that_breaks_the_schema(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"schema_version": 1}))
+    done = oracle("report", "merge", str(tmp_path / "bad.json"))
+    assert done.returncode != 0
+    assert "$.tool is missing" in done.stderr
+
+
+def minimal_report():
+    return {"schema_version": report.SCHEMA_VERSION, "tool": report.describe_tool(),
+            "target": report.describe_target("t"), "profile": "quick", "started": "2026-11-22T00:00:00+00:00",
+            "duration_s": 1.5, "command": ["--pyargs", "conformance"], "kernels": [], "plugin_errors": [],
+            "cases": [{"op": "store_cache", "kernel": "k", "case_id": "N7", "case_class": "sizes",
+                       "params": {"n": 7}, "seed": 3, "status": "pass", "seconds": 0.1, "message": "",
+                       "first_difference": None, "nodeid": "x"}]}
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda r: r.pop("cases"), "$.cases is missing"),
+    (lambda r: r.update(schema_version=99), "$.schema_version is 99"),
+    (lambda r: r["cases"][0].update(status="ok"), "$.cases[0].status 'ok'"),
+    (lambda r: r["cases"][0].update(seed="3"), "$.cases[0].seed"),
+    (lambda r: r["target"]["cpu"].update(cores=True), "$.target.cpu.cores"),
+    (lambda r: r.update(extra=1), "$.extra is not in the schema"),
+    (lambda r: r["command"].append(3), "$.command[2]"),
+])
+def test_validator_names_what_is_wrong(mutate, problem):
+    good = minimal_report()
+    assert report.validate(good) == []
+    mutate(good)
+    problems = report.validate(good)
+    assert any(problem in p for p in problems), problems
