@@ -39,6 +39,8 @@ def pytest_addoption(parser):
                     help="how many cases: quick (default), full, exhaustive")
     group.addoption("--oracle-dump", default=None, metavar="DIR",
                     help="write each failing case as an .npz bundle for `oracle replay`")
+    group.addoption("--oracle-origin", default="all", choices=("all", "entry-points", "env"),
+                    help="only kernels from installed entry points, or only from ORACLE_PLUGINS")
     group.addoption("--oracle-report", default=None, metavar="PATH",
                     help="write the JSON conformance report (docs/report-schema.md) here")
     group.addoption("--oracle-target", default=None, metavar="NAME",
@@ -50,7 +52,8 @@ def _kernels(config, op):
 
     registry = default_registry.discover()
     return registry.select(backend=config.getoption("oracle_backend"),
-                           kernel=config.getoption("oracle_kernel"), op=op)
+                           kernel=config.getoption("oracle_kernel"), op=op,
+                           origin=config.getoption("oracle_origin"))
 
 
 def _op_selected(config, op) -> bool:

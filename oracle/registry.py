@@ -97,14 +97,22 @@ class Registry:
         return self
 
     def select(self, *, backend: str | None = None, kernel: str | None = None,
-               op: str | None = None) -> list[Kernel]:
-        """Kernels matching the filters (each a comma-separated list), sorted by op and name."""
+               op: str | None = None, origin: str | None = None) -> list[Kernel]:
+        """Kernels matching the filters (each a comma-separated list), sorted by op and name.
+        ``origin`` "env" keeps only kernels that ORACLE_PLUGINS brought in, "entry-points" only
+        installed ones."""
         def wanted(value, spec):
             return spec is None or value in {s.strip() for s in spec.split(",")}
 
+        def came_from(kernel):
+            if origin in (None, "all"):
+                return True
+            from_env = kernel.plugin.startswith(PLUGINS_ENV)
+            return from_env if origin == "env" else not from_env
+
         return sorted((k for k in self.kernels.values()
                        if wanted(k.contract.backend, backend) and wanted(k.name, kernel)
-                       and wanted(k.contract.op, op)),
+                       and wanted(k.contract.op, op) and came_from(k)),
                       key=lambda k: (k.contract.op, k.name))
 
 

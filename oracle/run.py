@@ -27,6 +27,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", help="only kernels of these backends (comma-separated)")
     parser.add_argument("--kernel", help="only these kernels (comma-separated names)")
     parser.add_argument("--op", help="only these ops (comma-separated)")
+    parser.add_argument("--origin", default="all", choices=("all", "entry-points", "env"),
+                        help="only installed kernels, or only those ORACLE_PLUGINS names")
     parser.add_argument("--profile", default="quick", choices=("quick", "full", "exhaustive"))
     parser.add_argument("-n", dest="workers", default="auto",
                         help="worker processes (pytest-xdist), 'auto' for one per core; 0 runs "
@@ -45,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def pytest_arguments(args: argparse.Namespace, report_path: str) -> list[str]:
     ini = _ini()
     out = ["-c", str(ini), "--rootdir", str(ini.parent), "--pyargs", "conformance",
-           "--oracle-profile", args.profile, "--oracle-report", report_path]
+           "--oracle-profile", args.profile, "--oracle-origin", args.origin, "--oracle-report", report_path]
     if str(args.workers) != "0":
         out += ["-n", str(args.workers), "--dist", "load", "--max-worker-restart", "1000"]
     for option, value in (("--oracle-backend", args.backend), ("--oracle-kernel", args.kernel),
