@@ -62,6 +62,7 @@ class Contract:
     tolerance: Tolerance | None = None
     available: Callable[[], str | None] = field(default=always_available, compare=False)
     notes: str = ""
+    reasons: tuple = ()  # (gap key, why) pairs: why a capability is left out, shown with "not supported"
 
     def __post_init__(self):
         problems = self.problems()
@@ -97,6 +98,11 @@ class Contract:
                     self.knobs(fmt)
             except (TypeError, ValueError) as exc:
                 out.append(f"fp8: {exc}")
+        keys = ("dtype", "index_dtype", "fp8_format", "scale", "layout", "padding", "duplicates",
+                "strided_source", "strided_index", "aliased_caches", "large_cache", "row_bytes", "bad_input")
+        if not isinstance(self.reasons, tuple) or any(
+                not (isinstance(r, tuple) and len(r) == 2 and r[0] in keys) for r in self.reasons):
+            out.append(f"reasons must be (key, why) pairs with keys among {', '.join(keys)}, got {self.reasons!r}")
         if not callable(self.available):
             out.append("available must be a callable returning None or a reason")
         return out
@@ -168,4 +174,5 @@ def gaps(contract: Contract, needs: dict) -> list[Gap]:
                                     f"{contract.row_bytes_multiple}", True))
     if needs.get("bad_input") and not contract.validates:
         out.append(Gap("bad_input", "bad input; the kernel declares validates=False (undefined behaviour)", False))
-    return out
+    reasons = dict(contract.reasons)
+    return [Gap(g.key, f"{g.text}: {reasons[g.key]}", g.probe) if g.key in reasons else g for g in out]

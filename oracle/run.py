@@ -59,12 +59,10 @@ def pytest_arguments(args: argparse.Namespace, report_path: str) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.self_check:
-        from .mutants import format_table, self_check
+    if args.self_check:  # the same entry as ``python -m oracle.mutants``
+        from .mutants.__main__ import main as self_check
 
-        result = self_check(profile=args.profile, progress=print)
-        print(format_table(result))
-        return 0 if result.all_killed else 1
+        return self_check(["--profile", args.profile])
     import pytest
 
     with tempfile.TemporaryDirectory() as scratch:

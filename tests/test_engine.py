@@ -112,6 +112,15 @@ def test_unsafe_gaps_are_never_probed():
     assert [(g.key, g.probe) for g in found] == [("padding", False)]
 
 
+def test_declared_reason_is_shown_with_the_gap():
+    contract = Contract(op="store_cache", name="x", backend="t",
+                        reasons=(("padding", "slot 0 is a real slot here"),))
+    [gap] = gaps(contract, {"padding": "reserved:0"})
+    assert gap.text.endswith("declares padding=none: slot 0 is a real slot here")
+    with pytest.raises(ValueError, match="reasons must be"):
+        Contract(op="store_cache", name="y", backend="t", reasons=(("colour", "no"),))
+
+
 def test_contract_rejects_a_bad_manifest_with_every_problem():
     with pytest.raises(ValueError) as info:
         Contract(op="bogus", name="x", backend="t", dtypes=("float64",), padding="sometimes")

@@ -1,0 +1,103 @@
+"""Triton kernels for every op, registered through the public plug-in API.
+
+Entry point ``oracle.kernels: triton = "oracle.kernels.triton:register"`` (or
+``ORACLE_PLUGINS=oracle.kernels.triton:register``). Where they run decides the backend:
+
+- a CUDA device (and TRITON_INTERPRET unset): backend ``triton``, device ``cuda``; fp8 e4m3fn and
+  e5m2 declared with preset ``triton_sm90`` on sm_90 and newer (older GPUs round float32 through
+  float16 first, so no fp8 is declared there);
+- TRITON_INTERPRET=1: backend ``triton-interpret``, device ``cpu``, copies only (the
+  interpreter's fp8 conversion is wrong, so no fp8 format is declared and the fp8 paths refuse);
+- neither, or triton not installed: backend ``triton``, device ``cuda``, registered with
+  ``available()`` saying why it cannot run here.
+
+Importing this package imports neither triton nor the kernels; :func:`register` does, guarded.
+"""
+
+from __future__ import annotations
+
+import os
+
+import oracle
+
+from . import ops
+
+OPS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "translate_full_to_swa",
+       "reshape_and_cache_flash", "quantize_fp8")
+FP8 = ("e4m3fn", "e5m2")
+NO_CUDA = "no CUDA device (set TRITON_INTERPRET=1 to run the copy kernels on the CPU interpreter)"
+
+
+def _env_interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def backend_info() -> dict:
+    """Where the kernels would run here: ``backend``, ``device``, ``reason`` (None when they can
+    run), ``interpret`` and ``fp8`` (declared formats) and, on CUDA, ``capability``."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return {"backend": "triton", "device": "cuda", "reason": "triton is not installed",
+                "interpret": False, "fp8": ()}
+    try:
+        interpret = ops.interpreting()
+    except Exception as exc:  # a broken triton install: report it instead of failing to register
+        return {"backend": "triton", "device": "cuda", "interpret": False, "fp8": (),
+                "reason": f"importing the Triton kernels failed: {type(exc).__name__}: {exc}"}
+    if interpret:
+        return {"backend": "triton-interpret", "device": "cpu", "reason": None, "interpret": True,
+                "fp8": ()}
+    import torch
+
+    if not torch.cuda.is_available():
+        reason = NO_CUDA
+        if _env_interpret():  # set after the kernels were defined: too late for them
+            reason = "TRITON_INTERPRET=1 was set after the Triton kernels were defined; " + NO_CUDA
+        return {"backend": "triton", "device": "cuda", "reason": reason, "interpret": False, "fp8": ()}
+    capability = torch.cuda.get_device_capability()
+    return {"backend": "triton", "device": "cuda", "reason": None, "interpret": False,
+            "capability": capability, "fp8": FP8 if capability >= (9, 0) else ()}
+
+
+def register() -> None:
+    info = backend_info()
+    backend, device, reason = info["backend"], info["device"], info["reason"]
+
+    def available() -> str | None:
+        return reason
+
+    fp8 = info["fp8"]
+    if info["interpret"]:
+        fp8_note = ("no fp8 declared: " + ops.INTERPRETER_FP8)
+    elif reason is None and not fp8:
+        fp8_note = (f"no fp8 declared: sm_{''.join(map(str, info['capability']))} is older than "
+                    "sm_90, where Triton rounds float32 through float16 before fp8 (double rounding)")
+    else:
+        fp8_note = ("fp8 e4m3fn/e5m2 on sm_90+: x / scale by IEEE division (div_rn) in float32, then "
+                    "Triton's conversion (saturating, inf -> ±max, NaN -> 0x7F); fnuz formats refused")
+    common = dict(backend=backend, device=device, validates=True, available=available,
+                  fp8_preset="triton_sm90", reasons=(("fp8_format", fp8_note),) if not fp8 else ())
+    copy = "bitwise copy (rows reinterpreted as integers), int64 offsets, every stride honoured"
+    oracle.register(ops.store_cache, op="store_cache", name=f"{backend}.store_cache",
+                    dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none", **common,
+                    notes=f"{copy}; sglang's policy: every slot must be in range")
+    oracle.register(ops.set_mla_kv_buffer, op="set_mla_kv_buffer", name=f"{backend}.set_mla_kv_buffer",
+                    dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none", **common,
+                    notes=f"one tile of whole rows (BLOCK = next power of two of nope + rope); {copy}; "
+                          "sglang's policy: every slot must be in range")
+    oracle.register(ops.concat_and_cache_mla, op="concat_and_cache_mla",
+                    name=f"{backend}.concat_and_cache_mla", padding="negative", fp8_formats=fp8,
+                    scales=("tensor",), **common,
+                    notes=f"fused concat + quantize + store; {copy}; -1 slots skipped; {fp8_note}")
+    oracle.register(ops.translate_full_to_swa, op="translate_full_to_swa",
+                    name=f"{backend}.translate_full_to_swa", padding="negative", **common,
+                    notes="mapping[loc] with loc up to 4-D and strided; -1 -> -1 handled in the "
+                          "kernel, nothing read outside the table")
+    oracle.register(ops.reshape_and_cache_flash, op="reshape_and_cache_flash",
+                    name=f"{backend}.reshape_and_cache_flash", padding="negative", fp8_formats=fp8,
+                    **common,
+                    notes=f"fused quantize + store, NHD/HND/padded views by strides, per-tensor or "
+                          f"per-head scales; {copy}; -1 slots skipped; {fp8_note}")
+    oracle.register(ops.quantize_fp8, op="quantize_fp8", name=f"{backend}.quantize_fp8",
+                    fp8_formats=fp8, **common, notes=fp8_note)

@@ -1,0 +1,139 @@
+"""The Triton kernels behind :mod:`oracle.kernels.triton.ops` (imported only when triton is).
+
+Three kernels cover the six ops:
+
+- ``paged_write``: rows ``[N, H, D]`` (any strides) to ``cache[slot // bs, slot % bs, h, d]``
+  (any strides), copied or quantized to fp8. ``store_cache`` is the case ``bs = 1``,
+  ``reshape_and_cache_flash`` the paged case (NHD or HND: only the strides differ) and
+  ``quantize_fp8`` the case without an index (row ``i`` goes to slot ``i``).
+- ``mla_write``: two sources concatenated into one row (``nope | rope``), copied or quantized:
+  ``set_mla_kv_buffer`` (``bs = 1``) and ``concat_and_cache_mla``.
+- ``translate``: ``mapping[loc]`` over a strided ``loc`` of up to four dims, ``-1`` -> ``-1``.
+
+Every offset is computed in int64: slots, row numbers and strides are widened before they are
+multiplied, so a cache whose offsets pass 2**31 elements is addressed correctly. A program copies
+a tile of ``BLOCK_N`` rows by ``BLOCK_R`` row elements; the host picks the tile (few, large tiles
+under the interpreter, where every program is one Python call).
+
+Slots outside ``[0, num_slots)`` are never written: the host rejects them before the launch where
+the op's padding policy does not skip them, and the mask drops them (negative padding, and
+anything a CUDA graph replays without host validation). ``HAS_PAD_SLOT`` also skips slot
+``pad_slot`` (padding ``reserved:K``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FP8_NONE, FP8_E4M3FN, FP8_E5M2 = 0, 1, 2
+
+
+@triton.jit
+def _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
+           HAS_INDEX: tl.constexpr, HAS_PAD_SLOT: tl.constexpr):
+    """(slot, keep) of ``rows``: the int64 slots and which of them to write."""
+    rows64 = rows.to(tl.int64)
+    if HAS_INDEX:
+        slot = tl.load(idx_ptr + rows64 * idx_stride, mask=row_mask, other=-1).to(tl.int64)
+    else:
+        slot = rows64
+    keep = row_mask & (slot >= 0) & (slot < num_slots)
+    if HAS_PAD_SLOT:
+        keep = keep & (slot != pad_slot)
+    return slot, keep
+
+
+@triton.jit
+def _fp8_codes(x, scale, FP8: tl.constexpr):
+    """uint8 codes of ``x / scale``: the quotient in float32 with IEEE round-to-nearest division
+    (``div_rn``; plain ``/`` is the approximate ``div.full.f32`` on NVIDIA), then Triton's fp8
+    conversion (on sm_90: round to nearest even, saturating, NaN -> 0x7F)."""
+    q = tl.div_rn(x.to(tl.float32), scale)
+    if FP8 == 1:
+        codes = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        codes = q.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    return codes
+
+
+@triton.jit
+def paged_write(src_ptr, src_s0, src_s1, src_s2,
+                dst_ptr, dst_block_stride, dst_token_stride, dst_s1, dst_s2,
+                idx_ptr, idx_stride, scale_ptr, scale_stride,
+                n, heads, dim, block_size, num_slots, pad_slot,
+                HAS_INDEX: tl.constexpr, HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n
+    slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
+                        HAS_INDEX, HAS_PAD_SLOT)
+    # row element e of the [heads, dim] row: head e // dim, element e % dim (a row has fewer
+    # than 2**31 elements, so 32-bit division; h and d are widened before any stride product)
+    e = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    e_mask = e < heads * dim
+    h = (e // dim).to(tl.int64)
+    d = (e % dim).to(tl.int64)
+    src_off = rows.to(tl.int64)[:, None] * src_s0 + (h * src_s1 + d * src_s2)[None, :]
+    block = slot // block_size
+    token = slot % block_size
+    dst_off = (block * dst_block_stride + token * dst_token_stride)[:, None] + \
+        (h * dst_s1 + d * dst_s2)[None, :]
+    mask = keep[:, None] & e_mask[None, :]
+    x = tl.load(src_ptr + src_off, mask=mask)
+    if FP8 != 0:
+        scale = tl.load(scale_ptr + h * scale_stride, mask=e_mask, other=1.0)
+        x = _fp8_codes(x, scale[None, :], FP8)
+    tl.store(dst_ptr + dst_off, x, mask=mask)
+
+
+@triton.jit
+def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
+              dst_ptr, dst_block_stride, dst_token_stride, dst_s1,
+              idx_ptr, idx_stride, scale_ptr,
+              n, width_a, width_b, block_size, num_slots, pad_slot,
+              HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < n
+    slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
+                        True, HAS_PAD_SLOT)
+    c = tl.program_id(1).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    in_a = c < width_a
+    in_b = (c >= width_a) & (c < width_a + width_b)
+    rows64 = rows.to(tl.int64)[:, None]
+    a = tl.load(a_ptr + rows64 * a_s0 + (c * a_s1)[None, :],
+                mask=keep[:, None] & in_a[None, :], other=0)
+    b = tl.load(b_ptr + rows64 * b_s0 + ((c - width_a) * b_s1)[None, :],
+                mask=keep[:, None] & in_b[None, :], other=0)
+    x = tl.where(in_a[None, :], a, b)
+    if FP8 != 0:
+        x = _fp8_codes(x, tl.load(scale_ptr), FP8)
+    dst_off = ((slot // block_size) * dst_block_stride +
+               (slot % block_size) * dst_token_stride)[:, None] + (c * dst_s1)[None, :]
+    tl.store(dst_ptr + dst_off, x, mask=keep[:, None] & (in_a | in_b)[None, :])
+
+
+@triton.jit
+def translate(mapping_ptr, mapping_stride, table,
+              loc_ptr, loc_s0, loc_s1, loc_s2, loc_s3, size1, size2, size3,
+              out_ptr, numel, BLOCK: tl.constexpr):
+    """``out[i] = mapping[loc[i]]`` (``out`` contiguous, ``loc`` up to 4-D and strided), with
+    ``-1`` translated to ``-1`` explicitly: nothing is read outside ``mapping[0:table]``, and a
+    value outside ``[0, table)`` that the host did not reject (a CUDA-graph replay) gives -1."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = i < numel
+    i3 = i % size3
+    rest = i // size3
+    i2 = rest % size2
+    rest = rest // size2
+    i1 = rest % size1
+    i0 = rest // size1
+    loc = tl.load(loc_ptr + i0 * loc_s0 + i1 * loc_s1 + i2 * loc_s2 + i3 * loc_s3,
+                  mask=live, other=-1).to(tl.int64)
+    inside = live & (loc >= 0) & (loc < table)
+    value = tl.load(mapping_ptr + loc * mapping_stride, mask=inside, other=0)
+    # -1 (padding) translates to -1 here, not through mapping[-1]: nothing before the table or
+    # past it is read
+    value = tl.where(inside, value, -1)
+    tl.store(out_ptr + i, value, mask=live)

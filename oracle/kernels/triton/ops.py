@@ -1,0 +1,425 @@
+"""Host wrappers of the Triton kernels: the positional calling conventions of
+:mod:`oracle.kernels.torch_native`, everything validated on the host before anything is launched.
+
+Importing this module does not import triton; the kernels (:mod:`._kernels`) are imported on the
+first launch. Each writer takes a keyword-only ``padding`` (``"none"``, ``"negative"`` or
+``"reserved:K"``; the default is the policy its peers use: ``"none"`` for the sglang writers,
+``"negative"`` for the vLLM ones) that decides which slots the host accepts and which the kernel
+skips. Copies are bitwise: sources and caches are reinterpreted as integers of the same width, so
+the kernel moves bits, never floats.
+
+Under CUDA-graph capture the host cannot read device values without breaking the capture, so the
+checks that need them (slot ranges, scale values, the sentinel) are skipped there; the kernels
+never write a slot outside the cache whatever the index holds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8_FORMATS = ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz")  # names the ops accept
+KERNEL_FP8 = {"e4m3fn": 1, "e5m2": 2}  # formats the kernels implement (Triton float8e4nv, float8e5)
+KV_CACHE_DTYPES = {"auto": None, "fp8": "e4m3fn", "fp8_e4m3": "e4m3fn", "fp8_e5m2": "e5m2",
+                   **{name: name for name in FP8_FORMATS}}  # format names and vLLM's spellings
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+INTERPRETER_FP8 = ("the Triton interpreter's fp8 conversion is wrong for several % of inputs "
+                   "(triton#8322; 464 -> NaN, inf -> 256, mantissa carries dropped), so the fp8 paths "
+                   "are refused under TRITON_INTERPRET=1; they run on CUDA")
+
+_kernels = None
+
+
+def kernels():
+    """The kernel module (imports triton on first use)."""
+    global _kernels
+    if _kernels is None:
+        from . import _kernels as module
+
+        _kernels = module
+    return _kernels
+
+
+def interpreting() -> bool:
+    """Whether the kernels run on Triton's CPU interpreter (TRITON_INTERPRET=1 when they were
+    defined) rather than compiled for a GPU."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(kernels().paged_write, InterpretedFunction)
+
+
+# --- validation ----------------------------------------------------------------------------
+
+class Padding:
+    """A parsed padding policy: which slots the host accepts besides ``[0, num_slots)`` and
+    which the kernel skips."""
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.negative = spec == "negative"
+        self.reserved = None
+        if spec.startswith("reserved:"):
+            try:
+                self.reserved = int(spec.split(":", 1)[1])
+            except ValueError:
+                self.reserved = None
+            if self.reserved is None or self.reserved < 0:
+                raise ValueError(f"padding={spec!r}: reserved:K needs a slot K >= 0")
+        elif spec not in ("none", "negative"):
+            raise ValueError(f"padding={spec!r} is not 'none', 'negative' or 'reserved:K'")
+
+
+def _capturing(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _device(*tensors: torch.Tensor) -> torch.device:
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) > 1:
+        raise ValueError(f"tensors on different devices: {', '.join(devices)}")
+    device = tensors[0].device
+    if device.type != "cuda" and not interpreting():
+        raise ValueError(f"tensors are on {device}; the Triton kernels need CUDA tensors "
+                         "(or TRITON_INTERPRET=1 for the CPU interpreter)")
+    return device
+
+
+def _check_index(name: str, index: torch.Tensor) -> None:
+    if not isinstance(index, torch.Tensor) or index.dtype not in INDEX_DTYPES:
+        got = index.dtype if isinstance(index, torch.Tensor) else type(index).__name__
+        raise TypeError(f"{name} has dtype {got}; expected torch.int32 or torch.int64")
+    if index.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(index.shape)}")
+
+
+def _check_slots(name: str, index: torch.Tensor, num_slots: int, padding: Padding) -> None:
+    """Every entry in ``[0, num_slots)`` or skipped by ``padding`` (reads the index: skipped
+    while a CUDA graph is being captured)."""
+    if not index.numel() or _capturing(index):
+        return
+    low, high = int(index.min()), int(index.max())
+    if high >= num_slots:
+        raise ValueError(f"{name} holds slot {high}, out of range [0, {num_slots})"
+                         + (" (negative slots are padding)" if padding.negative else ""))
+    if low >= 0 or padding.negative:
+        return
+    if padding.reserved is not None and padding.reserved < num_slots:
+        bad = index[(index < 0)]
+        raise ValueError(f"{name} holds slot {int(bad[0])}, out of range [0, {num_slots}) "
+                         f"(padding={padding.spec!r} skips only slot {padding.reserved})")
+    raise ValueError(f"{name} holds slot {low}, out of range [0, {num_slots})")
+
+
+def _check_rows(name: str, src: torch.Tensor, cache_name: str, cache: torch.Tensor, n: int) -> None:
+    if src.dtype != cache.dtype:
+        raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")
+    if tuple(src.shape) != (n,) + tuple(cache.shape[1:]):
+        raise ValueError(f"{name} has shape {tuple(src.shape)}; expected {(n,) + tuple(cache.shape[1:])}")
+
+
+def _check_scale(name: str, scale, heads: int) -> None:
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor, got "
+                        f"{scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__}")
+    if scale.dim() != 1 or scale.numel() not in (1, heads):
+        raise ValueError(f"{name} has shape {tuple(scale.shape)}; expected [1] or [{heads}] (per head)")
+
+
+def _kernel_format(fmt: str, allow_interpreter_fp8: bool) -> int:
+    """The kernel's FP8 code for a validated format name; raises where the kernels cannot
+    produce it (after validation, before any launch)."""
+    if fmt not in KERNEL_FP8:
+        raise NotImplementedError(f"fp8 format {fmt!r}: the Triton kernels write e4m3fn and e5m2 "
+                                  "only (Triton has no fnuz conversion on NVIDIA GPUs)")
+    if interpreting() and not allow_interpreter_fp8:
+        raise NotImplementedError(INTERPRETER_FP8)
+    return KERNEL_FP8[fmt]
+
+
+def _as_bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The same view as integers of the same width (strides and offset unchanged)."""
+    return tensor.view(_INT_OF_SIZE[tensor.element_size()])
+
+
+def _rows3(name: str, t: torch.Tensor) -> tuple[tuple, tuple]:
+    """(shape, strides) of ``t`` as ``[N, H, D]`` (1-D rows are ``[N, 1, D]``)."""
+    if t.dim() == 3:
+        return tuple(t.shape), tuple(t.stride())
+    if t.dim() == 2:
+        return (t.shape[0], 1, t.shape[1]), (t.stride(0), 0, t.stride(1))
+    if t.dim() == 1:
+        return (t.shape[0], 1, 1), (t.stride(0), 0, 0)
+    raise ValueError(f"{name} has shape {tuple(t.shape)}; the Triton writer takes rows of up to two "
+                     "dims ([N, H, D])")
+
+
+# --- launching -----------------------------------------------------------------------------
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def tile(n_rows: int, row: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_R): a whole row per program where it fits (BLOCK_R the next power of two
+    of the row), several rows per program for large N on a GPU, and few large programs under the
+    interpreter, where each program is one Python call."""
+    if interpreting():
+        block_r = min(_next_pow2(row), 1 << 14)
+        return max(1, min(_next_pow2(n_rows), (1 << 16) // block_r)), block_r
+    block_r = min(_next_pow2(row), 1 << 12)
+    block_n = 1 if n_rows < 1024 else max(1, min(16, 4096 // block_r))
+    return block_n, block_r
+
+
+def _launch(kernel, grid, device: torch.device, *args, **meta) -> None:
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            kernel[grid](*args, **meta)
+    else:
+        kernel[grid](*args, **meta)
+
+
+def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, fp8: int = 0,
+                scale=None, device=None):
+    """Launch ``paged_write`` for rows ``src`` ``[N, H, D]`` into a cache addressed by
+    ``cache5 = (tensor, block_stride, token_stride, head_stride, dim_stride)``."""
+    (_, heads, dim), (s0, s1, s2) = _rows3("source", src)
+    cache, block_stride, token_stride, c_h, c_d = cache5
+    if n == 0 or heads * dim == 0:
+        return
+    block_n, block_r = tile(n, heads * dim)
+    grid = (_cdiv(n, block_n), _cdiv(heads * dim, block_r))
+    scale_t = scale if scale is not None else cache
+    scale_stride = 0 if scale is None or scale.numel() == 1 else scale.stride(0)
+    index_t = index if index is not None else cache
+    _launch(kernels().paged_write, grid, device,
+            src, s0, s1, s2, cache, block_stride, token_stride, c_h, c_d,
+            index_t, index.stride(0) if index is not None else 0, scale_t, scale_stride,
+            n, heads, dim, block_size, num_slots,
+            padding.reserved if padding.reserved is not None else 0,
+            HAS_INDEX=index is not None, HAS_PAD_SLOT=padding.reserved is not None, FP8=fp8,
+            BLOCK_N=block_n, BLOCK_R=block_r)
+
+
+# --- the ops -------------------------------------------------------------------------------
+
+def store_cache(k, v, k_cache, v_cache, loc, *, padding="none"):
+    """``k_cache[loc] = k; v_cache[loc] = v``, rows ``[H, D]`` copied bitwise (any dtype; fp8
+    pools as uint8), every stride honoured. ``padding`` (default "none": every slot in range)."""
+    pad = Padding(padding)
+    _check_index("loc", loc)
+    _check_rows("k", k, "k_cache", k_cache, loc.shape[0])
+    _check_rows("v", v, "v_cache", v_cache, loc.shape[0])
+    if v_cache.shape[0] != k_cache.shape[0]:
+        raise ValueError(f"v_cache has {v_cache.shape[0]} slots but k_cache has {k_cache.shape[0]}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() < 1 or t.dim() > 3:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; expected [S, H, D] or [S, W]")
+    device = _device(k, v, k_cache, v_cache, loc)
+    num_slots = k_cache.shape[0]
+    _check_slots("loc", loc, num_slots, pad)
+    n = loc.shape[0]
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        _, strides = _rows3("cache", cache)
+        _paged_rows(_as_bits(src), (_as_bits(cache), strides[0], 0, strides[1], strides[2]), loc, n,
+                    1, num_slots, pad, device=device)
+
+
+def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none"):
+    """``kv_buffer[loc, :nope + rope] = cat(nope, rope)``, bitwise; elements past nope + rope
+    untouched. ``padding`` (default "none")."""
+    pad = Padding(padding)
+    _check_index("loc", loc)
+    if kv_buffer.dim() != 2:
+        raise ValueError(f"kv_buffer must be 2-D [S, W], got shape {tuple(kv_buffer.shape)}")
+    for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)):
+        if src.dtype != kv_buffer.dtype:
+            raise TypeError(f"{name} has dtype {src.dtype} but kv_buffer has dtype {kv_buffer.dtype}")
+        if src.dim() != 2 or src.shape[0] != loc.shape[0]:
+            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [{loc.shape[0]}, width]")
+    width = cache_k_nope.shape[1] + cache_k_rope.shape[1]
+    if kv_buffer.shape[1] < width:
+        raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")
+    device = _device(kv_buffer, loc, cache_k_nope, cache_k_rope)
+    _check_slots("loc", loc, kv_buffer.shape[0], pad)
+    n = loc.shape[0]
+    if n == 0 or width == 0:
+        return
+    _mla_rows(_as_bits(cache_k_nope), _as_bits(cache_k_rope),
+              (_as_bits(kv_buffer), kv_buffer.stride(0), 0, kv_buffer.stride(1)), loc, n, 1,
+              kv_buffer.shape[0], pad, 0, None, device)
+
+
+def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, scale, device):
+    cache, block_stride, token_stride, elem_stride = cache4
+    width = a.shape[1] + b.shape[1]
+    block_n, block_r = tile(n, width)
+    grid = (_cdiv(n, block_n), _cdiv(width, block_r))
+    _launch(kernels().mla_write, grid, device,
+            a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1),
+            cache, block_stride, token_stride, elem_stride,
+            index, index.stride(0), scale if scale is not None else cache,
+            n, a.shape[1], b.shape[1], block_size, num_slots,
+            pad.reserved if pad.reserved is not None else 0,
+            HAS_PAD_SLOT=pad.reserved is not None, FP8=fp8, BLOCK_N=block_n, BLOCK_R=block_r)
+
+
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
+                         padding="negative", allow_interpreter_fp8=False):
+    """Entry ``slot`` (block ``slot // block_size``, token ``slot % block_size``) of ``kv_cache``
+    gets ``cat(kv_c[i], k_pe[i])``, bitwise under "auto", else as fp8 codes of ``x / scale``
+    (IEEE division in float32, then Triton's conversion). ``padding`` (default "negative":
+    slots < 0 skipped, as in vLLM)."""
+    pad = Padding(padding)
+    if kv_cache.dim() != 3:
+        raise ValueError(f"kv_cache must be 3-D [num_blocks, block_size, entry], got {tuple(kv_cache.shape)}")
+    num_blocks, block_size, width = kv_cache.shape
+    num_slots = num_blocks * block_size
+    if slot_mapping.dtype not in INDEX_DTYPES or slot_mapping.dim() != 1:
+        raise TypeError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    num_tokens = slot_mapping.shape[0]
+    if kv_c.dtype != k_pe.dtype or kv_c.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"kv_c ({kv_c.dtype}) and k_pe ({k_pe.dtype}) must share a float dtype")
+    for name, src in (("kv_c", kv_c), ("k_pe", k_pe)):
+        if src.dim() != 2 or src.shape[0] < num_tokens:
+            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {num_tokens}, width]")
+    if width != kv_c.shape[1] + k_pe.shape[1]:
+        raise ValueError(f"kv_cache entries have {width} elements; expected kv_c + k_pe = "
+                         f"{kv_c.shape[1] + k_pe.shape[1]}")
+    fmt = KV_CACHE_DTYPES.get(kv_cache_dtype) if isinstance(kv_cache_dtype, str) else "?"
+    if kv_cache_dtype == "auto":
+        if kv_cache.dtype != kv_c.dtype:
+            raise TypeError(f"kv_cache has dtype {kv_cache.dtype} but kv_c has dtype {kv_c.dtype}")
+    elif fmt in FP8_FORMATS:
+        if kv_cache.dtype != torch.uint8:
+            raise TypeError(f"kv_cache has dtype {kv_cache.dtype}; kv_cache_dtype {kv_cache_dtype} needs uint8")
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.numel() != 1:
+            raise TypeError(f"scale must be a float32 tensor of one element, got {scale!r}")
+    else:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not 'auto' or one of {sorted(KV_CACHE_DTYPES)}")
+    tensors = (kv_c, k_pe, kv_cache, slot_mapping) + ((scale,) if fmt else ())
+    device = _device(*tensors)
+    if fmt and not _capturing(scale):
+        if not (torch.isfinite(scale).all() and (scale > 0).all()):
+            raise ValueError(f"scale must be finite and > 0, got {float(scale.reshape(()))}")
+    _check_slots("slot_mapping", slot_mapping, num_slots, pad)
+    code = _kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
+    if num_tokens == 0 or width == 0:
+        return
+    s0, s1, s2 = kv_cache.stride()
+    if code:
+        _mla_rows(kv_c, k_pe, (kv_cache, s0, s1, s2), slot_mapping, num_tokens, block_size,
+                  num_slots, pad, code, scale, device)
+    else:
+        _mla_rows(_as_bits(kv_c), _as_bits(k_pe), (_as_bits(kv_cache), s0, s1, s2), slot_mapping,
+                  num_tokens, block_size, num_slots, pad, 0, None, device)
+
+
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                            k_scale, v_scale, *, padding="negative", allow_interpreter_fp8=False):
+    """Token ``i`` goes to block ``slot // block_size``, token ``slot % block_size`` of the
+    ``[num_blocks, block_size, H, D]`` caches (any strides: NHD, HND views, padded blocks; last
+    dim contiguous, as the op requires), bitwise under "auto", else as fp8 codes of ``x / scale``
+    (scale [1] or [H]). ``padding`` (default "negative": slots < 0 skipped, as in vLLM)."""
+    pad = Padding(padding)
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of {sorted(KV_CACHE_DTYPES)}")
+    fmt = KV_CACHE_DTYPES[kv_cache_dtype]
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [num_blocks, block_size, H, D], got {tuple(cache.shape)}")
+        if cache.stride(-1) != 1:
+            raise ValueError(f"{name} has strides {cache.stride()}; its last dimension must be contiguous")
+        if fmt is not None and cache.dtype != torch.uint8:
+            raise TypeError(f"{name} has dtype {cache.dtype}; kv_cache_dtype {kv_cache_dtype} stores uint8 codes")
+    num_blocks, block_size, heads, _ = key_cache.shape
+    if tuple(value_cache.shape[:3]) != (num_blocks, block_size, heads):
+        raise ValueError(f"value_cache has shape {tuple(value_cache.shape)}; key_cache {tuple(key_cache.shape)}")
+    if slot_mapping.dtype not in INDEX_DTYPES or slot_mapping.dim() != 1:
+        raise TypeError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    num_tokens = slot_mapping.shape[0]
+    for name, src, cache_name, cache in (("key", key, "key_cache", key_cache),
+                                         ("value", value, "value_cache", value_cache)):
+        if src.dim() != 3 or src.shape[0] < num_tokens or tuple(src.shape[1:]) != tuple(cache.shape[2:]):
+            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {num_tokens}, "
+                             f"{', '.join(map(str, cache.shape[2:]))}] to match {cache_name}")
+        if fmt is None and src.dtype != cache.dtype:
+            raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")
+        if fmt is not None and src.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} has dtype {src.dtype}; expected float32, float16 or bfloat16")
+    if fmt is not None:
+        _check_scale("k_scale", k_scale, heads)
+        _check_scale("v_scale", v_scale, heads)
+    tensors = (key, value, key_cache, value_cache, slot_mapping)
+    device = _device(*(tensors + ((k_scale, v_scale) if fmt else ())))
+    num_slots = num_blocks * block_size
+    _check_slots("slot_mapping", slot_mapping, num_slots, pad)
+    code = _kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
+    for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+        c0, c1, c2, c3 = cache.stride()
+        if code:
+            _paged_rows(src, (cache, c0, c1, c2, c3), slot_mapping, num_tokens, block_size,
+                        num_slots, pad, code, scale, device)
+        else:
+            _paged_rows(_as_bits(src), (_as_bits(cache), c0, c1, c2, c3), slot_mapping, num_tokens,
+                        block_size, num_slots, pad, device=device)
+
+
+def quantize_fp8(out, x, scale, fmt, *, allow_interpreter_fp8=False):
+    """``out = fp8(x / scale)`` as uint8 codes; x ``[N, H, D]`` (any strides), scale [1] or [H];
+    the quotient by IEEE division in float32, then Triton's conversion."""
+    if fmt not in FP8_FORMATS:
+        raise ValueError(f"fmt={fmt!r} is not one of {sorted(FP8_FORMATS)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x has dtype {x.dtype}; expected float32, float16 or bfloat16")
+    if out.dtype != torch.uint8:
+        raise TypeError(f"out has dtype {out.dtype}; expected torch.uint8 (fp8 codes)")
+    if x.dim() != 3 or tuple(out.shape) != tuple(x.shape):
+        raise ValueError(f"out has shape {tuple(out.shape)} and x {tuple(x.shape)}; expected one [N, H, D] shape")
+    _check_scale("scale", scale, x.shape[1])
+    device = _device(out, x, scale)
+    code = _kernel_format(fmt, allow_interpreter_fp8)
+    n = x.shape[0]
+    o0, o1, o2 = out.stride()
+    _paged_rows(x, (out, o0, 0, o1, o2), None, n, 1, n, Padding("none"), code, scale, device)
+
+
+def translate_full_to_swa(mapping, loc):
+    """``mapping[loc]`` as a new tensor (the mapping's dtype, loc's shape), after checking that
+    only -1 is negative and nothing reaches past the table; -1 translates to -1 in the kernel
+    (the sentinel's value, checked here), never by reading before the table."""
+    if not isinstance(mapping, torch.Tensor) or mapping.dtype not in INDEX_DTYPES \
+            or mapping.dim() != 1 or mapping.numel() == 0:
+        raise TypeError(f"mapping must be a non-empty 1-D int32/int64 tensor, got "
+                        f"{getattr(mapping, 'dtype', type(mapping).__name__)} "
+                        f"{tuple(getattr(mapping, 'shape', ()))}")
+    if not isinstance(loc, torch.Tensor) or loc.dtype not in INDEX_DTYPES:
+        raise TypeError(f"loc has dtype {getattr(loc, 'dtype', type(loc).__name__)}; "
+                        "expected torch.int32 or torch.int64")
+    device = _device(mapping, loc)
+    table = mapping.numel() - 1
+    if not _capturing(mapping):
+        if int(mapping[-1]) != -1:
+            raise ValueError(f"mapping[-1] = {int(mapping[-1])}; the last entry must be the -1 sentinel")
+        bad = ((loc < 0) & (loc != -1)) | (loc >= table)
+        if bad.any():
+            value = int(loc[bad].reshape(-1)[0])
+            raise ValueError(f"loc holds {value}: only -1 may be negative, and entries must lie in [0, {table})")
+    out = torch.empty(loc.shape, dtype=mapping.dtype, device=device)
+    numel = loc.numel()
+    if numel == 0:
+        return out
+    flat = loc if loc.dim() <= 4 else loc.reshape(-1)
+    sizes = (1,) * (4 - flat.dim()) + tuple(flat.shape)
+    strides = (0,) * (4 - flat.dim()) + tuple(flat.stride())
+    block = min(_next_pow2(numel), 1 << 16) if interpreting() else 1024
+    _launch(kernels().translate, (_cdiv(numel, block),), device,
+            mapping, mapping.stride(0), table, flat, *strides, sizes[1], sizes[2], sizes[3],
+            out, numel, BLOCK=block)
+    return out

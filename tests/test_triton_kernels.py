@@ -1,0 +1,329 @@
+"""The Triton kernels (oracle.kernels.triton) on Triton's CPU interpreter.
+
+Each test runs a script in a subprocess with TRITON_INTERPRET=1 set (or, for the backend
+selection, unset): the interpreter is chosen when the kernels are defined, so it cannot be
+switched inside this process. The scripts print one JSON object that the test checks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="triton is not importable (pip install triton==3.6.0)")
+
+PREAMBLE = """
+import json, sys
+import numpy as np
+import torch
+from oracle.kernels.triton import ops
+
+def emit(obj):
+    print("RESULT " + json.dumps(obj))
+"""
+
+
+def run(script: str, *, interpret: bool = True, extra_env: dict | None = None, timeout=300) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ORACLE_PLUGINS")}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    env.update(extra_env or {})
+    proc = subprocess.run([sys.executable, "-c", PREAMBLE + textwrap.dedent(script)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"script failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+REGISTER = """
+from oracle.registry import Registry
+from oracle.kernels.triton import register
+registry = Registry()
+registry.load_plugin("test", register)
+emit({"errors": [e.error for e in registry.errors],
+      "kernels": {k.contract.op: {"name": k.name, "backend": k.contract.backend,
+                                  "device": k.contract.device, "fp8": list(k.contract.fp8_formats),
+                                  "preset": k.contract.fp8_preset, "padding": k.contract.padding,
+                                  "validates": k.contract.validates, "notes": k.contract.notes,
+                                  "unavailable": k.unavailable()}
+                  for k in registry.kernels.values()}})
+"""
+
+OPS = {"store_cache": "none", "set_mla_kv_buffer": "none", "concat_and_cache_mla": "negative",
+       "translate_full_to_swa": "negative", "reshape_and_cache_flash": "negative",
+       "quantize_fp8": "none"}
+
+
+def test_interpreter_registers_copy_only_backend():
+    out = run(REGISTER)
+    assert out["errors"] == []
+    assert set(out["kernels"]) == set(OPS)
+    for op, k in out["kernels"].items():
+        assert k["backend"] == "triton-interpret" and k["device"] == "cpu", k
+        assert k["name"] == f"triton-interpret.{op}"
+        assert k["unavailable"] is None
+        assert k["fp8"] == [], "the interpreter's fp8 conversion is wrong: no fp8 may be declared"
+        assert k["padding"] == OPS[op] and k["validates"]
+    for op in ("concat_and_cache_mla", "reshape_and_cache_flash", "quantize_fp8"):
+        assert "interpreter" in out["kernels"][op]["notes"] and "fp8" in out["kernels"][op]["notes"]
+
+
+def test_without_cuda_or_interpreter_registers_unavailable_cuda_backend():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the backend would be available")
+    out = run(REGISTER, interpret=False)
+    assert out["errors"] == []
+    for k in out["kernels"].values():
+        assert (k["backend"], k["device"]) == ("triton", "cuda")
+        assert "no CUDA device" in k["unavailable"] and "TRITON_INTERPRET=1" in k["unavailable"]
+
+
+def test_without_triton_registers_unavailable_backend():
+    script = "sys.modules['triton'] = None  # import triton now raises ImportError\n" + REGISTER
+    out = run(script, interpret=False)
+    assert out["errors"] == []
+    assert len(out["kernels"]) == 6
+    for k in out["kernels"].values():
+        assert (k["backend"], k["device"]) == ("triton", "cuda")
+        assert k["unavailable"] == "triton is not installed"
+
+
+def test_translate_minus_one_is_handled_in_the_kernel_not_read_before_the_table():
+    out = run("""
+    # through the op: -1 -> -1, entries -> mapping[entry]; mapping at a storage offset behind decoys
+    storage = torch.tensor([55, 55, 55, 10, 11, 12, 13, 0, -1], dtype=torch.int64)
+    mapping = storage[3:]
+    loc = torch.tensor([[0, -1], [4, 2]], dtype=torch.int32)
+    got = ops.translate_full_to_swa(mapping, loc)
+    # the raw kernel, with a table whose sentinel is NOT -1 (77) and a decoy (55) before it:
+    # -1 must still give -1, so it reads neither mapping[-1] (one before the table) nor the sentinel
+    storage2 = torch.tensor([55, 10, 11, 77], dtype=torch.int64)
+    mapping2 = storage2[1:]
+    loc2 = torch.tensor([-1, 0, 1, -1], dtype=torch.int64)
+    out2 = torch.empty(4, dtype=torch.int64)
+    ops.kernels().translate[(1,)](mapping2, 1, 2, loc2, 0, 0, 0, 1, 1, 1, 4, out2, 4, BLOCK=4)
+    # strided 1-D loc (every other element) and an empty loc
+    wide = torch.tensor([2, 99, -1, 99, 0, 99], dtype=torch.int64)
+    strided = ops.translate_full_to_swa(mapping, wide[::2])
+    empty = ops.translate_full_to_swa(mapping, torch.empty(0, 3, dtype=torch.int64))
+    errors = []
+    for bad in ([-2], [5], [9]):  # 5 = the sentinel's own index
+        try:
+            ops.translate_full_to_swa(mapping, torch.tensor(bad))
+        except ValueError as exc:
+            errors.append(str(exc))
+    emit({"got": got.tolist(), "dtype": str(got.dtype), "raw": out2.tolist(),
+          "strided": strided.tolist(), "empty": list(empty.shape), "errors": errors})
+    """)
+    assert out["got"] == [[10, -1], [0, 12]] and out["dtype"] == "torch.int64"
+    assert out["raw"] == [-1, 10, 11, -1]
+    assert out["strided"] == [12, -1, 10]
+    assert out["empty"] == [0, 3]
+    assert len(out["errors"]) == 3
+    assert "only -1 may be negative" in out["errors"][0]
+    assert all("must lie in [0, 5)" in e for e in out["errors"])
+
+
+def test_offsets_past_2_31_elements_use_64_bit_arithmetic():
+    """A cache of 2**31 + 2**21 bytes (allocated, never touched except where written): rows at
+    slots whose offsets pass 2**31 land there and nowhere else."""
+    out = run("""
+    row = 1024
+    slots = (2**31 + 2**21) // row
+    cache = torch.empty(slots * row, dtype=torch.uint8).view(slots, 1, row)
+    v_cache = torch.empty(slots * row, dtype=torch.uint8).view(slots, 1, row)
+    k = torch.randint(0, 256, (3, 1, row), dtype=torch.uint8)
+    loc = torch.tensor([slots - 1, 2**21 + 5, 3], dtype=torch.int32)
+    for c in (cache, v_cache):
+        c[loc.long()] = 0
+    ops.store_cache(k, k, cache, v_cache, loc)
+    # 32-bit offsets would wrap (slots - 1) * row past 2**31 to a negative offset: not this row
+    ok = [bool(torch.equal(cache[int(s)], k[i])) for i, s in enumerate(loc)]
+    # MLA: a [S, 576] buffer past 2**31 elements of int16
+    width = 576
+    s2 = (2**31 + 2**20) // width
+    buf = torch.empty(s2, width, dtype=torch.int16)
+    nope = torch.randint(-1000, 1000, (2, 512), dtype=torch.int16)
+    rope = torch.randint(-1000, 1000, (2, 64), dtype=torch.int16)
+    loc2 = torch.tensor([s2 - 1, 7], dtype=torch.int64)
+    ops.set_mla_kv_buffer(buf, loc2, nope, rope)
+    mla = [bool(torch.equal(buf[int(s)], torch.cat([nope[i], rope[i]]))) for i, s in enumerate(loc2)]
+    emit({"ok": ok, "mla": mla})
+    """)
+    assert out == {"ok": [True, True, True], "mla": [True, True]}
+
+
+def test_padding_policies_are_kernel_arguments():
+    out = run("""
+    S, H, D = 16, 2, 8
+    def fresh():
+        return torch.full((S, H, D), 7.0), torch.full((S, H, D), 7.0)
+    k = torch.arange(4 * H * D, dtype=torch.float32).view(4, H, D) + 100
+    kc, vc = fresh()
+    ops.store_cache(k, k, kc, vc, torch.tensor([0, 3, 0, 5]), padding="reserved:0")
+    reserved = {"slot0": kc[0].eq(7).all().item(), "slot3": torch.equal(kc[3], k[1]),
+                "slot5": torch.equal(kc[5], k[3])}
+    rejected = []
+    for padding, loc in (("none", [-1, 3, 4, 5]), ("reserved:0", [-1, 3, 4, 5]), ("none", [1, 2, 3, 16])):
+        kc, vc = fresh()
+        try:
+            ops.store_cache(k, k, kc, vc, torch.tensor(loc), padding=padding)
+        except ValueError as exc:
+            rejected.append((str(exc), bool(kc.eq(7).all() and vc.eq(7).all())))
+    kc, vc = fresh()
+    ops.store_cache(k, k, kc, vc, torch.tensor([-1, 3, -1, 5]), padding="negative")
+    negative = kc[3].equal(k[1]) and kc[5].equal(k[3]) and int(kc.ne(7).any(-1).any(-1).sum()) == 2
+    # vLLM writers skip -1 by default
+    cache = torch.full((2, 4, H, D), 7.0)
+    ops.reshape_and_cache_flash(k, k, cache, cache.clone(), torch.tensor([-1, 6, -1, 1]), "auto",
+                                torch.ones(1), torch.ones(1))
+    flat = cache.view(8, H, D)
+    flash = flat[6].equal(k[1]) and flat[1].equal(k[3]) and int(flat.ne(7).any(-1).any(-1).sum()) == 2
+    emit({"reserved": reserved, "rejected": rejected, "negative": bool(negative), "flash": bool(flash)})
+    """)
+    assert out["reserved"] == {"slot0": True, "slot3": True, "slot5": True}
+    assert len(out["rejected"]) == 3
+    for message, unchanged in out["rejected"]:
+        assert "out of range [0, 16)" in message and unchanged
+    assert out["negative"] and out["flash"]
+
+
+def test_empty_input_launches_nothing():
+    out = run("""
+    calls = []
+    real = ops._launch
+    ops._launch = lambda kernel, grid, *a, **k: (calls.append(grid), real(kernel, grid, *a, **k))
+    H, D = 2, 8
+    e3 = torch.empty(0, H, D)
+    idx = torch.empty(0, dtype=torch.int64)
+    ops.store_cache(e3, e3, torch.zeros(4, H, D), torch.zeros(4, H, D), idx)
+    ops.set_mla_kv_buffer(torch.zeros(4, 12), idx, torch.empty(0, 8), torch.empty(0, 4))
+    ops.concat_and_cache_mla(torch.empty(0, 8), torch.empty(0, 4), torch.zeros(2, 4, 12), idx, "auto", torch.ones(1))
+    ops.reshape_and_cache_flash(e3, e3, torch.zeros(2, 4, H, D), torch.zeros(2, 4, H, D), idx, "auto",
+                                torch.ones(1), torch.ones(1))
+    ops.translate_full_to_swa(torch.tensor([0, 1, -1]), idx)
+    empty_calls = len(calls)
+    ops.store_cache(torch.ones(1, H, D), torch.ones(1, H, D), torch.zeros(4, H, D), torch.zeros(4, H, D),
+                    torch.tensor([2]))
+    emit({"empty": empty_calls, "one": len(calls) - empty_calls})
+    """)
+    assert out == {"empty": 0, "one": 2}  # K and V
+
+
+def test_fp8_is_refused_under_the_interpreter_and_plumbed_right_when_forced():
+    """The interpreter converts exactly representable values right (it is wrong on rounding,
+    overflow and inf), so quotients that are fp8 codes check the fused path's addressing, the
+    per-head scale and the bitcast, on an HND cache."""
+    out = run("""
+    import ml_dtypes
+    from oracle import reference
+    rng = np.random.default_rng(0)
+    T, H, D, NB, BS = 5, 3, 16, 4, 4
+    codes = rng.integers(0, 0x7E, size=(T, H, D)).astype(np.uint8)
+    codes[codes & 0x7F == 0x7F] = 0
+    q = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    scale = np.array([0.5, 2.0, 4.0], np.float32)  # powers of two: x / scale is exact
+    x = torch.from_numpy(q * scale[None, :, None])
+    k_scale = torch.from_numpy(scale)
+    alloc = torch.full((NB, H, BS, D), 0xAB, dtype=torch.uint8)
+    key_cache = alloc.permute(0, 2, 1, 3)  # HND view of [NB, BS, H, D]
+    value_cache = torch.full((NB, BS, H, D), 0xAB, dtype=torch.uint8)
+    slots = torch.tensor([3, -1, 9, 14, 0])
+    try:
+        ops.reshape_and_cache_flash(x, x, key_cache, value_cache, slots, "fp8_e4m3", k_scale, k_scale)
+        refused = None
+    except NotImplementedError as exc:
+        refused = (str(exc), bool((alloc == 0xAB).all()))
+    before = key_cache.numpy().copy()
+    ops.reshape_and_cache_flash(x, x, key_cache, value_cache, slots, "fp8_e4m3", k_scale, k_scale,
+                                allow_interpreter_fp8=True)
+    want, _ = reference.reshape_and_cache_flash(before, before.copy(), slots.numpy(), x.numpy(), x.numpy(),
+                                               kv_cache_dtype="e4m3fn", k_scale=scale, v_scale=scale,
+                                               preset="triton_sm90")
+    out = torch.zeros(T, H, D, dtype=torch.uint8)
+    ops.quantize_fp8(out, x, k_scale, "e4m3fn", allow_interpreter_fp8=True)
+    emit({"refused": refused, "flash": bool(np.array_equal(key_cache.numpy(), want)),
+          "quantize": bool(np.array_equal(out.numpy(), codes))})
+    """)
+    message, untouched = out["refused"]
+    assert "interpreter" in message and untouched
+    assert out["flash"] and out["quantize"]
+
+
+def test_interpreter_tiles_are_large():
+    out = run("""
+    emit({"rows": ops.tile(4096, 1024), "mla": ops.tile(4096, 576), "one": ops.tile(1, 97)})
+    """)
+    (block_n, block_r) = out["rows"]
+    assert block_r == 1024 and 4096 // block_n <= 64  # few programs: each is a Python call
+    assert out["mla"][1] == 1024  # the whole row (next power of two of 576)
+    assert out["one"] == [1, 128]
+
+
+def test_gpu_check_harness_catches_wrong_writes():
+    """The GPU script's scenarios, reference and comparison, on the CPU: fp8 scenarios with a
+    stand-in that writes what the reference expects (the interpreter's fp8 is wrong), and
+    sabotaged calls that must each be reported."""
+    out = run("""
+    from oracle.kernels.triton import gpu_check as gc
+    rng = np.random.default_rng(1)
+    cpu = torch.device("cpu")
+    status = {}
+    for name, (build, params, fp8) in gc.SCENARIOS.items():
+        setup = build(cpu, rng, **params)
+        if fp8:
+            def stand_in(setup=setup):
+                want = setup.expected(gc.snapshot(setup))
+                for w in setup.written:
+                    gc._put(setup.views[w], want[w])
+            setup.call = stand_in
+        status[name] = gc.run_scenario(name, setup, cpu, rng, 0, graphs=False)["status"]
+
+    def sabotaged(how):
+        setup = gc.store_cache_setup(cpu, rng)
+        real = setup.call
+        def call():
+            real()
+            if how == "one_byte":
+                setup.views["v_cache"].view(torch.uint8).view(-1)[7] ^= 1
+            elif how == "guard":
+                setup.regions[1].base[3] ^= 1  # before k_cache's payload
+            elif how == "input":
+                setup.views["loc"][0] = 0
+        setup.call = call if how != "nothing" else (lambda: None)
+        r = gc.run_scenario("sabotage", setup, cpu, rng, 0, graphs=False)
+        return r["status"], str(r["eager"])
+    emit({"status": status, **{how: sabotaged(how) for how in ("nothing", "one_byte", "guard", "input")}})
+    """)
+    assert set(out["status"].values()) == {"pass"}, out["status"]
+    assert out["nothing"][0] == "fail" and "k_cache" in out["nothing"][1]
+    assert out["one_byte"][0] == "fail" and "v_cache" in out["one_byte"][1] and "1 of" in out["one_byte"][1]
+    assert out["guard"][0] == "fail" and "guard band before k_cache" in out["guard"][1]
+    assert out["input"][0] == "fail" and "loc (an input, must be unchanged)" in out["input"][1]
+
+
+def test_gpu_check_refuses_loudly_without_a_gpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "oracle.kernels.triton.gpu_check", "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "CANNOT RUN: no CUDA device" in proc.stderr
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["status"] == "not run"
+    env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "oracle.kernels.triton.gpu_check", "--out", str(tmp_path),
+                           "--cpu-dry-run"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert summary["status"] == "pass" and summary["counts"]["pass"] >= 10 and summary["counts"]["fail"] == 0
