@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import tempfile
 from pathlib import Path
 
@@ -41,6 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--self-check", action="store_true",
                         help="run the catalogue of deliberately wrong kernels instead, and print "
                              "the kill rate")
+    parser.add_argument("--sanitize", metavar="DIR", nargs="?", const="reports/sanitize",
+                        help="on a CUDA machine: run the selected cases in one process under "
+                             "compute-sanitizer memcheck, writing the log and summary to DIR")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
 
 
@@ -63,6 +67,14 @@ def main(args: argparse.Namespace) -> int:
         from .mutants.__main__ import main as self_check
 
         return self_check(["--profile", args.profile])
+    if args.sanitize:
+        from .kernels.cuda.sanitize import sanitize
+
+        if args.backend is None:
+            args.backend = "cuda,triton"
+        summary = sanitize(pytest_arguments(args, str(Path(args.sanitize) / "report.json")), args.sanitize)
+        print(json.dumps({k: v for k, v in summary.items() if k != "command"}, indent=1, default=str))
+        return 0 if summary.get("ok") else 1
     import pytest
 
     with tempfile.TemporaryDirectory() as scratch:

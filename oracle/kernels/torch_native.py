@@ -215,29 +215,35 @@ def _torch_fp8_preset() -> str:
 
 
 def register() -> None:
-    common = dict(backend="torch", device="cpu", validates=True,
+    """The baselines on the CPU, and again on CUDA (names ``torch-cuda.*``) where a GPU is visible:
+    the same functions, since index_put_ and the fp8 casts run on either device."""
+    for device in ("cpu",) + (("cuda",) if torch.cuda.is_available() else ()):
+        _register_on(device, "torch" if device == "cpu" else "torch-cuda")
+
+
+def _register_on(device: str, prefix: str) -> None:
+    common = dict(backend="torch", device=device, validates=True,
                   notes="plain torch; -1 would wrap to the last row, so padding is out of contract")
-    oracle.register(store_cache, op="store_cache", name="torch.store_cache",
+    fp8 = dict(fp8_formats=tuple(FP8_DTYPES), fp8_preset=_torch_fp8_preset())
+    oracle.register(store_cache, op="store_cache", name=f"{prefix}.store_cache",
                     dtypes=("float32", "float16", "bfloat16", "uint8"), **common)
-    oracle.register(set_mla_kv_buffer, op="set_mla_kv_buffer", name="torch.set_mla_kv_buffer",
-                    backend="torch", device="cpu", validates=True,
+    oracle.register(set_mla_kv_buffer, op="set_mla_kv_buffer", name=f"{prefix}.set_mla_kv_buffer",
+                    backend="torch", device=device, validates=True,
                     dtypes=("float32", "float16", "bfloat16", "uint8"),
                     notes="sglang's naive writer: index_put_ of cat(nope, rope); -1 would wrap to the "
                           "last row and slot 0 is written, so padding is out of contract")
-    oracle.register(concat_and_cache_mla, op="concat_and_cache_mla", name="torch.concat_and_cache_mla",
-                    backend="torch", device="cpu", validates=True, padding="negative",
-                    fp8_formats=tuple(FP8_DTYPES), fp8_preset=_torch_fp8_preset(), scales=("tensor",),
+    oracle.register(concat_and_cache_mla, op="concat_and_cache_mla", name=f"{prefix}.concat_and_cache_mla",
+                    backend="torch", device=device, validates=True, padding="negative",
+                    scales=("tensor",), **fp8,
                     notes="index_put_ of cat(kv_c, k_pe); fp8 by x / scale in float32 and torch's cast")
-    oracle.register(translate_full_to_swa, op="translate_full_to_swa", name="torch.translate_full_to_swa",
-                    backend="torch", device="cpu", validates=True, padding="negative",
+    oracle.register(translate_full_to_swa, op="translate_full_to_swa", name=f"{prefix}.translate_full_to_swa",
+                    backend="torch", device=device, validates=True, padding="negative",
                     notes="mapping[loc] after range checks; -1 translates through the sentinel")
     oracle.register(reshape_and_cache_flash, op="reshape_and_cache_flash",
-                    name="torch.reshape_and_cache_flash", backend="torch", device="cpu",
-                    validates=True, padding="negative", fp8_formats=tuple(FP8_DTYPES),
-                    fp8_preset=_torch_fp8_preset(),
+                    name=f"{prefix}.reshape_and_cache_flash", backend="torch", device=device,
+                    validates=True, padding="negative", **fp8,
                     notes="index_put_ by (block, offset) on any cache view; fp8 by x / scale in "
                           "float32 (scale broadcast over heads) and torch's cast; -1 slots skipped")
-    oracle.register(quantize_fp8, op="quantize_fp8", name="torch.quantize_fp8", backend="torch",
-                    device="cpu", validates=True, fp8_formats=tuple(FP8_DTYPES),
-                    fp8_preset=_torch_fp8_preset(),
+    oracle.register(quantize_fp8, op="quantize_fp8", name=f"{prefix}.quantize_fp8", backend="torch",
+                    device=device, validates=True, **fp8,
                     notes="out.copy_((x.float() / scale).to(fp8).view(uint8))")
