@@ -1,0 +1,143 @@
+"""The ``cuda`` backend: Hopper (sm_90) KV-cache writers in CUDA C++ (``csrc/``), registered as
+torch custom ops ``torch.ops.kv_oracle_cuda.*`` and, through :func:`register`, as oracle kernels.
+
+- ``set_mla_kv_buffer``: sglang's SM90 MLA writer. Each warp stages a whole row (nope then rope)
+  in shared memory and one lane stores it with a TMA bulk copy (``cp.async.bulk.global.shared::cta``
+  after ``fence.proxy.async.shared::cta``; ``bulk_group`` commit, ``wait_group.read`` before a
+  buffer is reused), several rows in flight per warp, a persistent grid sized to the device. Rows
+  the bulk copy cannot take (row bytes not a multiple of 16, an unaligned buffer or row stride)
+  go through a direct global-to-global vector copy instead.
+- ``store_cache``: sglang's flat K/V scatter, one warp per row, 16-byte vector copies where every
+  pointer and stride allows (else the widest width that does).
+- ``reshape_and_cache_flash``: vLLM's paged K/V write on any cache view (NHD, HND, padded blocks):
+  a bitwise copy for ``"auto"``, else fp8 e4m3fn / e5m2 codes of ``x / scale`` (IEEE float32
+  division, per-tensor or per-head scale) by ``cvt.rn.satfinite``; negative slots skipped.
+
+The library is compiled on first use (``available()`` or the first call) and cached per machine
+and torch version (see ``_build``); registering never builds, and a machine without a CUDA torch,
+a Hopper GPU, nvcc or ninja gets a kernel whose ``available()`` says why. Each Python function
+here has exactly the positional signature of the torch baseline (``oracle.kernels.torch_native``).
+
+Entry point: ``oracle.kernels: cuda = "oracle.kernels.cuda:register"`` (or
+``ORACLE_PLUGINS=oracle.kernels.cuda:register``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import oracle
+
+from . import _build
+
+NAMESPACE = _build.MAIN.namespace
+FP8_FORMATS = ("e4m3fn", "e5m2")
+
+_OPS = None  # torch.ops.kv_oracle_cuda once loaded
+
+
+def available() -> str | None:
+    """None when the CUDA kernels are loaded (building them on first use), else why not."""
+    if _OPS is not None:
+        return None
+    reason = _build.load(_build.MAIN)
+    if reason is None:
+        _bind()
+    return reason
+
+
+def _bind():
+    global _OPS
+    from . import _fake
+
+    _fake.register_fakes()
+    _OPS = getattr(torch.ops, NAMESPACE)
+    return _OPS
+
+
+def ops():
+    """``torch.ops.kv_oracle_cuda``, loading the library first; RuntimeError when unavailable."""
+    if _OPS is not None:
+        return _OPS
+    reason = available()
+    if reason:
+        raise RuntimeError(f"the kv-oracle CUDA kernels are unavailable: {reason}")
+    return _OPS
+
+
+def build_info() -> dict:
+    """Where the library lives and whether this process built it (and in how many seconds)."""
+    return {"build_dir": str(_build.build_dir()), "hash": _build.source_hash(), **_build.status()}
+
+
+# ---- the kernels, in the torch baseline's calling conventions -----------------------------------
+
+def store_cache(k, v, k_cache, v_cache, loc):
+    """``k_cache[loc] = k; v_cache[loc] = v`` (sglang's store_cache; every slot must be in range)."""
+    (_OPS or ops()).store_cache(k, v, k_cache, v_cache, loc)
+
+
+def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope):
+    """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang's SM90 TMA writer; every slot in
+    range)."""
+    (_OPS or ops()).set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope)
+
+
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+    """vLLM's paged K/V writer on any [num_blocks, block_size, H, D] cache view (NHD or HND);
+    fp8 e4m3fn / e5m2 with per-tensor [1] or per-head [H] scales; negative slots skipped."""
+    if kv_cache_dtype == "auto":  # scales are ignored, as vLLM does; they need not be tensors
+        k_scale = k_scale if isinstance(k_scale, torch.Tensor) else None
+        v_scale = v_scale if isinstance(v_scale, torch.Tensor) else None
+    else:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not isinstance(scale, torch.Tensor):
+                raise TypeError(f"{name} must be a float32 tensor, got {type(scale).__name__}")
+    (_OPS or ops()).reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                            k_scale, v_scale)
+
+
+# ---- registration -------------------------------------------------------------------------------
+
+CHECKS = ("every argument is checked before anything is launched (devices, dtypes, shapes, strides, and "
+          "every slot through one synchronizing min/max read of the index); while a CUDA graph is being "
+          "captured the slot check is skipped (it would break the capture) and the kernel drops any slot "
+          "outside the cache instead")
+LAYOUT = ("any source/cache row and head strides, only the last dim contiguous; int64 byte offsets; vector "
+          "width = the widest of 16/8/4/2/1 bytes dividing every pointer and stride")
+
+
+def register() -> None:
+    """Register the CUDA kernels with :func:`oracle.register` (never builds: ``available()`` does)."""
+    common = dict(backend="cuda", device="cuda", validates=True, available=available, duplicates="forbid",
+                  row_bytes_multiple=1)
+    oracle.register(store_cache, op="store_cache", name="cuda.store_cache",
+                    dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none",
+                    notes=f"one warp per (row, K/V), persistent grid; {LAYOUT}; sglang's policy without "
+                          f"reserved_skip_index: every slot must be in range; {CHECKS}; duplicates forbidden "
+                          "(a row is written by 32 lanes, so two colliding rows can tear)", **common)
+    oracle.register(set_mla_kv_buffer, op="set_mla_kv_buffer", name="cuda.set_mla_kv_buffer",
+                    dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none",
+                    notes="sm_90 TMA: a warp stages nope+rope in shared memory, one lane stores the row with "
+                          "cp.async.bulk (fence.proxy.async first; bulk groups, wait_group.read before reuse); "
+                          "taken when row bytes % 16 == 0 and kv_buffer's address and row stride are 16-byte "
+                          "aligned (rows up to 24 KiB), else direct global->global vector copies of the widest "
+                          f"width that divides everything; every slot must be in range; {CHECKS}; duplicates "
+                          "forbidden (bulk copies of one slot are unordered)", **common)
+    oracle.register(reshape_and_cache_flash, op="reshape_and_cache_flash", name="cuda.reshape_and_cache_flash",
+                    dtypes=("float32", "float16", "bfloat16"), padding="negative", layouts=("NHD", "HND"),
+                    fp8_formats=FP8_FORMATS, fp8_preset="cuda_satfinite", scales=("tensor", "head"),
+                    notes="one warp per (token, K/V), (block, offset) from the slot on any cache view (NHD, HND, "
+                          f"padded); {LAYOUT}; fp8: x / scale in float32 (__fdiv_rn; skipped when the scale is "
+                          "1), then cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 (overflow and inf to +-max, NaN to "
+                          "0x7F without sign: preset cuda_satfinite), 16-byte loads; fnuz formats refused "
+                          f"(NotImplementedError); negative slots skipped (vLLM); {CHECKS}", **common)
+
+
+__all__ = ["available", "ops", "build_info", "register", "store_cache", "set_mla_kv_buffer",
+           "reshape_and_cache_flash", "FP8_FORMATS", "NAMESPACE"]
+
+if os.environ.get("KV_ORACLE_CUDA_EAGER"):  # build at import, e.g. to warm the cache in an image
+    available()

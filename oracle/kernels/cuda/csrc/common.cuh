@@ -1,0 +1,160 @@
+// Device helpers shared by the kernels: vector types, read-only loads, slot loads, the few PTX
+// instructions the kernels issue, and launch sizing. CUDA and plain C++ only.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+#include <cuda_runtime.h>
+
+#include "kv_cuda.h"
+
+namespace kvo_cuda {
+
+// ---------------------------------------------------------------- vectors of 1..16 bytes
+
+template <int Bytes> struct VecOf;
+template <> struct VecOf<16> { using type = uint4; };
+template <> struct VecOf<8> { using type = uint2; };
+template <> struct VecOf<4> { using type = uint32_t; };
+template <> struct VecOf<2> { using type = uint16_t; };
+template <> struct VecOf<1> { using type = uint8_t; };
+
+// Read-only (non-coherent) loads: the sources are never written during a launch.
+template <int Bytes>
+__device__ __forceinline__ typename VecOf<Bytes>::type load_ro(const unsigned char* p) {
+  using T = typename VecOf<Bytes>::type;
+  if constexpr (Bytes == 16) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+  } else {
+    return __ldg(reinterpret_cast<const T*>(p));
+  }
+}
+
+template <int Bytes>
+__device__ __forceinline__ void store_global(unsigned char* p, typename VecOf<Bytes>::type v) {
+  *reinterpret_cast<typename VecOf<Bytes>::type*>(p) = v;
+}
+
+template <typename IdxT>
+__device__ __forceinline__ int64_t load_slot(const void* index, int64_t row, int64_t stride) {
+  return static_cast<int64_t>(__ldg(static_cast<const IdxT*>(index) + row * stride));
+}
+
+// chunk c of a row laid out as [heads][head_chunks] -> (head, chunk within the head)
+__device__ __forceinline__ void split_chunk(int64_t c, int64_t head_chunks, int shift, int64_t& h,
+                                            int64_t& j) {
+  if (shift >= 0) {
+    h = c >> shift;
+    j = c & (head_chunks - 1);
+  } else {
+    h = c / head_chunks;
+    j = c - h * head_chunks;
+  }
+}
+
+// ---------------------------------------------------------------- PTX: bulk copies, fences, fp8
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Make this thread's generic-proxy writes to shared memory visible to the async proxy (the bulk
+// copy engine) before a barrier and the cp.async.bulk that reads them.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// global[dst .. dst + bytes) <- shared[src .. src + bytes); bytes % 16 == 0, both 16-byte aligned.
+__device__ __forceinline__ void bulk_store(unsigned char* dst, uint32_t src_smem, uint32_t bytes) {
+  const uint64_t g = static_cast<uint64_t>(__cvta_generic_to_global(dst));
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+               :: "l"(g), "r"(src_smem), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Wait until at most N of this thread's bulk groups still READ their shared-memory source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory");
+}
+
+// Wait until all of this thread's bulk groups have completed (writes performed).
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// Two float32 -> two fp8 codes with round-to-nearest-even and .satfinite (overflow and +-inf to
+// +-max, NaN to NaN). PTX packs operand a into the upper byte, b into the lower one, so `lo`
+// (the first element in memory) is passed as b.
+template <int Fmt>
+__device__ __forceinline__ uint16_t cvt_fp8x2(float lo, float hi) {
+  uint16_t out;
+  if constexpr (Fmt == kFp8E4M3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+  } else {
+    static_assert(Fmt == kFp8E5M2, "unknown fp8 format");
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- launch sizing
+
+// Multiprocessor count of the current device (cached per device).
+inline int sm_count() {
+  static int cached[64] = {0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 132;
+  if (device < 0 || device >= 64) return 132;
+  if (cached[device] == 0) {
+    int count = 0;
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
+      count = 132;
+    cached[device] = count;
+  }
+  return cached[device];
+}
+
+// Blocks of `kernel` that fit on one multiprocessor with `smem` bytes of dynamic shared memory,
+// cached per (kernel, smem, threads): the occupancy query costs microseconds of host time.
+template <typename Kernel>
+inline int blocks_per_sm(Kernel kernel, size_t smem, int threads) {
+  struct Entry { const void* fn; size_t smem; int threads; int blocks; };
+  static std::mutex lock;
+  static Entry cache[32];
+  static int used = 0;
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  std::lock_guard<std::mutex> guard(lock);
+  for (int i = 0; i < used; ++i)
+    if (cache[i].fn == fn && cache[i].smem == smem && cache[i].threads == threads) return cache[i].blocks;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess ||
+      per_sm <= 0) {
+    (void)cudaGetLastError();  // clear it: the launch itself reports real problems
+    return 1;                  // not cached: a transient failure is retried next time
+  }
+  if (used < 32) cache[used++] = Entry{fn, smem, threads, per_sm};
+  return per_sm;
+}
+
+// A persistent grid: enough blocks for `work_warps` warps of work, at most what fits on the device
+// at once.
+template <typename Kernel>
+inline unsigned grid_for(Kernel kernel, int64_t work_warps, size_t smem, int threads) {
+  const int64_t warps_per_block = threads / 32;
+  int64_t want = (work_warps + warps_per_block - 1) / warps_per_block;
+  const int64_t cap = static_cast<int64_t>(blocks_per_sm(kernel, smem, threads)) * sm_count();
+  if (want > cap) want = cap;
+  if (want < 1) want = 1;
+  return static_cast<unsigned>(want);
+}
+
+}  // namespace kvo_cuda

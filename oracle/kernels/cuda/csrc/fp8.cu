@@ -1,0 +1,186 @@
+// fp8 quantizing paged writes (reshape_and_cache_flash with an fp8 kv_cache_dtype): each element
+// x becomes cvt.rn.satfinite.{e4m3,e5m2}(x / scale) with the quotient an IEEE float32 division
+// (__fdiv_rn; x / 1 is skipped, it is exact), scale per tensor or per head. Same work split as
+// copy.cu: one warp per (row, side); a chunk is Elems source elements (16 bytes on the wide path)
+// read with one load and written as Elems bytes with one store.
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+
+namespace kvo_cuda {
+namespace {
+
+constexpr int kUnroll = 4;
+
+template <int Src> struct SrcInfo;
+template <> struct SrcInfo<kSrcFloat32> { static constexpr int bytes = 4; };
+template <> struct SrcInfo<kSrcFloat16> { static constexpr int bytes = 2; };
+template <> struct SrcInfo<kSrcBFloat16> { static constexpr int bytes = 2; };
+
+template <int Src>
+__device__ __forceinline__ float widen(uint32_t bits) {
+  if constexpr (Src == kSrcFloat32) {
+    return __uint_as_float(bits);
+  } else if constexpr (Src == kSrcBFloat16) {
+    return __uint_as_float(bits << 16);  // exact
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));  // exact
+  }
+}
+
+// Element e of a loaded chunk, as raw bits of the source type.
+template <int Src, int Bytes>
+__device__ __forceinline__ uint32_t element_bits(const typename VecOf<Bytes>::type& v, int e) {
+  if constexpr (Bytes == 16) {
+    const uint32_t w = e * SrcInfo<Src>::bytes / 4 == 0 ? v.x
+                     : e * SrcInfo<Src>::bytes / 4 == 1 ? v.y
+                     : e * SrcInfo<Src>::bytes / 4 == 2 ? v.z : v.w;
+    return SrcInfo<Src>::bytes == 4 ? w : ((e & 1) ? (w >> 16) : (w & 0xFFFFu));
+  } else {
+    static_assert(Bytes == SrcInfo<Src>::bytes, "the narrow path loads one element");
+    return static_cast<uint32_t>(v);
+  }
+}
+
+template <int Src, int Fmt, int Elems>
+__device__ __forceinline__ typename VecOf<Elems>::type quantize_chunk(
+    const typename VecOf<Elems * SrcInfo<Src>::bytes>::type& v, float scale) {
+  constexpr int LoadBytes = Elems * SrcInfo<Src>::bytes;
+  float q[Elems];
+#pragma unroll
+  for (int e = 0; e < Elems; ++e) {
+    const float x = widen<Src>(element_bits<Src, LoadBytes>(v, e));
+    q[e] = scale == 1.0f ? x : __fdiv_rn(x, scale);
+  }
+  if constexpr (Elems == 1) {
+    return static_cast<uint8_t>(cvt_fp8x2<Fmt>(q[0], 0.0f) & 0xFFu);
+  } else if constexpr (Elems == 4) {
+    const uint32_t lo = cvt_fp8x2<Fmt>(q[0], q[1]);
+    const uint32_t hi = cvt_fp8x2<Fmt>(q[2], q[3]);
+    return lo | (hi << 16);
+  } else {
+    static_assert(Elems == 8, "chunks of 1, 4 or 8 elements");
+    uint2 out;
+    out.x = static_cast<uint32_t>(cvt_fp8x2<Fmt>(q[0], q[1])) | (static_cast<uint32_t>(cvt_fp8x2<Fmt>(q[2], q[3])) << 16);
+    out.y = static_cast<uint32_t>(cvt_fp8x2<Fmt>(q[4], q[5])) | (static_cast<uint32_t>(cvt_fp8x2<Fmt>(q[6], q[7])) << 16);
+    return out;
+  }
+}
+
+__device__ __forceinline__ unsigned char* row_of(const PagedArgs& a, const Side& d, int64_t slot) {
+  int64_t block = slot, token = 0;
+  if (a.block_size != 1) {
+    block = slot / a.block_size;
+    token = slot - block * a.block_size;
+  }
+  return d.dst + block * d.dst_block + token * d.dst_token;
+}
+
+// Dense: every side's row is one head with one scale, so chunk c is at c * chunk bytes.
+template <typename IdxT, int Src, int Fmt, int Elems, bool Dense>
+__global__ void __launch_bounds__(kThreads) paged_fp8_kernel(const __grid_constant__ PagedArgs a) {
+  constexpr int LoadBytes = Elems * SrcInfo<Src>::bytes;
+  using In = typename VecOf<LoadBytes>::type;
+  const int lane = threadIdx.x & 31;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int64_t items = a.n * a.sides;
+  for (int64_t item = first; item < items; item += step) {
+    const int s = item >= a.n ? 1 : 0;
+    const int64_t row = item - (s ? a.n : 0);
+    const Side& d = a.side[s];
+    const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
+    const unsigned char* src = d.src + row * d.src_row;
+    const int64_t chunks = d.heads * d.head_chunks;
+    const bool keep = slot >= 0 && slot < a.num_slots;
+    if constexpr (Dense) {
+      const float scale = __ldg(d.scale);
+      for (int64_t base = lane; base < chunks; base += 32 * kUnroll) {
+        In r[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+          if (base + u * 32 < chunks) r[u] = load_ro<LoadBytes>(src + (base + u * 32) * LoadBytes);
+        if (!keep) break;  // uniform across the warp
+        unsigned char* dst = row_of(a, d, slot);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+          if (base + u * 32 < chunks)
+            store_global<Elems>(dst + (base + u * 32) * Elems, quantize_chunk<Src, Fmt, Elems>(r[u], scale));
+      }
+    } else {
+      unsigned char* dst = nullptr;
+      for (int64_t base = 0; base < chunks; base += 32 * kUnroll) {
+        In r[kUnroll];
+        int64_t head[kUnroll];
+        int64_t out[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = base + u * 32 + lane;
+          out[u] = -1;
+          head[u] = 0;
+          if (c < chunks) {
+            int64_t h, j;
+            split_chunk(c, d.head_chunks, d.head_shift, h, j);
+            r[u] = load_ro<LoadBytes>(src + h * d.src_head + j * LoadBytes);
+            out[u] = h * d.dst_head + j * Elems;
+            head[u] = h;
+          }
+        }
+        if (!keep) break;  // uniform across the warp
+        if (dst == nullptr) dst = row_of(a, d, slot);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (out[u] >= 0) {
+            const float scale = __ldg(d.scale + head[u] * d.scale_stride);
+            store_global<Elems>(dst + out[u], quantize_chunk<Src, Fmt, Elems>(r[u], scale));
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename IdxT, int Src, int Fmt, int Elems>
+cudaError_t launch_typed(const PagedArgs& a, cudaStream_t stream) {
+  auto kernel = a.dense ? paged_fp8_kernel<IdxT, Src, Fmt, Elems, true> : paged_fp8_kernel<IdxT, Src, Fmt, Elems, false>;
+  const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads);
+  kernel<<<grid, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename IdxT, int Src, int Fmt>
+cudaError_t launch_elems(const PagedArgs& a, int elems, cudaStream_t stream) {
+  constexpr int Wide = 16 / SrcInfo<Src>::bytes;
+  if (elems == Wide) return launch_typed<IdxT, Src, Fmt, Wide>(a, stream);
+  if (elems == 1) return launch_typed<IdxT, Src, Fmt, 1>(a, stream);
+  return cudaErrorInvalidValue;
+}
+
+template <typename IdxT, int Src>
+cudaError_t launch_fmt(const PagedArgs& a, int fmt, int elems, cudaStream_t stream) {
+  switch (fmt) {
+    case kFp8E4M3: return launch_elems<IdxT, Src, kFp8E4M3>(a, elems, stream);
+    case kFp8E5M2: return launch_elems<IdxT, Src, kFp8E5M2>(a, elems, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename IdxT>
+cudaError_t launch_src(const PagedArgs& a, int src, int fmt, int elems, cudaStream_t stream) {
+  switch (src) {
+    case kSrcFloat32: return launch_fmt<IdxT, kSrcFloat32>(a, fmt, elems, stream);
+    case kSrcFloat16: return launch_fmt<IdxT, kSrcFloat16>(a, fmt, elems, stream);
+    case kSrcBFloat16: return launch_fmt<IdxT, kSrcBFloat16>(a, fmt, elems, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_paged_fp8(const PagedArgs& args, int src_type, int fmt, int elems, cudaStream_t stream) {
+  if (args.n <= 0) return cudaSuccess;
+  return args.index_type == kIndexInt64 ? launch_src<int64_t>(args, src_type, fmt, elems, stream)
+                                        : launch_src<int32_t>(args, src_type, fmt, elems, stream);
+}
+
+}  // namespace kvo_cuda

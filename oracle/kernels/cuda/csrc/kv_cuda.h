@@ -1,0 +1,95 @@
+// The interface between the torch-facing binding (binding.cpp) and the CUDA kernels (*.cu).
+//
+// Plain C++ and the CUDA runtime only: raw pointers, 64-bit byte strides, a cudaStream_t. The
+// binding validates everything and decides the vector widths; a launcher only launches (it
+// returns the launch's cudaError_t). Every offset is int64 (caches past 2^31 elements work).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace kvo_cuda {
+
+enum IndexType : int32_t { kIndexInt32 = 0, kIndexInt64 = 1 };
+enum SrcType : int32_t { kSrcFloat32 = 0, kSrcFloat16 = 1, kSrcBFloat16 = 2 };
+enum Fp8Format : int32_t { kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
+
+// One tensor pair a paged/flat writer copies: source rows [N, heads, head] into cache rows.
+// A cache row (slot s) starts at dst + (s / block_size) * dst_block + (s % block_size) * dst_token;
+// flat caches have block_size 1 and use dst_block as the slot stride. All strides in BYTES.
+struct Side {
+  const unsigned char* src;  // source row 0
+  int64_t src_row;           // bytes between source rows (tokens)
+  int64_t src_head;          // bytes between heads of a source row
+  unsigned char* dst;        // the cache's slot 0
+  int64_t dst_block;         // bytes between blocks (flat: between slots)
+  int64_t dst_token;         // bytes between tokens of a block
+  int64_t dst_head;          // bytes between heads of a cache row
+  int64_t heads;             // heads per row (>= 1)
+  int64_t head_chunks;       // chunks per head (a chunk: the launch's vector width / element group)
+  int32_t head_shift;        // log2(head_chunks) when it is a power of two, else -1
+  int32_t pad_;
+  const float* scale;        // fp8 only: [1] or [heads] float32 on the device
+  int64_t scale_stride;      // elements between heads' scales (0: one scale for the tensor)
+};
+
+struct PagedArgs {
+  Side side[2];
+  int32_t sides;             // 1 (one tensor) or 2 (K and V)
+  int32_t index_type;        // IndexType
+  const void* index;         // slot of each row
+  int64_t index_stride;      // elements between index entries
+  int64_t n;                 // rows per side
+  int64_t num_slots;         // slots outside [0, num_slots) are skipped by the kernel
+  int64_t block_size;        // slots per block (1 for flat caches)
+  int32_t dense;             // every side has one head: chunk c sits at c * chunk bytes (the fast path)
+  int32_t pad_;
+};
+
+// Bitwise copy of every row of every side; chunk = vec_bytes (16, 8, 4, 2 or 1), which must divide
+// every source/cache pointer, row/head/block/token stride and head size.
+cudaError_t launch_paged_copy(const PagedArgs& args, int vec_bytes, cudaStream_t stream);
+
+// fp8 quantizing write: each chunk is `elems` source elements (of src_type) read, divided by the
+// head's scale in float32 (IEEE division) and converted with cvt.rn.satfinite to `fmt`, written as
+// `elems` bytes. elems is 16 / element size (the wide path) or 1.
+cudaError_t launch_paged_fp8(const PagedArgs& args, int src_type, int fmt, int elems, cudaStream_t stream);
+
+// sglang's MLA writer: row loc[i] of kv_buffer gets nope[i] (nope_bytes) then rope[i] (rope_bytes).
+struct MlaArgs {
+  const unsigned char* nope;
+  int64_t nope_row;          // bytes between nope rows
+  int64_t nope_bytes;
+  const unsigned char* rope;
+  int64_t rope_row;
+  int64_t rope_bytes;
+  unsigned char* dst;        // kv_buffer row 0
+  int64_t dst_row;           // bytes between kv_buffer rows
+  const void* index;
+  int32_t index_type;
+  int32_t pad_;
+  int64_t index_stride;
+  int64_t n;
+  int64_t num_slots;
+};
+
+// TMA path: each warp stages a whole row (nope then rope) in shared memory with `load_bytes`-wide
+// loads and one lane stores it with one cp.async.bulk (global <- shared). Needs
+// (nope_bytes + rope_bytes) % 16 == 0 and dst, dst_row 16-byte aligned; load_bytes must divide the
+// source pointers, row strides and both part sizes.
+cudaError_t launch_mla_tma(const MlaArgs& args, int load_bytes, cudaStream_t stream);
+
+// Direct path: global -> global vector copies of width vec_bytes, which must divide every pointer,
+// stride and part size (the destination's rope offset, nope_bytes, included).
+cudaError_t launch_mla_direct(const MlaArgs& args, int vec_bytes, cudaStream_t stream);
+
+// Launch geometry the launchers use (for the plan strings and tests): threads per block and the
+// MLA kernel's shared-memory stages per warp.
+constexpr int kThreads = 256;
+constexpr int kMlaStages = 2;
+// Largest row the TMA path stages: every warp holds kMlaStages rows in shared memory and a block
+// stays within the 48 KiB default dynamic shared memory with at least one warp.
+constexpr int64_t kMlaMaxTmaRowBytes = 48 * 1024 / kMlaStages;
+
+}  // namespace kvo_cuda
