@@ -123,6 +123,34 @@ def test_build_cache_key(tmp_path, monkeypatch):
     assert _build.build_dir() == tmp_path / "pinned"
 
 
+def test_links_the_processes_own_libstdcxx(monkeypatch):
+    """The library is linked against the libstdc++.so this process runs with (named before the
+    driver's own -lstdc++), and that choice is part of the cache key."""
+    flags = _build.libstdcxx_ldflags()
+    if sys.platform.startswith("linux"):
+        assert len(flags) == 1 and "libstdc++.so" in flags[0] and Path(flags[0]).is_file()
+    first = _build.source_hash()
+    monkeypatch.setattr(_build, "libstdcxx_ldflags", lambda: ["/elsewhere/libstdc++.so.6"])
+    assert _build.source_hash() != first
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("nm") is None, reason="needs g++ and nm")
+@pytest.mark.parametrize("static", [False, True])
+def test_a_static_libstdcxx_copy_is_detected(static, tmp_path):
+    """The H100 crash: a library carrying its own copy of libstdc++'s iostreams next to the
+    process's shared one segfaulted on its first `ostringstream << int`. carries_libstdcxx tells
+    such a library from a dynamically linked one."""
+    src = tmp_path / "s.cpp"
+    src.write_text("#include <sstream>\n#include <string>\n"
+                   "std::string show(long x) { std::ostringstream o; o << x; return o.str(); }\n")
+    lib = tmp_path / "s.so"
+    cmd = ["g++", "-shared", "-fPIC", "-O2", str(src), "-o", str(lib)] + (["-static-libstdc++"] if static else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.skip(f"g++ could not link this way here: {proc.stderr[-300:]}")
+    assert _build.carries_libstdcxx(lib) is static
+
+
 def test_missing_sources_are_a_reason(monkeypatch, tmp_path):
     ext = _build.Extension("kv_oracle_cuda_missing", ("nope.cu",), ())
     assert "nope.cu missing" in _build.load(ext)

@@ -44,6 +44,50 @@ MIN_CAPABILITY = (9, 0)
 NVCC_FLAGS = ("-O3", "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90",
               "-lineinfo")
 CXX_FLAGS = ("-O3",)
+# A C++ symbol every dynamically linked libstdc++ defines and a statically linked copy would carry
+# into the library (std::ostream::_M_insert<long>): see libstdcxx_ldflags().
+_LIBSTDCXX_PROBE = "_ZNSo9_M_insertIlEERSoT_"
+
+
+def _loaded_libstdcxx() -> str | None:
+    """The libstdc++ shared object this process runs with (torch loaded it), from /proc/self/maps."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if line.strip() else ""
+                if "/libstdc++.so" in path and os.path.isfile(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def libstdcxx_ldflags() -> list[str]:
+    """Link the library against the very libstdc++.so this process has loaded, named first.
+
+    On the H100 image (g++ 13, torch 2.11's cpp_extension) the library built without this carried
+    its own copy of libstdc++'s iostream and locale code next to the process's shared one (the
+    crash ran ``std::ostream::_M_insert<long>`` inside the library; which archive the link took it
+    from was not pinned down). The first ``std::ostringstream << int`` (a plan string, any
+    TORCH_CHECK message with a number) then mixed the two copies' locale state and segfaulted. An
+    explicit shared libstdc++ ahead of the driver's own ``-lstdc++`` resolves every C++ runtime
+    symbol dynamically, so no archive member is pulled in; ``status()["static_libstdcxx"]`` (from
+    :func:`carries_libstdcxx`) records whether a built library still carries a copy."""
+    path = _loaded_libstdcxx()
+    return [path] if path else []
+
+
+def carries_libstdcxx(library: Path) -> bool | None:
+    """Whether ``library`` defines libstdc++'s own symbols (a static copy linked in), or None when
+    ``nm`` cannot tell."""
+    try:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return _LIBSTDCXX_PROBE in out.stdout
 
 
 @dataclass(frozen=True)
@@ -131,8 +175,8 @@ def source_hash(ext: Extension = MAIN) -> str:
     for name in ext.sources + ext.headers:
         path = CSRC / name
         h.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<missing>") + b"\0")
-    for part in (NVCC_FLAGS, CXX_FLAGS, torch.__version__, torch.version.cuda, nvcc_version(),
-                 os.environ.get("CXX", "c++"), sys.version, platform.machine(), platform.system()):
+    for part in (NVCC_FLAGS, CXX_FLAGS, tuple(libstdcxx_ldflags()), torch.__version__, torch.version.cuda,
+                 nvcc_version(), os.environ.get("CXX", "c++"), sys.version, platform.machine(), platform.system()):
         h.update(repr(part).encode() + b"\0")
     return h.hexdigest()[:16]
 
@@ -218,7 +262,7 @@ def _build(ext: Extension, directory: Path) -> str | None:
     try:
         cpp_extension.load(
             name=library_name(ext), sources=[str(CSRC / s) for s in ext.sources],
-            extra_cflags=list(CXX_FLAGS), extra_cuda_cflags=list(NVCC_FLAGS),
+            extra_cflags=list(CXX_FLAGS), extra_cuda_cflags=list(NVCC_FLAGS), extra_ldflags=libstdcxx_ldflags(),
             extra_include_paths=[str(CSRC)], build_directory=str(directory),
             is_python_module=False, with_cuda=True, verbose=bool(os.environ.get(VERBOSE_ENV)))
     except Exception as exc:  # a compiler error, a missing header, a link failure
@@ -229,6 +273,7 @@ def _build(ext: Extension, directory: Path) -> str | None:
         return f"building the CUDA kernels in {directory} failed: {type(exc).__name__}: {text}"
     ext.state.update(built=True, build_seconds=round(time.perf_counter() - start, 1),
                      loaded=str(library_path(ext, directory)))  # load() also loaded it
+    ext.state["static_libstdcxx"] = carries_libstdcxx(library_path(ext, directory))
     return None
 
 

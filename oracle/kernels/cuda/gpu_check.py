@@ -12,7 +12,8 @@ Steps (a table printed last; everything in ``OUT/gpu_check.json``):
 3. ``plans``: the path and vector width each bench workload takes (MLA must say ``tma load=16``);
 4. ``unit``: ``pytest tests/test_cuda_kernels.py`` (opcheck, every width and MLA path against a
    reference, many rows per warp, fp8 specials, graph capture), when the tests directory exists;
-5. ``conformance``: the suite's quick profile for backend cuda (``oracle run`` equivalent, -n 4;
+5. ``conformance`` (and ``conformance-full`` with ``--profiles quick,full``): the suite's quick
+   (full) profile for backend cuda (``oracle run --backend cuda --profile ...`` equivalent, -n 4;
    ORACLE_PLUGINS adds the kernels when no ``cuda`` entry point is installed);
 6. ``bench``: the bench workloads (MLA 512+64 bf16 at N=16384 and 65536, store_cache 2 KiB rows,
    reshape_and_cache_flash auto and e4m3fn at 16384) against the device copy ceiling, the Triton
@@ -22,7 +23,8 @@ Steps (a table printed last; everything in ``OUT/gpu_check.json``):
 8. ``sanitize-cuda``: the sanitizer lane on the cuda backend's quick profile (with what time is left).
 
 At most 8 files land in OUT (the device tool returns no more): gpu_check.json, unit.log,
-conformance.log, conformance.json, sanitize-bad.log, sanitize-cuda.log (logs cut to 15 MiB);
+conformance.log, conformance.json (conformance-full.log, conformance-full.json with the full
+profile), sanitize-bad.log, sanitize-cuda.log (logs cut to 15 MiB);
 everything else goes to ``--scratch`` (a temporary directory by default). Exit status 0 when every
 step that ran passed.
 """
@@ -217,10 +219,16 @@ def step_plans() -> dict:
 
 
 def _time(fn, args, repeats=15):
-    from oracle.bench import time_cuda
+    """Median seconds per call: oracle.bench's CUDA timer (CUDA events around a captured graph of
+    back-to-back calls, or plain launches when the calls cannot be captured)."""
+    from oracle import bench
 
-    samples, calls, timer = time_cuda(fn, args, repeats)
-    return statistics.median(samples), timer
+    if hasattr(bench, "time_cuda"):
+        samples, _calls, timer = bench.time_cuda(fn, args, repeats)
+        return statistics.median(samples), timer
+    timer = bench.CudaTimer(fn, args)
+    samples = [timer.sample() for _ in range(repeats)]
+    return statistics.median(samples), timer.name
 
 
 def step_bench(scratch: Path) -> dict:
@@ -340,11 +348,11 @@ def step_bench(scratch: Path) -> dict:
 
 # ---- main ----------------------------------------------------------------------------------------
 
-def conformance_args(workers: str, report: Path, plugin_arg: list[str]) -> list[str]:
-    """``oracle run --backend cuda --profile quick -n <workers>`` as pytest arguments."""
+def conformance_args(workers: str, report: Path, plugin_arg: list[str], profile: str = "quick") -> list[str]:
+    """``oracle run --backend cuda --profile <profile> -n <workers>`` as pytest arguments."""
     from oracle.kernels.cuda.sanitize import default_pytest_args
 
-    args = default_pytest_args(backend="cuda", profile="quick", report=str(report))
+    args = default_pytest_args(backend="cuda", profile=profile, report=str(report))
     if workers not in ("0", ""):
         args += ["-n", workers, "--dist", "load", "--max-worker-restart", "1000"]
     return args + ["--continue-on-collection-errors", "-q"] + plugin_arg
@@ -379,6 +387,9 @@ def main(argv=None) -> int:
                         help="sanitizer runs, comma-separated: bad, or backends (cuda, triton, cuda+triton for "
                              "one run of both); 'none' to skip")
     parser.add_argument("--skip", default="", help="steps to skip (comma-separated: unit, conformance, bench)")
+    parser.add_argument("--profiles", default="quick",
+                        help="conformance profiles to run, comma-separated (quick, full, exhaustive); each "
+                             "after the first is its own step, conformance-<profile>")
     ns = parser.parse_args(argv)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -418,25 +429,28 @@ def main(argv=None) -> int:
                                    budget.cap(170), env=env, cwd=REPO)
         clip_file(out / "unit.log")
         save()
-    if "conformance" not in skip:
-        report = out / "conformance.json"
-        step = run_step("conformance", [sys.executable, "-m", "pytest",
-                                        *conformance_args(workers, report, plugin_arg)],
-                        out, budget.cap(200), env=env, cwd=REPO)
+    profiles = [p.strip() for p in ns.profiles.split(",") if p.strip()] or ["quick"]
+    for i, profile in enumerate(profiles if "conformance" not in skip else []):
+        name = "conformance" if i == 0 else f"conformance-{profile}"
+        report = out / f"{name}.json"
+        step = run_step(name, [sys.executable, "-m", "pytest",
+                               *conformance_args(workers, report, plugin_arg, profile)],
+                        out, budget.cap(200 if profile == "quick" else 300), env=env, cwd=REPO)
+        step["profile"] = profile
         if report.is_file():
             try:
                 summary = summarize_report(report)
-                with open(out / "conformance.log", "a") as f:
+                with open(out / f"{name}.log", "a") as f:
                     f.write("\n\n" + summary.pop("text"))
                 step.update(summary)
                 if summary["failing_total"]:
                     step["status"] = "fail"
                 elif step["status"] == "fail":  # pytest's own status: collection errors, plug-in errors
-                    step["note"] = "no failing case in the report; see conformance.log for pytest's errors"
+                    step["note"] = f"no failing case in the report; see {name}.log for pytest's errors"
             except Exception as exc:
                 step["report_error"] = f"{type(exc).__name__}: {exc}"
-        clip_file(out / "conformance.log")
-        results["conformance"] = step
+        clip_file(out / f"{name}.log")
+        results[name] = step
         save()
     if "bench" not in skip and budget.left() > 60:
         guarded("bench", step_bench, scratch)
@@ -490,12 +504,13 @@ def _finish(results: dict, out: Path) -> int:
             extra = (f"missing: {', '.join(missing) or 'nothing'}; kv-oracle installed before: "
                      f"{r.get('kv_oracle_installed_before')}, pytest plug-in: {r.get('pytest_plugin_installed')}")
         elif name == "build":
-            extra = f"{r.get('seconds')} s, built={r.get('built')}, {str(r.get('reason', ''))[:300]}"
+            extra = (f"{r.get('seconds')} s, built={r.get('built')}, static libstdc++ copy: "
+                     f"{r.get('static_libstdcxx')} {str(r.get('reason', ''))[:300]}")
         elif name == "plans":
             extra = ", ".join(f"{k}: {v}" for k, v in r.get("plans", {}).items())
         elif name == "env":
             extra = f"{r.get('gpu')} cc {r.get('capability')}, torch {r.get('torch')}, triton {r.get('triton')}"
-        elif name == "conformance":
+        elif name.startswith("conformance"):
             counts = "; ".join(f"{k}: " + ", ".join(f"{n} {s}" for s, n in v.items())
                                for k, v in r.get("counts", {}).items())
             extra = f"{r.get('seconds', '')} s; {counts}; failing {r.get('failing_total', '?')}"
@@ -503,14 +518,16 @@ def _finish(results: dict, out: Path) -> int:
                 extra += f"\n{'':<25}FAIL {f['kernel']} {f['case']}: {f['message'].splitlines()[0][:150] if f['message'] else ''}"
         elif name == "bench":
             extra = "; ".join(f"{x['op']}/{x['variant']} N={x['n']} {x['kernel']}: {x.get('pct_copy', 'ERR')}%"
-                              + (f" [goal {x['goal_pct']}%: {'met' if x['meets_goal'] else 'MISSED'}]"
+                              + (f" [goal {x['goal_pct']}%: {'met' if x['meets_goal'] else 'MISSED'}"
+                                 + ({True: ", faster than triton", False: ", SLOWER than triton"}
+                                    .get(x.get("faster_than_triton"), "")) + "]"
                                  if "goal_pct" in x else "")
                               for x in r.get("rows", []) if x.get("kernel") in ("cuda", "triton"))
         elif name.startswith("sanitize"):
             extra = str(r.get("verdict") or r.get("why") or r.get("error") or "")
         else:
             extra = f"{r.get('seconds', '')} s, log {r.get('log', '')} {r.get('error', '')}"
-        print(f"{name:<15} {status:<8} {extra}")
+        print(f"{name:<17} {status:<8} {extra}")
     print(f"results: {out / 'gpu_check.json'}")
     return 1 if failed else 0
 

@@ -30,7 +30,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -61,12 +60,12 @@ std::string dtype_name(at::ScalarType t) {
   }
 }
 
+// Plain string building (std::to_string), no iostreams: the plan strings and shapes never depend on
+// the process's locale machinery.
 std::string shape_str(at::IntArrayRef v) {
-  std::ostringstream out;
-  out << "(";
-  for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
-  out << (v.size() == 1 ? ",)" : ")");
-  return out.str();
+  std::string out = "(";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + (v.size() == 1 ? ",)" : ")");
 }
 
 // ================================================================ common checks
@@ -294,10 +293,9 @@ void store_cache(const Tensor& k, const Tensor& v, const Tensor& k_cache, const 
 std::string store_plan(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
                        const Tensor& loc, int64_t max_vec) {
   StorePlan plan = plan_store(k, v, k_cache, v_cache, loc, max_vec);
-  std::ostringstream out;
-  out << "copy vec=" << plan.vec << " heads=" << plan.args.side[0].heads << "/" << plan.args.side[1].heads
-      << (plan.args.dense ? " dense" : "") << (plan.empty ? " (nothing to write)" : "");
-  return out.str();
+  return "copy vec=" + std::to_string(plan.vec) + " heads=" + std::to_string(plan.args.side[0].heads) + "/" +
+         std::to_string(plan.args.side[1].heads) + (plan.args.dense ? " dense" : "") +
+         (plan.empty ? " (nothing to write)" : "");
 }
 
 // ================================================================ set_mla_kv_buffer
@@ -392,9 +390,8 @@ void set_mla_kv_buffer(const Tensor& kv_buffer, const Tensor& loc, const Tensor&
 std::string mla_plan(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope, const Tensor& rope,
                      c10::string_view path, int64_t max_vec) {
   MlaPlan plan = plan_mla(kv_buffer, loc, nope, rope, std::string(path), max_vec);
-  std::ostringstream out;
-  out << (plan.tma ? "tma load=" : "direct vec=") << plan.width << (plan.empty ? " (nothing to write)" : "");
-  return out.str();
+  return (plan.tma ? "tma load=" : "direct vec=") + std::to_string(plan.width) +
+         (plan.empty ? " (nothing to write)" : "");
 }
 
 // ================================================================ reshape_and_cache_flash
@@ -569,15 +566,9 @@ std::string paged_plan(const Tensor& key, const Tensor& value, const Tensor& key
                        const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale, int64_t max_vec) {
   PagedPlan plan = plan_paged(key, value, key_cache, value_cache, slot_mapping, std::string(kv_cache_dtype), k_scale,
                               v_scale, max_vec);
-  std::ostringstream out;
-  if (plan.fmt == kvo_cuda::kFp8None) {
-    out << "copy vec=" << plan.width;
-  } else {
-    out << "fp8 elems=" << plan.width;
-  }
-  out << " heads=" << plan.args.side[0].heads << "/" << plan.args.side[1].heads
-      << (plan.args.dense ? " dense" : "") << (plan.empty ? " (nothing to write)" : "");
-  return out.str();
+  return (plan.fmt == kvo_cuda::kFp8None ? "copy vec=" : "fp8 elems=") + std::to_string(plan.width) +
+         " heads=" + std::to_string(plan.args.side[0].heads) + "/" + std::to_string(plan.args.side[1].heads) +
+         (plan.args.dense ? " dense" : "") + (plan.empty ? " (nothing to write)" : "");
 }
 
 }  // namespace kvo_bind
