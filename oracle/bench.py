@@ -47,6 +47,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .reference.fp8 import FORMATS as FP8_FORMATS
+
 DEFAULT_SIZES = (1, 16, 256, 4096, 16384)
 HEADS, HEAD_DIM = 8, 128
 MLA_NOPE, MLA_ROPE = 512, 64
@@ -449,16 +451,24 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
             first_copy["cuda"] = copy_bandwidth("cuda", nbytes=1 << 30)
             log(f"copy bandwidth (cuda): {first_copy['cuda']['gbps']:.1f} GB/s")
         for variant in (variants or {}).get(op, VARIANTS[op]):
+            declared = [k for k in kernels if variant not in FP8_FORMATS or variant in k.contract.fp8_formats
+                        or k.contract.backend == "torch"]
+            for k in kernels:
+                if k not in declared:
+                    notes[op].append(f"{k.name}: [{variant}] skipped (its contract declares no {variant})")
+                    log(f"note: {notes[op][-1]}")
             for n in sizes:
-                workloads = [make_workload(op, variant, n, device=_device_of(k)) for k in kernels]
-                timers = [make_timer(k.fn, w.args, _device_of(k), sample_seconds) for k, w in zip(kernels, workloads)]
+                kernels_here = declared
+                workloads = [make_workload(op, variant, n, device=_device_of(k)) for k in kernels_here]
+                timers = [make_timer(k.fn, w.args, _device_of(k), sample_seconds)
+                          for k, w in zip(kernels_here, workloads)]
                 samples, dropped, clean = sampler.collect(timers)
-                base = _baseline_index(kernels)
-                checks = ["baseline" if base[i] == i else _check(k, kernels[base[i]], w)
-                          for i, (k, w) in enumerate(zip(kernels, workloads))]
-                cells.append((op, variant, n, list(zip(kernels, workloads, samples, dropped,
+                base = _baseline_index(kernels_here)
+                checks = ["baseline" if base[i] == i else _check(k, kernels_here[base[i]], w)
+                          for i, (k, w) in enumerate(zip(kernels_here, workloads))]
+                cells.append((op, variant, n, list(zip(kernels_here, workloads, samples, dropped,
                                                        [t.calls for t in timers], [t.name for t in timers],
-                                                       checks, [kernels[b].name for b in base],
+                                                       checks, [kernels_here[b].name for b in base],
                                                        [statistics.median(samples[b]) for b in base])), clean))
                 if sys.stderr.isatty():
                     print(f"  timed {op} [{variant}] N={n}      ", end="\r", file=sys.stderr, flush=True)
