@@ -115,9 +115,12 @@ def _randn(shape, gen, device, dtype=torch.bfloat16) -> torch.Tensor:
 
 
 def _calibrated_scale(*sources: torch.Tensor) -> torch.Tensor:
-    """The per-tensor scale a calibration would pick: amax / 448 (e4m3fn's max), in float32."""
-    amax = max(float(s.abs().max()) for s in sources) if all(s.numel() for s in sources) else 1.0
-    return torch.tensor([amax / 448.0], dtype=torch.float32, device=sources[0].device)
+    """The per-tensor scale a dynamic calibration picks (vLLM's calculate_kv_scales): amax / 448
+    (e4m3fn's max), the amax taken on the bf16 source, the division in float32."""
+    if not all(s.numel() for s in sources):
+        return torch.ones(1, dtype=torch.float32, device=sources[0].device)
+    amax = torch.stack([s.abs().max().float() for s in sources]).max().reshape(1)
+    return (amax / 448.0).to(torch.float32)
 
 
 def make_workload(op: str, variant: str, n: int, device: str = "cpu", seed: int = 0) -> Workload:

@@ -7,11 +7,13 @@ the reason instead of raising. Each Python function here has exactly the positio
 the torch baseline (``oracle.kernels.torch_native``) and calls the custom op with the padding
 policy its peers use.
 
-fp8: ``x / scale`` in float32 (IEEE division; scales that are 1 or powers of two multiply by the
-exact reciprocal, which rounds identically), then one round-to-nearest-even to the format with the
-``ocp_satfinite`` specials. The conversion runs on AVX-512 or AVX2 when the CPU has them, else
-scalar code, chosen at run time; ``set_isa("scalar")`` (or ``KV_ORACLE_CPU_ISA=scalar`` before the
-first call) forces a slower path, for tests.
+fp8: ``x / scale`` in float32, bit for bit (scales that are 1 or powers of two multiply by the
+exact reciprocal, which rounds identically; on AVX-512, scales with full significands multiply by
+the rounded reciprocal and divide only the vectors where that could change a code, see
+``csrc/fp8.h``), then one round-to-nearest-even to the format with the ``ocp_satfinite``
+specials. The conversion runs on AVX-512 or AVX2 when the CPU has them, else scalar code, chosen
+at run time; ``set_isa("scalar")`` (or ``KV_ORACLE_CPU_ISA=scalar`` before the first call) forces
+a slower path, for tests.
 """
 
 from __future__ import annotations

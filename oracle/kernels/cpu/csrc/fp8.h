@@ -5,7 +5,8 @@
 //
 // Three implementations of one algorithm, chosen at run time (see kv_cpu.cpp):
 //   scalar: integer arithmetic only (also the reference for the two below);
-//   AVX2 (+F16C, FMA): 8 lanes; AVX-512 (F, BW, VL, DQ): 16 lanes, masked tails.
+//   AVX2 (+F16C, FMA): 8 lanes; AVX-512 (F, BW, VL, DQ): 16 lanes, masked tails, and a division
+//   replaced by a checked reciprocal multiplication where that is exact (scaled_codes_avx512).
 // The vector paths round fp8 subnormals with one float32 addition of 2^(24 - bias - mbits),
 // whose ulp is the fp8 subnormal quantum, so the float adder's own round-to-nearest-even does the
 // rounding. Each function carries its own target attribute, so the file is compiled for plain

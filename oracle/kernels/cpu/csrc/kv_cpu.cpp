@@ -450,9 +450,11 @@ static int parse_format(const std::string& name, const char* arg, bool vllm_name
 
 // A scale in float32 held as what to do with it (fp8.h's ScaleMode): x * factor when that is exact
 // (scale 1, or a power of two whose reciprocal is a normal float); x / factor through the checked
-// reciprocal when 1/s is a normal float with a full significand (at least 17 significant bits:
-// calibrated scales such as amax / 448); plain x / factor otherwise (scales like 0.05, whose
-// reciprocal 20 makes exact products that land on fp8 ties too often for the check to pay).
+// reciprocal when both s and 1/s are normal floats with full significands (at least 17
+// significant bits, e.g. 0.0123); plain x / factor otherwise. Short significands make x / s or
+// x * (1/s) exact short numbers for many 8- and 11-bit sources (s = 0.05: 1/s rounds to 20;
+// s = 3/128: every source whose significand is a multiple of 3), which land on fp8 ties so often
+// that the check would send most vectors to the division anyway.
 struct Scale {
   float factor;
   int mode;
@@ -472,8 +474,8 @@ static Scale make_scale(float s) {
     const float recip = 1.0f / s;
     uint32_t rbits;
     std::memcpy(&rbits, &recip, 4);
-    const uint32_t significand = (rbits & 0x7FFFFF) | 0x800000;
-    if (__builtin_ctz(significand) <= 7) return {s, kRecip};
+    const uint32_t rsig = (rbits & 0x7FFFFF) | 0x800000, ssig = (bits & 0x7FFFFF) | 0x800000;
+    if (__builtin_ctz(rsig) <= 7 && __builtin_ctz(ssig) <= 7) return {s, kRecip};
   }
   return {s, kDiv};
 }
