@@ -1,0 +1,89 @@
+"""The two Triton goals `oracle bench` does not time by itself (run on a GPU):
+
+1. small N against an empty launch: the Triton MLA and MHA writers at N = 1, 16, 64 next to an
+   empty Triton kernel, all timed the same way (CUDA events over a CUDA graph of many calls, and
+   eager launches);
+2. the fused fp8 paged write against quantize-then-store: reshape_and_cache_flash(e4m3fn) in one
+   launch versus quantize_fp8 of K and of V followed by a store_cache of the codes (three launches)
+   at N = 16384, bf16 8 x 128 heads, block size 16.
+
+    python benchmarks/bench_triton_extras.py [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import triton
+
+from oracle.bench import CudaTimer
+from oracle.registry import default_registry
+
+
+@triton.jit
+def _empty(x_ptr):
+    pass
+
+
+def median_us(fn, args, use_graph, repeats=25):
+    timer = CudaTimer(fn, args, use_graph=use_graph)
+    return statistics.median(timer.sample() for _ in range(repeats)) * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    kernels = default_registry.discover().kernels
+    dev = "cuda"
+    out = {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__}
+    flag = torch.zeros(1, device=dev)
+    empty = lambda x: _empty[(1,)](x)  # noqa: E731
+    rows = []
+    for mode, graph in (("graph", True), ("eager", False)):
+        base = median_us(empty, (flag,), graph)
+        rows.append({"what": "empty triton launch", "mode": mode, "n": 0, "us": base, "x_empty": 1.0})
+        for n in (1, 16, 64):
+            loc = torch.randperm(4096, device=dev)[:n]
+            nope, rope = torch.randn(n, 512, device=dev, dtype=torch.bfloat16), torch.randn(n, 64, device=dev, dtype=torch.bfloat16)
+            buf = torch.zeros(4096, 576, device=dev, dtype=torch.bfloat16)
+            k, v = (torch.randn(n, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+            kc, vc = (torch.zeros(4096, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+            for name, fn, fargs in (("triton MLA 512+64", kernels["triton.set_mla_kv_buffer"].fn, (buf, loc, nope, rope)),
+                                    ("triton MHA 2 KiB", kernels["triton.store_cache"].fn, (k, v, kc, vc, loc))):
+                us = median_us(fn, fargs, graph)
+                rows.append({"what": name, "mode": mode, "n": n, "us": us, "x_empty": us / base})
+    n, heads, dim, block = 16384, 8, 128, 16
+    key, value = (torch.randn(n, heads, dim, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    kc, vc = (torch.zeros(2 * n // block, block, heads, dim, device=dev, dtype=torch.uint8) for _ in range(2))
+    slots = torch.randperm(2 * n, device=dev)[:n]
+    ks = (key.abs().max().float() / 448).reshape(1)
+    vs = (value.abs().max().float() / 448).reshape(1)
+    fused = kernels["triton.reshape_and_cache_flash"].fn
+    quant, store = kernels["triton.quantize_fp8"].fn, kernels["triton.store_cache"].fn
+    qk, qv = (torch.empty(n, heads, dim, device=dev, dtype=torch.uint8) for _ in range(2))
+
+    def two_step(key, value, kc, vc, slots, ks, vs):
+        quant(qk, key, ks, "e4m3fn")
+        quant(qv, value, vs, "e4m3fn")
+        store(qk, qv, kc.view(-1, heads, dim), vc.view(-1, heads, dim), slots)
+
+    t_fused = median_us(lambda *a: fused(*a[:5], "e4m3fn", *a[5:]), (key, value, kc, vc, slots, ks, vs), True)
+    t_two = median_us(two_step, (key, value, kc, vc, slots, ks, vs), True)
+    out["fused_fp8"] = {"n": n, "fused_us": t_fused, "quantize_then_store_us": t_two, "speedup": t_two / t_fused}
+    out["small_n"] = rows
+    for r in rows:
+        print(f"{r['mode']:5}  {r['what']:20} N={r['n']:<3} {r['us']:8.2f} us  {r['x_empty']:.2f}x empty")
+    print(f"fused fp8 paged write N={n}: {t_fused:.1f} us; quantize K, quantize V, store: {t_two:.1f} us; "
+          f"speed-up {t_two / t_fused:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
