@@ -11,7 +11,8 @@ import torch
 
 import oracle
 
-INDEX_DTYPES = (torch.int32, torch.int64)
+from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_paged_write, check_rows, check_scale
+
 
 
 def _check_index(name: str, index: torch.Tensor, num_slots: int) -> None:
@@ -28,18 +29,13 @@ def _check_index(name: str, index: torch.Tensor, num_slots: int) -> None:
             raise ValueError(f"{name} holds slot {bad}, out of range [0, {num_slots})")
 
 
-def _check_rows(name: str, src: torch.Tensor, cache_name: str, cache: torch.Tensor, n: int) -> None:
-    if src.dtype != cache.dtype:
-        raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")
-    if tuple(src.shape) != (n,) + tuple(cache.shape[1:]):
-        raise ValueError(f"{name} has shape {tuple(src.shape)}; expected {(n,) + tuple(cache.shape[1:])}")
 
 
 def store_cache(k, v, k_cache, v_cache, loc):
     """``k_cache[loc] = k; v_cache[loc] = v`` (sglang's naive fallback)."""
     _check_index("loc", loc, k_cache.shape[0])
-    _check_rows("k", k, "k_cache", k_cache, loc.shape[0])
-    _check_rows("v", v, "v_cache", v_cache, loc.shape[0])
+    check_rows("k", k, "k_cache", k_cache, loc.shape[0])
+    check_rows("v", v, "v_cache", v_cache, loc.shape[0])
     if v_cache.shape[0] != k_cache.shape[0]:
         raise ValueError(f"v_cache has {v_cache.shape[0]} slots but k_cache has {k_cache.shape[0]}")
     index = loc.long()
@@ -66,7 +62,6 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope):
 
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2,
               "e4m3fnuz": torch.float8_e4m3fnuz, "e5m2fnuz": torch.float8_e5m2fnuz}
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
@@ -130,18 +125,6 @@ def translate_full_to_swa(mapping, loc):
     return mapping[loc.long()]
 
 
-KV_CACHE_DTYPES = {"auto": None, "fp8": "e4m3fn", "fp8_e4m3": "e4m3fn", "fp8_e5m2": "e5m2",
-                   **{name: name for name in FP8_DTYPES}}  # format names and vLLM's spellings
-
-
-def _check_scale(name: str, scale, heads: int) -> None:
-    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
-        raise TypeError(f"{name} must be a float32 tensor, got "
-                        f"{scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__}")
-    if scale.dim() != 1 or scale.numel() not in (1, heads):
-        raise ValueError(f"{name} has shape {tuple(scale.shape)}; expected [1] or [{heads}] (per head)")
-
-
 def _to_fp8_codes(rows: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
     """uint8 codes of ``rows / scale`` (``[N, H, D]``; the scale broadcast over heads): the
     quotient in float32, then torch's own cast."""
@@ -154,34 +137,10 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     ``[num_blocks, block_size, H, D]`` caches (any strides, HND views included; last dim
     contiguous), as fp8 codes of ``x / scale`` when ``kv_cache_dtype`` names an fp8 format.
     Negative slots are skipped, as in vLLM; everything is checked before anything is written."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of {sorted(KV_CACHE_DTYPES)}")
-    fmt = KV_CACHE_DTYPES[kv_cache_dtype]
-    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [num_blocks, block_size, H, D], got {tuple(cache.shape)}")
-        if cache.stride(-1) != 1:
-            raise ValueError(f"{name} has strides {cache.stride()}; its last dimension must be contiguous")
-        if fmt is not None and cache.dtype != torch.uint8:
-            raise TypeError(f"{name} has dtype {cache.dtype}; kv_cache_dtype {kv_cache_dtype} stores uint8 codes")
-    num_blocks, block_size, heads, _ = key_cache.shape
-    if tuple(value_cache.shape[:3]) != (num_blocks, block_size, heads):
-        raise ValueError(f"value_cache has shape {tuple(value_cache.shape)}; key_cache {tuple(key_cache.shape)}")
-    if slot_mapping.dtype not in INDEX_DTYPES or slot_mapping.dim() != 1:
-        raise TypeError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    fmt = check_paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                            k_scale, v_scale)
+    num_blocks, block_size = key_cache.shape[:2]
     num_tokens = slot_mapping.shape[0]
-    for name, src, cache_name, cache in (("key", key, "key_cache", key_cache),
-                                         ("value", value, "value_cache", value_cache)):
-        if src.dim() != 3 or src.shape[0] < num_tokens or tuple(src.shape[1:]) != tuple(cache.shape[2:]):
-            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {num_tokens}, "
-                             f"{', '.join(map(str, cache.shape[2:]))}] to match {cache_name}")
-        if fmt is None and src.dtype != cache.dtype:
-            raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")
-        if fmt is not None and src.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} has dtype {src.dtype}; expected float32, float16 or bfloat16")
-    if fmt is not None:
-        _check_scale("k_scale", k_scale, heads)
-        _check_scale("v_scale", v_scale, heads)
     num_slots = num_blocks * block_size
     if num_tokens and int(slot_mapping.max()) >= num_slots:
         raise ValueError(f"slot_mapping holds slot {int(slot_mapping.max())}, out of range [0, {num_slots}) "
@@ -204,7 +163,7 @@ def quantize_fp8(out, x, scale, fmt):
         raise TypeError(f"out has dtype {out.dtype}; expected torch.uint8 (fp8 codes)")
     if x.dim() != 3 or tuple(out.shape) != tuple(x.shape):
         raise ValueError(f"out has shape {tuple(out.shape)} and x {tuple(x.shape)}; expected one [N, H, D] shape")
-    _check_scale("scale", scale, x.shape[1])
+    check_scale("scale", scale, x.shape[1])
     out.copy_(_to_fp8_codes(x, scale, fmt))
 
 

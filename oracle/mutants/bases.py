@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..kernels import torch_native as tn
+from ..kernels import _checks as checks
 
 BACKEND = "mutant-base"
 
@@ -43,8 +44,8 @@ def check_store(k, v, k_cache, v_cache, loc, padding: str = "none") -> torch.Ten
     if written.numel() and (int(written.min()) < 0 or int(written.max()) >= num_slots):
         bad = int(written.min()) if int(written.min()) < 0 else int(written.max())
         raise ValueError(f"loc holds slot {bad}, out of range [0, {num_slots}) under padding={padding}")
-    tn._check_rows("k", k, "k_cache", k_cache, loc.shape[0])
-    tn._check_rows("v", v, "v_cache", v_cache, loc.shape[0])
+    checks.check_rows("k", k, "k_cache", k_cache, loc.shape[0])
+    checks.check_rows("v", v, "v_cache", v_cache, loc.shape[0])
     if v_cache.shape[0] != k_cache.shape[0]:
         raise ValueError(f"v_cache has {v_cache.shape[0]} slots but k_cache has {k_cache.shape[0]}")
     return keep
@@ -109,7 +110,7 @@ def check_quantize(out, x, scale, fmt) -> None:
     if x.dim() != 3 or tuple(out.shape) != tuple(x.shape):
         raise ValueError(f"out has shape {tuple(out.shape)} and x {tuple(x.shape)}; "
                          "expected one [N, H, D] shape")
-    tn._check_scale("scale", scale, x.shape[1])
+    checks.check_scale("scale", scale, x.shape[1])
 
 
 def quantize_fp8_satfinite(out, x, scale, fmt):

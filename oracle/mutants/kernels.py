@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from ..kernels import torch_native as tn
+from ..kernels import _checks as checks
 from . import _raw
 from .bases import check_quantize, check_store, first_and_last, satfinite_codes
 
@@ -188,7 +189,7 @@ def _paged(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_s
         raise ValueError(f"slot_mapping holds slot {int(slot_mapping.max())}, out of range")
     if not write:
         return
-    fmt = tn.KV_CACHE_DTYPES[kv_cache_dtype]
+    fmt = checks.KV_CACHE_DTYPES[kv_cache_dtype]
     if views is not None:
         key_cache, value_cache = views(key_cache, value_cache)
     keep = slot_mapping >= 0

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import torch
 
-INDEX_DTYPES = (torch.int32, torch.int64)
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-FP8_FORMATS = ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz")  # names the ops accept
+from .._checks import (FLOAT_DTYPES, FP8_FORMATS, INDEX_DTYPES, KV_CACHE_DTYPES, check_paged_write,
+                       check_rows, check_scale)
+
 KERNEL_FP8 = {"e4m3fn": 1, "e5m2": 2}  # formats the kernels implement (Triton float8e4nv, float8e5)
-KV_CACHE_DTYPES = {"auto": None, "fp8": "e4m3fn", "fp8_e4m3": "e4m3fn", "fp8_e5m2": "e5m2",
-                   **{name: name for name in FP8_FORMATS}}  # format names and vLLM's spellings
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 INTERPRETER_FP8 = ("the Triton interpreter's fp8 conversion is wrong for several % of inputs "
@@ -112,19 +110,8 @@ def _check_slots(name: str, index: torch.Tensor, num_slots: int, padding: Paddin
     raise ValueError(f"{name} holds slot {low}, out of range [0, {num_slots})")
 
 
-def _check_rows(name: str, src: torch.Tensor, cache_name: str, cache: torch.Tensor, n: int) -> None:
-    if src.dtype != cache.dtype:
-        raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")
-    if tuple(src.shape) != (n,) + tuple(cache.shape[1:]):
-        raise ValueError(f"{name} has shape {tuple(src.shape)}; expected {(n,) + tuple(cache.shape[1:])}")
 
 
-def _check_scale(name: str, scale, heads: int) -> None:
-    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
-        raise TypeError(f"{name} must be a float32 tensor, got "
-                        f"{scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__}")
-    if scale.dim() != 1 or scale.numel() not in (1, heads):
-        raise ValueError(f"{name} has shape {tuple(scale.shape)}; expected [1] or [{heads}] (per head)")
 
 
 def _kernel_format(fmt: str, allow_interpreter_fp8: bool) -> int:
@@ -214,8 +201,8 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none"):
     pools as uint8), every stride honoured. ``padding`` (default "none": every slot in range)."""
     pad = Padding(padding)
     _check_index("loc", loc)
-    _check_rows("k", k, "k_cache", k_cache, loc.shape[0])
-    _check_rows("v", v, "v_cache", v_cache, loc.shape[0])
+    check_rows("k", k, "k_cache", k_cache, loc.shape[0])
+    check_rows("v", v, "v_cache", v_cache, loc.shape[0])
     if v_cache.shape[0] != k_cache.shape[0]:
         raise ValueError(f"v_cache has {v_cache.shape[0]} slots but k_cache has {k_cache.shape[0]}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -330,32 +317,10 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     pad = Padding(padding)
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of {sorted(KV_CACHE_DTYPES)}")
-    fmt = KV_CACHE_DTYPES[kv_cache_dtype]
-    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [num_blocks, block_size, H, D], got {tuple(cache.shape)}")
-        if cache.stride(-1) != 1:
-            raise ValueError(f"{name} has strides {cache.stride()}; its last dimension must be contiguous")
-        if fmt is not None and cache.dtype != torch.uint8:
-            raise TypeError(f"{name} has dtype {cache.dtype}; kv_cache_dtype {kv_cache_dtype} stores uint8 codes")
+    fmt = check_paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                            k_scale, v_scale)
     num_blocks, block_size, heads, _ = key_cache.shape
-    if tuple(value_cache.shape[:3]) != (num_blocks, block_size, heads):
-        raise ValueError(f"value_cache has shape {tuple(value_cache.shape)}; key_cache {tuple(key_cache.shape)}")
-    if slot_mapping.dtype not in INDEX_DTYPES or slot_mapping.dim() != 1:
-        raise TypeError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
     num_tokens = slot_mapping.shape[0]
-    for name, src, cache_name, cache in (("key", key, "key_cache", key_cache),
-                                         ("value", value, "value_cache", value_cache)):
-        if src.dim() != 3 or src.shape[0] < num_tokens or tuple(src.shape[1:]) != tuple(cache.shape[2:]):
-            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {num_tokens}, "
-                             f"{', '.join(map(str, cache.shape[2:]))}] to match {cache_name}")
-        if fmt is None and src.dtype != cache.dtype:
-            raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")
-        if fmt is not None and src.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} has dtype {src.dtype}; expected float32, float16 or bfloat16")
-    if fmt is not None:
-        _check_scale("k_scale", k_scale, heads)
-        _check_scale("v_scale", v_scale, heads)
     tensors = (key, value, key_cache, value_cache, slot_mapping)
     device = _device(*(tensors + ((k_scale, v_scale) if fmt else ())))
     num_slots = num_blocks * block_size
@@ -382,7 +347,7 @@ def quantize_fp8(out, x, scale, fmt, *, allow_interpreter_fp8=False):
         raise TypeError(f"out has dtype {out.dtype}; expected torch.uint8 (fp8 codes)")
     if x.dim() != 3 or tuple(out.shape) != tuple(x.shape):
         raise ValueError(f"out has shape {tuple(out.shape)} and x {tuple(x.shape)}; expected one [N, H, D] shape")
-    _check_scale("scale", scale, x.shape[1])
+    check_scale("scale", scale, x.shape[1])
     device = _device(out, x, scale)
     code = _kernel_format(fmt, allow_interpreter_fp8)
     n = x.shape[0]

@@ -1,0 +1,63 @@
+"""Host-side argument checks shared by the kernels that take the op calling conventions as torch
+tensors (the torch baseline and the Triton wrappers): one wording of every error, and the checks
+run before anything is written."""
+
+from __future__ import annotations
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8_FORMATS = ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz")
+KV_CACHE_DTYPES = {"auto": None, "fp8": "e4m3fn", "fp8_e4m3": "e4m3fn", "fp8_e5m2": "e5m2",
+                   **{name: name for name in FP8_FORMATS}}  # format names and vLLM's spellings
+
+
+def check_rows(name: str, src: torch.Tensor, cache_name: str, cache: torch.Tensor, n: int) -> None:
+    if src.dtype != cache.dtype:
+        raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")
+    if tuple(src.shape) != (n,) + tuple(cache.shape[1:]):
+        raise ValueError(f"{name} has shape {tuple(src.shape)}; expected {(n,) + tuple(cache.shape[1:])}")
+
+
+def check_scale(name: str, scale, heads: int) -> None:
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor, got "
+                        f"{scale.dtype if isinstance(scale, torch.Tensor) else type(scale).__name__}")
+    if scale.dim() != 1 or scale.numel() not in (1, heads):
+        raise ValueError(f"{name} has shape {tuple(scale.shape)}; expected [1] or [{heads}] (per head)")
+
+
+def check_paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                      v_scale) -> str | None:
+    """Everything about a reshape_and_cache_flash call but the slot values; returns the fp8 format
+    (None under "auto")."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of {sorted(KV_CACHE_DTYPES)}")
+    fmt = KV_CACHE_DTYPES[kv_cache_dtype]
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [num_blocks, block_size, H, D], got {tuple(cache.shape)}")
+        if cache.stride(-1) != 1:
+            raise ValueError(f"{name} has strides {cache.stride()}; its last dimension must be contiguous")
+        if fmt is not None and cache.dtype != torch.uint8:
+            raise TypeError(f"{name} has dtype {cache.dtype}; kv_cache_dtype {kv_cache_dtype} stores uint8 codes")
+    num_blocks, block_size, heads, _ = key_cache.shape
+    if tuple(value_cache.shape[:3]) != (num_blocks, block_size, heads):
+        raise ValueError(f"value_cache has shape {tuple(value_cache.shape)}; key_cache {tuple(key_cache.shape)}")
+    if slot_mapping.dtype not in INDEX_DTYPES or slot_mapping.dim() != 1:
+        raise TypeError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    num_tokens = slot_mapping.shape[0]
+    for name, src, cache_name, cache in (("key", key, "key_cache", key_cache),
+                                         ("value", value, "value_cache", value_cache)):
+        if src.dim() != 3 or src.shape[0] < num_tokens or tuple(src.shape[1:]) != tuple(cache.shape[2:]):
+            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {num_tokens}, "
+                             f"{', '.join(map(str, cache.shape[2:]))}] to match {cache_name}")
+        if fmt is None and src.dtype != cache.dtype:
+            raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")
+        if fmt is not None and src.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} has dtype {src.dtype}; expected float32, float16 or bfloat16")
+    if fmt is not None:
+        check_scale("k_scale", k_scale, heads)
+        check_scale("v_scale", v_scale, heads)
+    return fmt
