@@ -1,8 +1,11 @@
 """The two Triton goals `oracle bench` does not time by itself (run on a GPU):
 
-1. small N against an empty launch: the Triton MLA and MHA writers at N = 1, 16, 64 next to an
-   empty Triton kernel, all timed the same way (CUDA events over a CUDA graph of many calls, and
-   eager launches);
+1. small N against an empty launch: the Triton MLA and MHA writers at N = 1, 16, 64, validated
+   (the default) and ``validate=False`` (the decode fast path), next to an empty Triton kernel, all
+   timed the same three ways: ``graph`` (CUDA events over a CUDA graph of many calls: GPU time
+   alone), ``do_bench`` (triton.testing.do_bench, median: one call between two events after an L2
+   flush, so the host runs ahead unless the call synchronizes) and ``eager`` (CUDA events around
+   back-to-back calls: the host's cost per call);
 2. the fused fp8 paged write against quantize-then-store: reshape_and_cache_flash(e4m3fn) in one
    launch versus quantize_fp8 of K and of V followed by a store_cache of the codes (three launches)
    at N = 16384, bf16 8 x 128 heads, block size 16.
@@ -18,6 +21,7 @@ import statistics
 
 import torch
 import triton
+import triton.testing
 
 from oracle.bench import CudaTimer
 from oracle.registry import default_registry
@@ -28,8 +32,10 @@ def _empty(x_ptr):
     pass
 
 
-def median_us(fn, args, use_graph, repeats=25):
-    timer = CudaTimer(fn, args, use_graph=use_graph)
+def median_us(fn, args, mode, repeats=25):
+    if mode == "do_bench":
+        return triton.testing.do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median") * 1e3
+    timer = CudaTimer(fn, args, use_graph=mode == "graph")
     return statistics.median(timer.sample() for _ in range(repeats)) * 1e6
 
 
@@ -43,8 +49,8 @@ def main() -> int:
     flag = torch.zeros(1, device=dev)
     empty = lambda x: _empty[(1,)](x)  # noqa: E731
     rows = []
-    for mode, graph in (("graph", True), ("eager", False)):
-        base = median_us(empty, (flag,), graph)
+    for mode in ("graph", "do_bench", "eager"):
+        base = median_us(empty, (flag,), mode)
         rows.append({"what": "empty triton launch", "mode": mode, "n": 0, "us": base, "x_empty": 1.0})
         for n in (1, 16, 64):
             loc = torch.randperm(4096, device=dev)[:n]
@@ -52,10 +58,12 @@ def main() -> int:
             buf = torch.zeros(4096, 576, device=dev, dtype=torch.bfloat16)
             k, v = (torch.randn(n, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
             kc, vc = (torch.zeros(4096, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
-            for name, fn, fargs in (("triton MLA 512+64", kernels["triton.set_mla_kv_buffer"].fn, (buf, loc, nope, rope)),
-                                    ("triton MHA 2 KiB", kernels["triton.store_cache"].fn, (k, v, kc, vc, loc))):
-                us = median_us(fn, fargs, graph)
-                rows.append({"what": name, "mode": mode, "n": n, "us": us, "x_empty": us / base})
+            for suffix in ("", ".unchecked"):
+                for name, op, fargs in (("MLA 512+64", "set_mla_kv_buffer", (buf, loc, nope, rope)),
+                                        ("MHA 2 KiB", "store_cache", (k, v, kc, vc, loc))):
+                    us = median_us(kernels[f"triton.{op}{suffix}"].fn, fargs, mode)
+                    rows.append({"what": f"triton {name}{suffix}", "mode": mode, "n": n, "us": us,
+                                 "x_empty": us / base})
     n, heads, dim, block = 16384, 8, 128, 16
     key, value = (torch.randn(n, heads, dim, device=dev, dtype=torch.bfloat16) for _ in range(2))
     kc, vc = (torch.zeros(2 * n // block, block, heads, dim, device=dev, dtype=torch.uint8) for _ in range(2))
@@ -71,12 +79,12 @@ def main() -> int:
         quant(qv, value, vs, "e4m3fn")
         store(qk, qv, kc.view(-1, heads, dim), vc.view(-1, heads, dim), slots)
 
-    t_fused = median_us(lambda *a: fused(*a[:5], "e4m3fn", *a[5:]), (key, value, kc, vc, slots, ks, vs), True)
-    t_two = median_us(two_step, (key, value, kc, vc, slots, ks, vs), True)
+    t_fused = median_us(lambda *a: fused(*a[:5], "e4m3fn", *a[5:]), (key, value, kc, vc, slots, ks, vs), "graph")
+    t_two = median_us(two_step, (key, value, kc, vc, slots, ks, vs), "graph")
     out["fused_fp8"] = {"n": n, "fused_us": t_fused, "quantize_then_store_us": t_two, "speedup": t_two / t_fused}
     out["small_n"] = rows
     for r in rows:
-        print(f"{r['mode']:5}  {r['what']:20} N={r['n']:<3} {r['us']:8.2f} us  {r['x_empty']:.2f}x empty")
+        print(f"{r['mode']:8}  {r['what']:30} N={r['n']:<3} {r['us']:8.2f} us  {r['x_empty']:.2f}x empty")
     print(f"fused fp8 paged write N={n}: {t_fused:.1f} us; quantize K, quantize V, store: {t_two:.1f} us; "
           f"speed-up {t_two / t_fused:.2f}x")
     if args.json:

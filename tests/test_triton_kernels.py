@@ -48,7 +48,7 @@ from oracle.kernels.triton import register
 registry = Registry()
 registry.load_plugin("test", register)
 emit({"errors": [e.error for e in registry.errors],
-      "kernels": {k.contract.op: {"name": k.name, "backend": k.contract.backend,
+      "kernels": {k.name: {"op": k.contract.op, "name": k.name, "backend": k.contract.backend,
                                   "device": k.contract.device, "fp8": list(k.contract.fp8_formats),
                                   "preset": k.contract.fp8_preset, "padding": k.contract.padding,
                                   "validates": k.contract.validates, "notes": k.contract.notes,
@@ -61,18 +61,26 @@ OPS = {"store_cache": "none", "set_mla_kv_buffer": "none", "concat_and_cache_mla
        "quantize_fp8": "none"}
 
 
+WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash")
+
+
 def test_interpreter_registers_copy_only_backend():
     out = run(REGISTER)
     assert out["errors"] == []
-    assert set(out["kernels"]) == set(OPS)
-    for op, k in out["kernels"].items():
+    names = {f"triton-interpret.{op}" for op in OPS} | {f"triton-interpret.{op}.unchecked" for op in WRITERS}
+    assert set(out["kernels"]) == names
+    for name, k in out["kernels"].items():
         assert k["backend"] == "triton-interpret" and k["device"] == "cpu", k
-        assert k["name"] == f"triton-interpret.{op}"
         assert k["unavailable"] is None
         assert k["fp8"] == [], "the interpreter's fp8 conversion is wrong: no fp8 may be declared"
-        assert k["padding"] == OPS[op] and k["validates"]
+        assert k["padding"] == OPS[k["op"]]
+        # the .unchecked fast path declares that it does not validate; everything else does
+        assert k["validates"] == (not name.endswith(".unchecked")), name
     for op in ("concat_and_cache_mla", "reshape_and_cache_flash", "quantize_fp8"):
-        assert "interpreter" in out["kernels"][op]["notes"] and "fp8" in out["kernels"][op]["notes"]
+        notes = out["kernels"][f"triton-interpret.{op}"]["notes"]
+        assert "interpreter" in notes and "fp8" in notes
+    for op in WRITERS:
+        assert "validate=False" in out["kernels"][f"triton-interpret.{op}.unchecked"]["notes"]
 
 
 def test_without_cuda_or_interpreter_registers_unavailable_cuda_backend():
@@ -91,7 +99,7 @@ def test_without_triton_registers_unavailable_backend():
     script = "sys.modules['triton'] = None  # import triton now raises ImportError\n" + REGISTER
     out = run(script, interpret=False)
     assert out["errors"] == []
-    assert len(out["kernels"]) == 6
+    assert len(out["kernels"]) == 10
     for k in out["kernels"].values():
         assert (k["backend"], k["device"]) == ("triton", "cuda")
         assert k["unavailable"] == "triton is not installed"
@@ -261,12 +269,14 @@ def test_fp8_is_refused_under_the_interpreter_and_plumbed_right_when_forced():
 
 def test_interpreter_tiles_are_large():
     out = run("""
-    emit({"rows": ops.tile(4096, 1024), "mla": ops.tile(4096, 576), "one": ops.tile(1, 97)})
+    emit({name: [t.block_n, t.block_r, t.block_a, t.block_b] for name, t in (
+        ("rows", ops.tile(4096, 1024)), ("mla", ops.tile(4096, 512, "mla_write", (512, 64))),
+        ("one", ops.tile(1, 97)))})
     """)
-    (block_n, block_r) = out["rows"]
+    (block_n, block_r, _, _) = out["rows"]
     assert block_r == 1024 and 4096 // block_n <= 64  # few programs: each is a Python call
-    assert out["mla"][1] == 1024  # the whole row (next power of two of 576)
-    assert out["one"] == [1, 128]
+    assert out["mla"][1:] == [512, 512, 64]  # each part in one tile: nope 512, rope 64
+    assert out["one"][:2] == [1, 128]
 
 
 def test_gpu_check_harness_catches_wrong_writes():

@@ -16,6 +16,7 @@ Importing this package imports neither triton nor the kernels; :func:`register` 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import oracle
@@ -79,25 +80,41 @@ def register() -> None:
     common = dict(backend=backend, device=device, validates=True, available=available,
                   fp8_preset="triton_sm90", reasons=(("fp8_format", fp8_note),) if not fp8 else ())
     copy = "bitwise copy (rows reinterpreted as integers), int64 offsets, every stride honoured"
-    oracle.register(ops.store_cache, op="store_cache", name=f"{backend}.store_cache",
+    _register(ops.store_cache, op="store_cache", name=f"{backend}.store_cache",
                     dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none", **common,
                     notes=f"{copy}; sglang's policy: every slot must be in range")
-    oracle.register(ops.set_mla_kv_buffer, op="set_mla_kv_buffer", name=f"{backend}.set_mla_kv_buffer",
+    _register(ops.set_mla_kv_buffer, op="set_mla_kv_buffer", name=f"{backend}.set_mla_kv_buffer",
                     dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none", **common,
                     notes=f"one tile of whole rows (BLOCK = next power of two of nope + rope); {copy}; "
                           "sglang's policy: every slot must be in range")
-    oracle.register(ops.concat_and_cache_mla, op="concat_and_cache_mla",
+    _register(ops.concat_and_cache_mla, op="concat_and_cache_mla",
                     name=f"{backend}.concat_and_cache_mla", padding="negative", fp8_formats=fp8,
                     scales=("tensor",), **common,
                     notes=f"fused concat + quantize + store; {copy}; -1 slots skipped; {fp8_note}")
-    oracle.register(ops.translate_full_to_swa, op="translate_full_to_swa",
+    _register(ops.translate_full_to_swa, op="translate_full_to_swa",
                     name=f"{backend}.translate_full_to_swa", padding="negative", **common,
                     notes="mapping[loc] with loc up to 4-D and strided; -1 -> -1 handled in the "
                           "kernel, nothing read outside the table")
-    oracle.register(ops.reshape_and_cache_flash, op="reshape_and_cache_flash",
+    _register(ops.reshape_and_cache_flash, op="reshape_and_cache_flash",
                     name=f"{backend}.reshape_and_cache_flash", padding="negative", fp8_formats=fp8,
                     **common,
                     notes=f"fused quantize + store, NHD/HND/padded views by strides, per-tensor or "
                           f"per-head scales; {copy}; -1 slots skipped; {fp8_note}")
-    oracle.register(ops.quantize_fp8, op="quantize_fp8", name=f"{backend}.quantize_fp8",
+    _register(ops.quantize_fp8, op="quantize_fp8", name=f"{backend}.quantize_fp8",
                     fp8_formats=fp8, **common, notes=fp8_note)
+
+
+UNCHECKED_NOTE = ("validate=False: the decode fast path, no synchronizing slot/scale checks (the "
+                  "caller vouches for them); metadata still checked, out-of-range slots skipped")
+WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash")
+
+
+def _register(fn, **fields) -> None:
+    """Register ``fn``; a writer also as ``<name>.unchecked``, called with ``validate=False``: the
+    same contract with ``validates=False``, so every in-contract case runs on the fast path too
+    and only the bad-input cases are left out."""
+    oracle.register(fn, **fields)
+    if fields["op"] in WRITERS:
+        unchecked = dict(fields, name=fields["name"] + ".unchecked", validates=False,
+                         notes=f"{UNCHECKED_NOTE}; {fields['notes']}")
+        oracle.register(functools.partial(fn, validate=False), **unchecked)

@@ -12,8 +12,9 @@ Three kernels cover the six ops:
 
 Every offset is computed in int64: slots, row numbers and strides are widened before they are
 multiplied, so a cache whose offsets pass 2**31 elements is addressed correctly. A program copies
-a tile of ``BLOCK_N`` rows by ``BLOCK_R`` row elements; the host picks the tile (few, large tiles
-under the interpreter, where every program is one Python call).
+a tile of ``BLOCK_N`` rows by ``BLOCK_R`` row elements (MLA: ``BLOCK_A`` + ``BLOCK_B``, one tile
+per part); the host picks the tile and the warps (few, large tiles under the interpreter, where
+every program is one Python call).
 
 Slots outside ``[0, num_slots)`` are never written: the host rejects them before the launch where
 the op's padding policy does not skip them, and the mask drops them (negative padding, and
@@ -63,27 +64,38 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
                 idx_ptr, idx_stride, scale_ptr, scale_stride,
                 n, heads, dim, block_size, num_slots, pad_slot,
                 HAS_INDEX: tl.constexpr, HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+                FLAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``FLAT``: the heads of a row are packed in both source and cache (head stride = dim x
+    element stride) and one scale serves the row, so row element ``e`` sits at ``e`` x element
+    stride: no per-element division, and unit strides vectorize."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         HAS_INDEX, HAS_PAD_SLOT)
-    # row element e of the [heads, dim] row: head e // dim, element e % dim (a row has fewer
-    # than 2**31 elements, so 32-bit division; h and d are widened before any stride product)
+    # a row has fewer than 2**31 elements: 32-bit element numbers, widened before any stride product
     e = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     e_mask = e < heads * dim
-    h = (e // dim).to(tl.int64)
-    d = (e % dim).to(tl.int64)
-    src_off = rows.to(tl.int64)[:, None] * src_s0 + (h * src_s1 + d * src_s2)[None, :]
+    if FLAT:
+        src_col = e.to(tl.int64) * src_s2
+        dst_col = e.to(tl.int64) * dst_s2
+    else:
+        # row element e of the [heads, dim] row: head e // dim, element e % dim
+        h = (e // dim).to(tl.int64)
+        d = (e % dim).to(tl.int64)
+        src_col = h * src_s1 + d * src_s2
+        dst_col = h * dst_s1 + d * dst_s2
+    src_off = rows.to(tl.int64)[:, None] * src_s0 + src_col[None, :]
     block = slot // block_size
     token = slot % block_size
-    dst_off = (block * dst_block_stride + token * dst_token_stride)[:, None] + \
-        (h * dst_s1 + d * dst_s2)[None, :]
+    dst_off = (block * dst_block_stride + token * dst_token_stride)[:, None] + dst_col[None, :]
     mask = keep[:, None] & e_mask[None, :]
     x = tl.load(src_ptr + src_off, mask=mask)
     if FP8 != 0:
-        scale = tl.load(scale_ptr + h * scale_stride, mask=e_mask, other=1.0)
-        x = _fp8_codes(x, scale[None, :], FP8)
+        if FLAT:
+            x = _fp8_codes(x, tl.load(scale_ptr), FP8)
+        else:
+            scale = tl.load(scale_ptr + h * scale_stride, mask=e_mask, other=1.0)
+            x = _fp8_codes(x, scale[None, :], FP8)
     tl.store(dst_ptr + dst_off, x, mask=mask)
 
 
@@ -93,25 +105,29 @@ def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
               idx_ptr, idx_stride, scale_ptr,
               n, width_a, width_b, block_size, num_slots, pad_slot,
               HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+              BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Columns ``[j * BLOCK_A, (j + 1) * BLOCK_A)`` of part a and ``[j * BLOCK_B, ...)`` of part
+    b for program ``(i, j)``: each part in its own power-of-two tile, so no lane is spent on the
+    padding of one tile over the whole ``a | b`` row, and both copies vectorize."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         True, HAS_PAD_SLOT)
-    c = tl.program_id(1).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    in_a = c < width_a
-    in_b = (c >= width_a) & (c < width_a + width_b)
     rows64 = rows.to(tl.int64)[:, None]
-    a = tl.load(a_ptr + rows64 * a_s0 + (c * a_s1)[None, :],
-                mask=keep[:, None] & in_a[None, :], other=0)
-    b = tl.load(b_ptr + rows64 * b_s0 + ((c - width_a) * b_s1)[None, :],
-                mask=keep[:, None] & in_b[None, :], other=0)
-    x = tl.where(in_a[None, :], a, b)
+    dst_row = ((slot // block_size) * dst_block_stride + (slot % block_size) * dst_token_stride)[:, None]
+    j = tl.program_id(1).to(tl.int64)
+    ca = j * BLOCK_A + tl.arange(0, BLOCK_A)
+    mask_a = keep[:, None] & (ca < width_a)[None, :]
+    xa = tl.load(a_ptr + rows64 * a_s0 + (ca * a_s1)[None, :], mask=mask_a)
+    cb = j * BLOCK_B + tl.arange(0, BLOCK_B)
+    mask_b = keep[:, None] & (cb < width_b)[None, :]
+    xb = tl.load(b_ptr + rows64 * b_s0 + (cb * b_s1)[None, :], mask=mask_b)
     if FP8 != 0:
-        x = _fp8_codes(x, tl.load(scale_ptr), FP8)
-    dst_off = ((slot // block_size) * dst_block_stride +
-               (slot % block_size) * dst_token_stride)[:, None] + (c * dst_s1)[None, :]
-    tl.store(dst_ptr + dst_off, x, mask=keep[:, None] & (in_a | in_b)[None, :])
+        scale = tl.load(scale_ptr)
+        xa = _fp8_codes(xa, scale, FP8)
+        xb = _fp8_codes(xb, scale, FP8)
+    tl.store(dst_ptr + dst_row + (ca * dst_s1)[None, :], xa, mask=mask_a)
+    tl.store(dst_ptr + dst_row + ((width_a + cb) * dst_s1)[None, :], xb, mask=mask_b)
 
 
 @triton.jit

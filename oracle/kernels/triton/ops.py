@@ -8,12 +8,19 @@ first launch. Each writer takes a keyword-only ``padding`` (``"none"``, ``"negat
 skips. Copies are bitwise: sources and caches are reinterpreted as integers of the same width, so
 the kernel moves bits, never floats.
 
-Under CUDA-graph capture the host cannot read device values without breaking the capture, so the
-checks that need them (slot ranges, scale values, the sentinel) are skipped there; the kernels
-never write a slot outside the cache whatever the index holds.
+The checks that read device values (slot ranges, scale values, the sentinel) cost a
+synchronization, tens of microseconds that dwarf a decode step's launch. They are skipped under
+CUDA-graph capture (reading would break it) and with the keyword ``validate=False``, the fast path
+for callers that vouch for their slots (serving engines in decode; registered as
+``triton.<op>.unchecked`` with ``validates=False``). Metadata (dtypes, shapes, strides, devices)
+is always checked, and the kernels never write a slot outside the cache whatever the index holds:
+an out-of-range slot is skipped, not written.
 """
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -40,15 +47,27 @@ def kernels():
     return _kernels
 
 
+_interpreting = None
+
+
 def interpreting() -> bool:
     """Whether the kernels run on Triton's CPU interpreter (TRITON_INTERPRET=1 when they were
-    defined) rather than compiled for a GPU."""
-    from triton.runtime.interpreter import InterpretedFunction
+    defined) rather than compiled for a GPU (fixed once the kernels are imported)."""
+    global _interpreting
+    if _interpreting is None:
+        from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(kernels().paged_write, InterpretedFunction)
+        _interpreting = isinstance(kernels().paged_write, InterpretedFunction)
+    return _interpreting
 
 
 # --- validation ----------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def parse_padding(spec: str) -> "Padding":
+    """The parsed policy (cached: the writers parse theirs on every call)."""
+    return Padding(spec)
+
 
 class Padding:
     """A parsed padding policy: which slots the host accepts besides ``[0, num_slots)`` and
@@ -74,10 +93,10 @@ def _capturing(tensor: torch.Tensor) -> bool:
 
 
 def _device(*tensors: torch.Tensor) -> torch.device:
-    devices = sorted({str(t.device) for t in tensors})
-    if len(devices) > 1:
-        raise ValueError(f"tensors on different devices: {', '.join(devices)}")
     device = tensors[0].device
+    if any(t.device != device for t in tensors):
+        devices = sorted({str(t.device) for t in tensors})
+        raise ValueError(f"tensors on different devices: {', '.join(devices)}")
     if device.type != "cuda" and not interpreting():
         raise ValueError(f"tensors are on {device}; the Triton kernels need CUDA tensors "
                          "(or TRITON_INTERPRET=1 for the CPU interpreter)")
@@ -92,12 +111,21 @@ def _check_index(name: str, index: torch.Tensor) -> None:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(index.shape)}")
 
 
-def _check_slots(name: str, index: torch.Tensor, num_slots: int, padding: Padding) -> None:
-    """Every entry in ``[0, num_slots)`` or skipped by ``padding`` (reads the index: skipped
-    while a CUDA graph is being captured)."""
-    if not index.numel() or _capturing(index):
+def _reads_device(validate: bool, tensor: torch.Tensor) -> bool:
+    """Whether the checks that read device values (slot ranges, scales, the sentinel) run: not
+    with ``validate=False`` (the caller vouches for them, as serving engines do in decode), and
+    not while a CUDA graph is being captured (reading would break the capture)."""
+    return validate and not _capturing(tensor)
+
+
+def _check_slots(name: str, index: torch.Tensor, num_slots: int, padding: Padding,
+                 validate: bool = True) -> None:
+    """Every entry in ``[0, num_slots)`` or skipped by ``padding`` (reads the index, one
+    synchronization; see :func:`_reads_device` for when it is skipped)."""
+    if not index.numel() or not _reads_device(validate, index):
         return
-    low, high = int(index.min()), int(index.max())
+    low, high = torch.aminmax(index)
+    low, high = int(low), int(high)
     if high >= num_slots:
         raise ValueError(f"{name} holds slot {high}, out of range [0, {num_slots})"
                          + (" (negative slots are padding)" if padding.negative else ""))
@@ -152,20 +180,45 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def tile(n_rows: int, row: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_R): a whole row per program where it fits (BLOCK_R the next power of two
-    of the row), several rows per program for large N on a GPU, and few large programs under the
-    interpreter, where each program is one Python call."""
+@dataclass(frozen=True)
+class Tile:
+    """How a launch splits the rows: ``block_n`` rows per program, ``block_r`` row elements per
+    program (the MLA writer: ``block_a`` and ``block_b`` per part), ``num_warps`` warps each."""
+
+    block_n: int
+    block_r: int
+    num_warps: int
+    block_a: int = 0
+    block_b: int = 0
+
+
+# Launch overrides for benchmarks/tune_triton.py, by kernel ("paged_write", "paged_write_fp8",
+# "mla_write"): {"block_n": ..., "num_warps": ...}; empty in normal use.
+TUNING: dict = {}
+
+
+def tile(n_rows: int, row: int, kernel: str = "paged_write", parts: tuple = ()) -> Tile:
+    """A whole row per program where it fits (the next power of two of the row, each MLA part
+    in its own tile), several rows per program for large N on a GPU as measured fastest on the
+    H100 (docs/benchmarks.md), and few large programs under the interpreter, where each program
+    is one Python call."""
     if interpreting():
         block_r = min(_next_pow2(row), 1 << 14)
-        return max(1, min(_next_pow2(n_rows), (1 << 16) // block_r)), block_r
-    block_r = min(_next_pow2(row), 1 << 12)
-    block_n = 1 if n_rows < 1024 else max(1, min(16, 4096 // block_r))
-    return block_n, block_r
+        block_n = max(1, min(_next_pow2(n_rows), (1 << 16) // block_r))
+        num_warps = 4
+    else:
+        block_r = min(_next_pow2(row), 1 << 12)
+        block_n = 1 if n_rows < 1024 else max(1, min(16, 4096 // block_r))
+        num_warps = 4
+        override = TUNING.get(kernel, {})
+        block_n = override.get("block_n", block_n)
+        num_warps = override.get("num_warps", num_warps)
+    blocks = tuple(min(_next_pow2(w), block_r) for w in parts)
+    return Tile(block_n, block_r, num_warps, *blocks)
 
 
 def _launch(kernel, grid, device: torch.device, *args, **meta) -> None:
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):
             kernel[grid](*args, **meta)
     else:
@@ -180,8 +233,9 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, 
     cache, block_stride, token_stride, c_h, c_d = cache5
     if n == 0 or heads * dim == 0:
         return
-    block_n, block_r = tile(n, heads * dim)
-    grid = (_cdiv(n, block_n), _cdiv(heads * dim, block_r))
+    flat = (heads == 1 or (s1 == dim * s2 and c_h == dim * c_d)) and (scale is None or scale.numel() == 1)
+    t = tile(n, heads * dim, "paged_write_fp8" if fp8 else "paged_write")
+    grid = (_cdiv(n, t.block_n), _cdiv(heads * dim, t.block_r))
     scale_t = scale if scale is not None else cache
     scale_stride = 0 if scale is None or scale.numel() == 1 else scale.stride(0)
     index_t = index if index is not None else cache
@@ -190,16 +244,16 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, 
             index_t, index.stride(0) if index is not None else 0, scale_t, scale_stride,
             n, heads, dim, block_size, num_slots,
             padding.reserved if padding.reserved is not None else 0,
-            HAS_INDEX=index is not None, HAS_PAD_SLOT=padding.reserved is not None, FP8=fp8,
-            BLOCK_N=block_n, BLOCK_R=block_r)
+            HAS_INDEX=index is not None, HAS_PAD_SLOT=padding.reserved is not None, FP8=fp8, FLAT=flat,
+            BLOCK_N=t.block_n, BLOCK_R=t.block_r, num_warps=t.num_warps)
 
 
 # --- the ops -------------------------------------------------------------------------------
 
-def store_cache(k, v, k_cache, v_cache, loc, *, padding="none"):
+def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True):
     """``k_cache[loc] = k; v_cache[loc] = v``, rows ``[H, D]`` copied bitwise (any dtype; fp8
     pools as uint8), every stride honoured. ``padding`` (default "none": every slot in range)."""
-    pad = Padding(padding)
+    pad = parse_padding(padding)
     _check_index("loc", loc)
     check_rows("k", k, "k_cache", k_cache, loc.shape[0])
     check_rows("v", v, "v_cache", v_cache, loc.shape[0])
@@ -210,7 +264,7 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none"):
             raise ValueError(f"{name} has shape {tuple(t.shape)}; expected [S, H, D] or [S, W]")
     device = _device(k, v, k_cache, v_cache, loc)
     num_slots = k_cache.shape[0]
-    _check_slots("loc", loc, num_slots, pad)
+    _check_slots("loc", loc, num_slots, pad, validate)
     n = loc.shape[0]
     for src, cache in ((k, k_cache), (v, v_cache)):
         _, strides = _rows3("cache", cache)
@@ -218,10 +272,10 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none"):
                     1, num_slots, pad, device=device)
 
 
-def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none"):
+def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none", validate=True):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)``, bitwise; elements past nope + rope
     untouched. ``padding`` (default "none")."""
-    pad = Padding(padding)
+    pad = parse_padding(padding)
     _check_index("loc", loc)
     if kv_buffer.dim() != 2:
         raise ValueError(f"kv_buffer must be 2-D [S, W], got shape {tuple(kv_buffer.shape)}")
@@ -234,7 +288,7 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
     if kv_buffer.shape[1] < width:
         raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")
     device = _device(kv_buffer, loc, cache_k_nope, cache_k_rope)
-    _check_slots("loc", loc, kv_buffer.shape[0], pad)
+    _check_slots("loc", loc, kv_buffer.shape[0], pad, validate)
     n = loc.shape[0]
     if n == 0 or width == 0:
         return
@@ -245,25 +299,26 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
 
 def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, scale, device):
     cache, block_stride, token_stride, elem_stride = cache4
-    width = a.shape[1] + b.shape[1]
-    block_n, block_r = tile(n, width)
-    grid = (_cdiv(n, block_n), _cdiv(width, block_r))
+    width_a, width_b = a.shape[1], b.shape[1]
+    t = tile(n, max(width_a, width_b), "mla_write", (width_a, width_b))
+    grid = (_cdiv(n, t.block_n), max(_cdiv(width_a, t.block_a), _cdiv(width_b, t.block_b)))
     _launch(kernels().mla_write, grid, device,
             a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1),
             cache, block_stride, token_stride, elem_stride,
             index, index.stride(0), scale if scale is not None else cache,
-            n, a.shape[1], b.shape[1], block_size, num_slots,
+            n, width_a, width_b, block_size, num_slots,
             pad.reserved if pad.reserved is not None else 0,
-            HAS_PAD_SLOT=pad.reserved is not None, FP8=fp8, BLOCK_N=block_n, BLOCK_R=block_r)
+            HAS_PAD_SLOT=pad.reserved is not None, FP8=fp8, BLOCK_N=t.block_n, BLOCK_A=t.block_a,
+            BLOCK_B=t.block_b, num_warps=t.num_warps)
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
-                         padding="negative", allow_interpreter_fp8=False):
+                         padding="negative", allow_interpreter_fp8=False, validate=True):
     """Entry ``slot`` (block ``slot // block_size``, token ``slot % block_size``) of ``kv_cache``
     gets ``cat(kv_c[i], k_pe[i])``, bitwise under "auto", else as fp8 codes of ``x / scale``
     (IEEE division in float32, then Triton's conversion). ``padding`` (default "negative":
     slots < 0 skipped, as in vLLM)."""
-    pad = Padding(padding)
+    pad = parse_padding(padding)
     if kv_cache.dim() != 3:
         raise ValueError(f"kv_cache must be 3-D [num_blocks, block_size, entry], got {tuple(kv_cache.shape)}")
     num_blocks, block_size, width = kv_cache.shape
@@ -292,10 +347,10 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not 'auto' or one of {sorted(KV_CACHE_DTYPES)}")
     tensors = (kv_c, k_pe, kv_cache, slot_mapping) + ((scale,) if fmt else ())
     device = _device(*tensors)
-    if fmt and not _capturing(scale):
+    if fmt and _reads_device(validate, scale):
         if not (torch.isfinite(scale).all() and (scale > 0).all()):
             raise ValueError(f"scale must be finite and > 0, got {float(scale.reshape(()))}")
-    _check_slots("slot_mapping", slot_mapping, num_slots, pad)
+    _check_slots("slot_mapping", slot_mapping, num_slots, pad, validate)
     code = _kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
     if num_tokens == 0 or width == 0:
         return
@@ -309,12 +364,13 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                            k_scale, v_scale, *, padding="negative", allow_interpreter_fp8=False):
+                            k_scale, v_scale, *, padding="negative", allow_interpreter_fp8=False,
+                            validate=True):
     """Token ``i`` goes to block ``slot // block_size``, token ``slot % block_size`` of the
     ``[num_blocks, block_size, H, D]`` caches (any strides: NHD, HND views, padded blocks; last
     dim contiguous, as the op requires), bitwise under "auto", else as fp8 codes of ``x / scale``
     (scale [1] or [H]). ``padding`` (default "negative": slots < 0 skipped, as in vLLM)."""
-    pad = Padding(padding)
+    pad = parse_padding(padding)
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of {sorted(KV_CACHE_DTYPES)}")
     fmt = check_paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -324,7 +380,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     tensors = (key, value, key_cache, value_cache, slot_mapping)
     device = _device(*(tensors + ((k_scale, v_scale) if fmt else ())))
     num_slots = num_blocks * block_size
-    _check_slots("slot_mapping", slot_mapping, num_slots, pad)
+    _check_slots("slot_mapping", slot_mapping, num_slots, pad, validate)
     code = _kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
     for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
         c0, c1, c2, c3 = cache.stride()
@@ -352,10 +408,10 @@ def quantize_fp8(out, x, scale, fmt, *, allow_interpreter_fp8=False):
     code = _kernel_format(fmt, allow_interpreter_fp8)
     n = x.shape[0]
     o0, o1, o2 = out.stride()
-    _paged_rows(x, (out, o0, 0, o1, o2), None, n, 1, n, Padding("none"), code, scale, device)
+    _paged_rows(x, (out, o0, 0, o1, o2), None, n, 1, n, parse_padding("none"), code, scale, device)
 
 
-def translate_full_to_swa(mapping, loc):
+def translate_full_to_swa(mapping, loc, *, validate=True):
     """``mapping[loc]`` as a new tensor (the mapping's dtype, loc's shape), after checking that
     only -1 is negative and nothing reaches past the table; -1 translates to -1 in the kernel
     (the sentinel's value, checked here), never by reading before the table."""
@@ -369,7 +425,7 @@ def translate_full_to_swa(mapping, loc):
                         "expected torch.int32 or torch.int64")
     device = _device(mapping, loc)
     table = mapping.numel() - 1
-    if not _capturing(mapping):
+    if _reads_device(validate, mapping):
         if int(mapping[-1]) != -1:
             raise ValueError(f"mapping[-1] = {int(mapping[-1])}; the last entry must be the -1 sentinel")
         bad = ((loc < 0) & (loc != -1)) | (loc >= table)

@@ -571,6 +571,22 @@ std::string paged_plan(const Tensor& key, const Tensor& value, const Tensor& key
          (plan.args.dense ? " dense" : "") + (plan.empty ? " (nothing to write)" : "");
 }
 
+// Sets one launch-tuning knob (kvo_cuda::LaunchTuning) and returns its previous value.
+int64_t tune(c10::string_view knob, int64_t value) {
+  kvo_cuda::LaunchTuning& t = kvo_cuda::launch_tuning();
+  const std::string name(knob);
+  int* field = name == "mla_rows" ? &t.mla_rows : name == "mla_grid" ? &t.mla_grid
+             : name == "copy_grid" ? &t.copy_grid : nullptr;
+  TORCH_CHECK_VALUE(field != nullptr, "knob='", name, "' is not one of mla_rows, mla_grid, copy_grid");
+  TORCH_CHECK_VALUE(name != "mla_rows" || value == 0 || value == 1 || value == 2 || value == 4,
+                    "mla_rows=", value, " is not 0 (default), 1, 2 or 4");
+  TORCH_CHECK_VALUE(name == "mla_rows" || (value >= -1 && value <= 64), name, "=", value,
+                    " is not -1 (one warp per row), 0 (default) or a cap of 1..64 blocks per SM");
+  const int64_t old = *field;
+  *field = static_cast<int>(value);
+  return old;
+}
+
 }  // namespace kvo_bind
 
 TORCH_LIBRARY(kv_oracle_cuda, m) {
@@ -585,6 +601,7 @@ TORCH_LIBRARY(kv_oracle_cuda, m) {
         "int max_vec=16) -> str");
   m.def("paged_plan(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache, Tensor slot_mapping, "
         "str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale, int max_vec=16) -> str");
+  m.def("tune(str knob, int value) -> int", &kvo_bind::tune);
 }
 
 TORCH_LIBRARY_IMPL(kv_oracle_cuda, CUDA, m) {

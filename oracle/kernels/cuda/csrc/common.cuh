@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -145,16 +146,52 @@ inline int blocks_per_sm(Kernel kernel, size_t smem, int threads) {
   return per_sm;
 }
 
-// A persistent grid: enough blocks for `work_warps` warps of work, at most what fits on the device
-// at once.
+// The grid for `work_warps` warps of work: enough blocks for all of it, capped by `per_sm` (see
+// LaunchTuning): 0 what fits on the device at once (a persistent grid whose warps loop), -1 no cap
+// (one warp per item), k > 0 at most k blocks per multiprocessor.
 template <typename Kernel>
-inline unsigned grid_for(Kernel kernel, int64_t work_warps, size_t smem, int threads) {
+inline unsigned grid_for(Kernel kernel, int64_t work_warps, size_t smem, int threads, int per_sm = 0) {
   const int64_t warps_per_block = threads / 32;
   int64_t want = (work_warps + warps_per_block - 1) / warps_per_block;
-  const int64_t cap = static_cast<int64_t>(blocks_per_sm(kernel, smem, threads)) * sm_count();
-  if (want > cap) want = cap;
+  if (per_sm >= 0) {
+    const int fit = blocks_per_sm(kernel, smem, threads);
+    const int64_t cap = static_cast<int64_t>(per_sm > 0 && per_sm < fit ? per_sm : fit) * sm_count();
+    if (want > cap) want = cap;
+  }
   if (want < 1) want = 1;
+  if (want > 0x7fffffff) want = 0x7fffffff;
   return static_cast<unsigned>(want);
+}
+
+// ---------------------------------------------------------------- rows and dispatch
+
+// Cache row of `slot` for one side: block slot / block_size, token slot % block_size.
+__device__ __forceinline__ unsigned char* row_of(const PagedArgs& a, const Side& d, int64_t slot) {
+  int64_t block = slot, token = 0;
+  if (a.block_size != 1) {
+    block = slot / a.block_size;
+    token = slot - block * a.block_size;
+  }
+  return d.dst + block * d.dst_block + token * d.dst_token;
+}
+
+// f(IdxT{}) with the index tensor's element type.
+template <typename F>
+inline cudaError_t with_index(int32_t index_type, F&& f) {
+  return index_type == kIndexInt64 ? f(int64_t{}) : f(int32_t{});
+}
+
+// f(std::integral_constant<int, bytes>{}) for a vector width of 16, 8, 4, 2 or 1 bytes.
+template <typename F>
+inline cudaError_t with_vec(int bytes, F&& f) {
+  switch (bytes) {
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 1: return f(std::integral_constant<int, 1>{});
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace kvo_cuda

@@ -14,15 +14,6 @@ namespace {
 
 constexpr int kUnroll = 4;
 
-__device__ __forceinline__ unsigned char* row_of(const PagedArgs& a, const Side& d, int64_t slot) {
-  int64_t block = slot, token = 0;
-  if (a.block_size != 1) {
-    block = slot / a.block_size;
-    token = slot - block * a.block_size;
-  }
-  return d.dst + block * d.dst_block + token * d.dst_token;
-}
-
 // Dense: every side's row is one head, so chunk c is at byte c * Vec of both rows (no head split,
 // no per-chunk offsets kept in registers).
 template <typename IdxT, int Vec, bool Dense>
@@ -81,29 +72,23 @@ __global__ void __launch_bounds__(kThreads) paged_copy_kernel(const __grid_const
 template <typename IdxT, int Vec>
 cudaError_t launch_typed(const PagedArgs& a, cudaStream_t stream) {
   auto kernel = a.dense ? paged_copy_kernel<IdxT, Vec, true> : paged_copy_kernel<IdxT, Vec, false>;
-  const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads);
+  const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, launch_tuning().copy_grid);
   kernel<<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
-template <typename IdxT>
-cudaError_t launch_index(const PagedArgs& a, int vec, cudaStream_t stream) {
-  switch (vec) {
-    case 16: return launch_typed<IdxT, 16>(a, stream);
-    case 8: return launch_typed<IdxT, 8>(a, stream);
-    case 4: return launch_typed<IdxT, 4>(a, stream);
-    case 2: return launch_typed<IdxT, 2>(a, stream);
-    case 1: return launch_typed<IdxT, 1>(a, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
+
+LaunchTuning& launch_tuning() {
+  static LaunchTuning tuning;
+  return tuning;
+}
 
 cudaError_t launch_paged_copy(const PagedArgs& args, int vec_bytes, cudaStream_t stream) {
   if (args.n <= 0) return cudaSuccess;
-  return args.index_type == kIndexInt64 ? launch_index<int64_t>(args, vec_bytes, stream)
-                                        : launch_index<int32_t>(args, vec_bytes, stream);
+  return with_index(args.index_type, [&](auto idx) {
+    return with_vec(vec_bytes, [&](auto vec) { return launch_typed<decltype(idx), decltype(vec)::value>(args, stream); });
+  });
 }
 
 }  // namespace kvo_cuda

@@ -67,15 +67,6 @@ __device__ __forceinline__ typename VecOf<Elems>::type quantize_chunk(
   }
 }
 
-__device__ __forceinline__ unsigned char* row_of(const PagedArgs& a, const Side& d, int64_t slot) {
-  int64_t block = slot, token = 0;
-  if (a.block_size != 1) {
-    block = slot / a.block_size;
-    token = slot - block * a.block_size;
-  }
-  return d.dst + block * d.dst_block + token * d.dst_token;
-}
-
 // Dense: every side's row is one head with one scale, so chunk c is at c * chunk bytes.
 template <typename IdxT, int Src, int Fmt, int Elems, bool Dense>
 __global__ void __launch_bounds__(kThreads) paged_fp8_kernel(const __grid_constant__ PagedArgs a) {
@@ -143,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) paged_fp8_kernel(const __grid_consta
 template <typename IdxT, int Src, int Fmt, int Elems>
 cudaError_t launch_typed(const PagedArgs& a, cudaStream_t stream) {
   auto kernel = a.dense ? paged_fp8_kernel<IdxT, Src, Fmt, Elems, true> : paged_fp8_kernel<IdxT, Src, Fmt, Elems, false>;
-  const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads);
+  const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, launch_tuning().copy_grid);
   kernel<<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
@@ -165,22 +156,19 @@ cudaError_t launch_fmt(const PagedArgs& a, int fmt, int elems, cudaStream_t stre
   }
 }
 
-template <typename IdxT>
-cudaError_t launch_src(const PagedArgs& a, int src, int fmt, int elems, cudaStream_t stream) {
-  switch (src) {
-    case kSrcFloat32: return launch_fmt<IdxT, kSrcFloat32>(a, fmt, elems, stream);
-    case kSrcFloat16: return launch_fmt<IdxT, kSrcFloat16>(a, fmt, elems, stream);
-    case kSrcBFloat16: return launch_fmt<IdxT, kSrcBFloat16>(a, fmt, elems, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_paged_fp8(const PagedArgs& args, int src_type, int fmt, int elems, cudaStream_t stream) {
   if (args.n <= 0) return cudaSuccess;
-  return args.index_type == kIndexInt64 ? launch_src<int64_t>(args, src_type, fmt, elems, stream)
-                                        : launch_src<int32_t>(args, src_type, fmt, elems, stream);
+  return with_index(args.index_type, [&](auto idx) {
+    using IdxT = decltype(idx);
+    switch (src_type) {
+      case kSrcFloat32: return launch_fmt<IdxT, kSrcFloat32>(args, fmt, elems, stream);
+      case kSrcFloat16: return launch_fmt<IdxT, kSrcFloat16>(args, fmt, elems, stream);
+      case kSrcBFloat16: return launch_fmt<IdxT, kSrcBFloat16>(args, fmt, elems, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  });
 }
 
 }  // namespace kvo_cuda

@@ -84,12 +84,20 @@ cudaError_t launch_mla_tma(const MlaArgs& args, int load_bytes, cudaStream_t str
 // stride and part size (the destination's rope offset, nope_bytes, included).
 cudaError_t launch_mla_direct(const MlaArgs& args, int vec_bytes, cudaStream_t stream);
 
-// Launch geometry the launchers use (for the plan strings and tests): threads per block and the
-// MLA kernel's shared-memory stages per warp.
+// Launch geometry the launchers use (for the plan strings and tests): threads per block, and the
+// largest row the MLA TMA path stages (a warp holds two sets of its rows in shared memory, and a
+// block stays within the 48 KiB default dynamic shared memory with at least one warp).
 constexpr int kThreads = 256;
-constexpr int kMlaStages = 2;
-// Largest row the TMA path stages: every warp holds kMlaStages rows in shared memory and a block
-// stays within the 48 KiB default dynamic shared memory with at least one warp.
-constexpr int64_t kMlaMaxTmaRowBytes = 48 * 1024 / kMlaStages;
+constexpr int64_t kMlaMaxTmaRowBytes = 48 * 1024 / 2;
+
+// Launch tuning, process-wide. The defaults (0) are what the H100 sweep in docs/benchmarks.md
+// measured fastest; benchmarks/tune_cuda.py sweeps the alternatives through the `tune` op.
+struct LaunchTuning {
+  int mla_rows = 0;   // rows a warp stages per iteration on the TMA path: 1, 2 or 4 (0: default)
+  int mla_grid = 0;   // blocks per SM of the MLA kernels: 0 as many as fit (a persistent grid),
+                      // -1 one warp per row (no cap), k > 0 at most k
+  int copy_grid = 0;  // the same for the copy and fp8 kernels (one warp per row and side)
+};
+LaunchTuning& launch_tuning();
 
 }  // namespace kvo_cuda

@@ -1,14 +1,15 @@
 // sglang's set_mla_kv_buffer on Hopper: row loc[i] of kv_buffer gets nope[i] followed by rope[i].
 //
-// TMA path (mla_tma_kernel): one warp per row, a persistent grid of 8-warp blocks. The warp reads
-// the row's slot and its nope and rope chunks (16-byte read-only loads, all issued before the first
-// use) into registers, writes them to one of its kMlaStages shared-memory row buffers, fences the
-// writes into the async proxy (fence.proxy.async.shared::cta, every writing lane), and lane 0
-// issues ONE cp.async.bulk global <- shared for the whole row and commits it as a bulk group. The
-// warp then moves straight on to its next row: before reusing a buffer, lane 0 waits only until the
-// bulk copy issued from it kMlaStages rows earlier has finished READING shared memory
-// (cp.async.bulk.wait_group.read), and at exit until every copy has completed. No block-wide
-// barrier anywhere; a skipped row commits an empty group so the group count stays one per row.
+// TMA path (mla_tma_kernel): each warp takes Rows consecutive rows per iteration, in a persistent
+// grid. It reads their slots and their nope and rope chunks (16-byte read-only loads, every row's
+// loads issued before the first use, so Rows rows are in flight per warp) into registers, writes
+// them to one of its two sets of shared-memory row buffers, fences the writes into the async proxy
+// (fence.proxy.async.shared::cta, every lane), and lane 0 issues one cp.async.bulk global <- shared
+// per row and commits the iteration's copies as one bulk group. The warp moves straight on: before
+// reusing a set, lane 0 waits only until the group issued from it two iterations earlier has
+// finished READING shared memory (cp.async.bulk.wait_group.read 1), and at exit until every group
+// has (wait_group.read 0: the writes complete on their own; only the shared memory they read must
+// outlive the block). No block-wide barrier anywhere.
 //
 // Direct path (mla_direct_kernel): the same warp-per-row loop with global -> global vector copies,
 // for rows the bulk copy cannot take (row bytes not a multiple of 16, a destination or row stride
@@ -29,7 +30,7 @@ __device__ __forceinline__ const unsigned char* part_chunk(const unsigned char* 
   return c < nope_chunks ? nope + c * bytes : rope + (c - nope_chunks) * bytes;
 }
 
-template <typename IdxT, int Load>
+template <typename IdxT, int Load, int Rows>
 __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant__ MlaArgs a,
                                                            int64_t stage_bytes) {
   using V = typename VecOf<Load>::type;
@@ -37,49 +38,62 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
-  unsigned char* mine = smem + static_cast<int64_t>(warp) * kMlaStages * stage_bytes;
+  unsigned char* mine = smem + static_cast<int64_t>(warp) * 2 * Rows * stage_bytes;
   const int64_t row_bytes = a.nope_bytes + a.rope_bytes;
   const int64_t nope_chunks = a.nope_bytes / Load;
   const int64_t chunks = row_bytes / Load;
-  int stage = 0;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * warps + warp; row < a.n;
-       row += static_cast<int64_t>(gridDim.x) * warps) {
-    const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
-    const unsigned char* nope = a.nope + row * a.nope_row;
-    const unsigned char* rope = a.rope + row * a.rope_row;
-    unsigned char* buf = mine + stage * stage_bytes;
-    const bool keep = slot >= 0 && slot < a.num_slots;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * warps * Rows;
+  int set = 0;
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * warps + warp) * Rows; first < a.n; first += step) {
+    int64_t slot[Rows];
+    bool live[Rows], keep[Rows];
+#pragma unroll
+    for (int j = 0; j < Rows; ++j) {
+      live[j] = first + j < a.n;
+      slot[j] = live[j] ? load_slot<IdxT>(a.index, first + j, a.index_stride) : -1;
+      keep[j] = slot[j] >= 0 && slot[j] < a.num_slots;
+    }
+    unsigned char* buf = mine + set * Rows * stage_bytes;
     bool reusable = false;
     for (int64_t base = 0; base < chunks; base += 32 * kUnroll) {
-      V r[kUnroll];
+      V r[Rows][kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t c = base + u * 32 + lane;
-        if (c < chunks) r[u] = load_ro<Load>(part_chunk(nope, rope, c, nope_chunks, Load));
+      for (int j = 0; j < Rows; ++j) {
+        const unsigned char* nope = a.nope + (first + j) * a.nope_row;
+        const unsigned char* rope = a.rope + (first + j) * a.rope_row;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = base + u * 32 + lane;
+          if (live[j] && c < chunks) r[j][u] = load_ro<Load>(part_chunk(nope, rope, c, nope_chunks, Load));
+        }
       }
-      if (!keep) break;  // uniform across the warp
       if (!reusable) {
-        // The copy issued from this buffer kMlaStages rows ago must be done reading it.
-        if (lane == 0) bulk_wait_read<kMlaStages - 1>();
+        // The group issued from this set two iterations ago must be done reading it.
+        if (lane == 0) bulk_wait_read<1>();
         __syncwarp();
         reusable = true;
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t c = base + u * 32 + lane;
-        if (c < chunks) *reinterpret_cast<V*>(buf + c * Load) = r[u];
+      for (int j = 0; j < Rows; ++j) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t c = base + u * 32 + lane;
+          if (keep[j] && c < chunks) *reinterpret_cast<V*>(buf + j * stage_bytes + c * Load) = r[j][u];
+        }
       }
     }
-    if (keep) fence_proxy_async_smem();  // each writing lane, before the warp barrier
+    fence_proxy_async_smem();  // every lane, before the warp barrier
     __syncwarp();
     if (lane == 0) {
-      if (keep) bulk_store(a.dst + slot * a.dst_row, smem_addr(buf), static_cast<uint32_t>(row_bytes));
-      bulk_commit();  // an empty group for a skipped row keeps one group per row
+#pragma unroll
+      for (int j = 0; j < Rows; ++j)
+        if (keep[j]) bulk_store(a.dst + slot[j] * a.dst_row, smem_addr(buf + j * stage_bytes),
+                                static_cast<uint32_t>(row_bytes));
+      bulk_commit();  // one group per iteration, empty when every row was skipped
     }
-    stage = stage + 1 == kMlaStages ? 0 : stage + 1;
+    set ^= 1;
   }
-  // Shared memory must outlive the copies reading it; wait for full completion.
-  if (lane == 0) bulk_wait_all();
+  if (lane == 0) bulk_wait_read<0>();
   __syncwarp();
 }
 
@@ -116,66 +130,64 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-template <typename IdxT, int Load>
-cudaError_t launch_tma_typed(const MlaArgs& a, cudaStream_t stream) {
-  const int64_t row_bytes = a.nope_bytes + a.rope_bytes;
-  if (row_bytes % 16 != 0 || row_bytes <= 0 || row_bytes > kMlaMaxTmaRowBytes) return cudaErrorInvalidValue;
-  const int64_t stage_bytes = round_up(row_bytes, 128);
-  int64_t warps = (48 * 1024) / (kMlaStages * stage_bytes);
+// Rows per warp iteration: the tuned value, else 2 (measured fastest for 1152-byte rows on the
+// H100, docs/benchmarks.md); 1 where two sets of larger rows would not fit.
+int mla_rows_for(int64_t stage_bytes) {
+  int rows = launch_tuning().mla_rows;
+  if (rows != 1 && rows != 2 && rows != 4) rows = 2;
+  while (rows > 1 && 2 * rows * stage_bytes > 48 * 1024) rows /= 2;
+  return rows;
+}
+
+template <typename IdxT, int Load, int Rows>
+cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t stream) {
+  int64_t warps = (48 * 1024) / (2 * Rows * stage_bytes);
   if (warps > kThreads / 32) warps = kThreads / 32;
   if (warps < 1) return cudaErrorInvalidValue;
   const int threads = static_cast<int>(warps) * 32;
-  const size_t smem = static_cast<size_t>(warps * kMlaStages * stage_bytes);
-  auto kernel = mla_tma_kernel<IdxT, Load>;
-  const unsigned grid = grid_for(kernel, a.n, smem, threads);
+  const size_t smem = static_cast<size_t>(warps * 2 * Rows * stage_bytes);
+  auto kernel = mla_tma_kernel<IdxT, Load, Rows>;
+  const unsigned grid = grid_for(kernel, (a.n + Rows - 1) / Rows, smem, threads, launch_tuning().mla_grid);
   kernel<<<grid, threads, smem, stream>>>(a, stage_bytes);
   return cudaGetLastError();
-}
-
-template <typename IdxT>
-cudaError_t launch_tma_index(const MlaArgs& a, int load, cudaStream_t stream) {
-  switch (load) {
-    case 16: return launch_tma_typed<IdxT, 16>(a, stream);
-    case 8: return launch_tma_typed<IdxT, 8>(a, stream);
-    case 4: return launch_tma_typed<IdxT, 4>(a, stream);
-    case 2: return launch_tma_typed<IdxT, 2>(a, stream);
-    case 1: return launch_tma_typed<IdxT, 1>(a, stream);
-    default: return cudaErrorInvalidValue;
-  }
 }
 
 template <typename IdxT, int Vec>
 cudaError_t launch_direct_typed(const MlaArgs& a, cudaStream_t stream) {
   auto kernel = mla_direct_kernel<IdxT, Vec>;
-  const unsigned grid = grid_for(kernel, a.n, 0, kThreads);
+  const unsigned grid = grid_for(kernel, a.n, 0, kThreads, launch_tuning().mla_grid);
   kernel<<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
-}
-
-template <typename IdxT>
-cudaError_t launch_direct_index(const MlaArgs& a, int vec, cudaStream_t stream) {
-  switch (vec) {
-    case 16: return launch_direct_typed<IdxT, 16>(a, stream);
-    case 8: return launch_direct_typed<IdxT, 8>(a, stream);
-    case 4: return launch_direct_typed<IdxT, 4>(a, stream);
-    case 2: return launch_direct_typed<IdxT, 2>(a, stream);
-    case 1: return launch_direct_typed<IdxT, 1>(a, stream);
-    default: return cudaErrorInvalidValue;
-  }
 }
 
 }  // namespace
 
 cudaError_t launch_mla_tma(const MlaArgs& args, int load_bytes, cudaStream_t stream) {
   if (args.n <= 0) return cudaSuccess;
-  return args.index_type == kIndexInt64 ? launch_tma_index<int64_t>(args, load_bytes, stream)
-                                        : launch_tma_index<int32_t>(args, load_bytes, stream);
+  const int64_t row_bytes = args.nope_bytes + args.rope_bytes;
+  if (row_bytes % 16 != 0 || row_bytes <= 0 || row_bytes > kMlaMaxTmaRowBytes) return cudaErrorInvalidValue;
+  const int64_t stage_bytes = round_up(row_bytes, 128);
+  const int rows = mla_rows_for(stage_bytes);
+  return with_index(args.index_type, [&](auto idx) {
+    using IdxT = decltype(idx);
+    return with_vec(load_bytes, [&](auto load) {
+      constexpr int Load = decltype(load)::value;
+      switch (rows) {
+        case 4: return launch_tma_typed<IdxT, Load, 4>(args, stage_bytes, stream);
+        case 2: return launch_tma_typed<IdxT, Load, 2>(args, stage_bytes, stream);
+        default: return launch_tma_typed<IdxT, Load, 1>(args, stage_bytes, stream);
+      }
+    });
+  });
 }
 
 cudaError_t launch_mla_direct(const MlaArgs& args, int vec_bytes, cudaStream_t stream) {
   if (args.n <= 0) return cudaSuccess;
-  return args.index_type == kIndexInt64 ? launch_direct_index<int64_t>(args, vec_bytes, stream)
-                                        : launch_direct_index<int32_t>(args, vec_bytes, stream);
+  return with_index(args.index_type, [&](auto idx) {
+    return with_vec(vec_bytes, [&](auto vec) {
+      return launch_direct_typed<decltype(idx), decltype(vec)::value>(args, stream);
+    });
+  });
 }
 
 }  // namespace kvo_cuda

@@ -1,0 +1,145 @@
+"""Launch-parameter sweep for the GPU kernels (run on a GPU; prints one table, writes JSON).
+
+Every cell times one kernel on the `oracle bench` workload (oracle.bench.make_workload: 2 KiB bf16
+rows for MHA, 512 + 64 bf16 for MLA, random distinct slots in a cache twice the batch) with CUDA
+events over a CUDA graph of back-to-back calls, median of --repeats samples, next to the copy
+ceiling measured in the same run (a 1 GiB ``copy_``, bytes read + written). Each cell's caches are
+compared byte for byte with the torch-on-CUDA baseline's ("check").
+
+- Triton: rows per program (``block_n``) x ``num_warps`` for the three kernels, through
+  ``oracle.kernels.triton.ops.TUNING``.
+- CUDA: the ``kv_oracle_cuda::tune`` knobs: ``mla_rows`` (rows a warp stages per iteration on the
+  TMA path) x ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path for
+  comparison, and ``copy_grid`` for the copy and fp8 kernels.
+
+The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h``
+(``LaunchTuning``) come from this sweep; docs/benchmarks.md records the run.
+
+    python benchmarks/tune_gpu.py [--json OUT] [--repeats 15] [--only triton|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+
+import torch
+
+from oracle.bench import CudaTimer, copy_bandwidth, make_workload
+from oracle.registry import default_registry
+
+SIZES = (16384, 65536)
+TRITON = {  # triton kernel tuned -> (op, variant) workloads that launch it
+    "mla_write": (("set_mla_kv_buffer", "bf16"),),
+    "paged_write": (("store_cache", "bf16"),),
+    "paged_write_fp8": (("reshape_and_cache_flash", "e4m3fn"), ("quantize_fp8", "e4m3fn")),
+}
+BLOCK_N = (1, 2, 4, 8, 16)
+WARPS = (1, 2, 4, 8)
+
+
+def time_us(fn, args, repeats: int) -> float:
+    timer = CudaTimer(fn, args, use_graph=True)
+    return statistics.median(timer.sample() for _ in range(repeats)) * 1e6
+
+
+def check(fn, args, baseline, workload) -> str:
+    """``ok`` when ``fn`` writes the baseline's caches byte for byte, else the differing bytes."""
+    ours = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    theirs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    fn(*ours)
+    baseline(*theirs)
+    diff = sum(int((ours[i].view(torch.uint8) != theirs[i].view(torch.uint8)).sum()) for i in workload.caches)
+    return "ok" if diff == 0 else f"DIFF {diff}"
+
+
+def cell(what, config, workload, n, fn, baseline, copy_gbps, repeats):
+    args = workload.args
+    us = time_us(fn, args, repeats)
+    gbps = workload.bytes / us / 1e3
+    row = {"kernel": what, "config": dict(config), "op": workload.op, "variant": workload.variant, "n": n,
+           "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "check": check(fn, args, baseline, workload)}
+    print(f"{what:28} {workload.op:24} {workload.variant:6} {json.dumps(config):36} "
+          f"{us:9.2f} us {gbps:8.1f} GB/s {row['pct_copy']:6.1f}%  {row['check']}", flush=True)
+    return row
+
+
+def sweep_triton(kernels, copy_gbps, repeats):
+    from oracle.kernels.triton import ops
+
+    rows = []
+    for name, workloads in TRITON.items():
+        for (op, variant), n in itertools.product(workloads, SIZES):
+            w = make_workload(op, variant, n, "cuda")
+            baseline = kernels[f"torch-cuda.{op}"].fn
+            fn = kernels[f"triton.{op}"].fn
+            for block_n, warps in itertools.product(BLOCK_N, WARPS):
+                ops.TUNING[name] = {"block_n": block_n, "num_warps": warps}
+                try:
+                    rows.append(cell(f"triton {name}", ops.TUNING[name], w, n, fn, baseline, copy_gbps, repeats))
+                finally:
+                    ops.TUNING.clear()
+    return rows
+
+
+def sweep_cuda(kernels, copy_gbps, repeats):
+    tune = torch.ops.kv_oracle_cuda.tune
+    rows = []
+
+    def run(what, knobs, w, n, fn, baseline):
+        old = {k: tune(k, v) for k, v in knobs.items()}
+        try:
+            rows.append(cell(what, knobs, w, n, fn, baseline, copy_gbps, repeats))
+        finally:
+            for k, v in old.items():
+                tune(k, v)
+
+    for n in SIZES:
+        w = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
+        baseline = kernels["torch-cuda.set_mla_kv_buffer"].fn
+        for rows_, grid in itertools.product((1, 2, 4), (0, -1, 2, 4)):
+            run("cuda mla tma", {"mla_rows": rows_, "mla_grid": grid}, w, n,
+                kernels["cuda.set_mla_kv_buffer"].fn, baseline)
+        direct = lambda buf, loc, nope, rope: torch.ops.kv_oracle_cuda.set_mla_kv_buffer(buf, loc, nope, rope, "direct")  # noqa: E731
+        for grid in (0, -1):
+            run("cuda mla direct", {"mla_grid": grid}, w, n, direct, baseline)
+        for op, variant in (("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn")):
+            w = make_workload(op, variant, n, "cuda")
+            for grid in (0, -1, 1, 2, 4):
+                run(f"cuda {op}", {"copy_grid": grid}, w, n, kernels[f"cuda.{op}"].fn, kernels[f"torch-cuda.{op}"].fn)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--only", choices=("triton", "cuda"))
+    args = parser.parse_args()
+    kernels = default_registry.discover().kernels
+    copy = copy_bandwidth("cuda", nbytes=1 << 30)
+    print(f"{torch.cuda.get_device_name()}: copy ceiling {copy['gbps']:.1f} GB/s", flush=True)
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbps": copy["gbps"], "rows": []}
+    if args.only in (None, "triton"):
+        out["rows"] += sweep_triton(kernels, copy["gbps"], args.repeats)
+    if args.only in (None, "cuda"):
+        out["rows"] += sweep_cuda(kernels, copy["gbps"], args.repeats)
+    best = {}
+    for r in out["rows"]:
+        key = (r["kernel"], r["op"], r["variant"], r["n"])
+        if r["check"] == "ok" and (key not in best or r["us"] < best[key]["us"]):
+            best[key] = r
+    print("\nfastest correct configuration per kernel, op and N:")
+    for (kernel, op, variant, n), r in sorted(best.items()):
+        print(f"  {kernel:28} {op:24} {variant:6} N={n:<6} {json.dumps(r['config']):36} "
+              f"{r['us']:8.2f} us {r['pct_copy']:6.1f}% of copy")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
