@@ -2,7 +2,8 @@
 
 Every cell times one kernel on the `oracle bench` workload (oracle.bench.make_workload: 2 KiB bf16
 rows for MHA, 512 + 64 bf16 for MLA, random distinct slots in a cache twice the batch) with CUDA
-events over a CUDA graph of back-to-back calls, median of --repeats samples, next to the copy
+events over a CUDA graph of back-to-back calls rotating among input sets that span 4x the L2
+(oracle.bench.cold_sets), median of --repeats samples, next to the copy
 ceiling measured in the same run (a 1 GiB ``copy_``, bytes read + written). Each cell's caches are
 compared byte for byte with the torch-on-CUDA baseline's ("check").
 
@@ -27,7 +28,7 @@ import statistics
 
 import torch
 
-from oracle.bench import CudaTimer, copy_bandwidth, make_workload
+from oracle.bench import CudaTimer, cold_sets, copy_bandwidth, make_workload
 from oracle.registry import default_registry
 
 SIZES = (16384, 65536)
@@ -36,12 +37,16 @@ TRITON = {  # triton kernel tuned -> (op, variant) workloads that launch it
     "paged_write": (("store_cache", "bf16"),),
     "paged_write_fp8": (("reshape_and_cache_flash", "e4m3fn"), ("quantize_fp8", "e4m3fn")),
 }
-BLOCK_N = (1, 2, 4, 8, 16)
+BLOCK_N = (1, 2, 4, 8)
 WARPS = (1, 2, 4, 8)
 
 
-def time_us(fn, args, repeats: int) -> float:
-    timer = CudaTimer(fn, args, use_graph=True)
+def time_us(fn, workload, n, repeats: int) -> float:
+    rotation = cold_sets(workload.op, workload.variant, n, workload)
+    if getattr(workload, "sorted_slots", False):  # keep every set's slots ascending (set_mla: args[1])
+        for args in rotation:
+            args[1].copy_(args[1].sort().values)
+    timer = CudaTimer(fn, workload.args, use_graph=True, rotation=rotation)
     return statistics.median(timer.sample() for _ in range(repeats)) * 1e6
 
 
@@ -57,7 +62,7 @@ def check(fn, args, baseline, workload) -> str:
 
 def cell(what, config, workload, n, fn, baseline, copy_gbps, repeats):
     args = workload.args
-    us = time_us(fn, args, repeats)
+    us = time_us(fn, workload, n, repeats)
     gbps = workload.bytes / us / 1e3
     row = {"kernel": what, "config": dict(config), "op": workload.op, "variant": workload.variant, "n": n,
            "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "check": check(fn, args, baseline, workload)}
@@ -85,6 +90,12 @@ def sweep_triton(kernels, copy_gbps, repeats):
 
 
 def sweep_cuda(kernels, copy_gbps, repeats):
+    from oracle.kernels.cuda import _build
+
+    reason = _build.load()  # the registry loads the library lazily, on the first call
+    if reason:
+        print(f"CUDA kernels not swept: {reason}")
+        return []
     tune = torch.ops.kv_oracle_cuda.tune
     rows = []
 
@@ -99,12 +110,18 @@ def sweep_cuda(kernels, copy_gbps, repeats):
     for n in SIZES:
         w = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
         baseline = kernels["torch-cuda.set_mla_kv_buffer"].fn
-        for rows_, grid in itertools.product((1, 2, 4), (0, -1, 2, 4)):
-            run("cuda mla tma", {"mla_rows": rows_, "mla_grid": grid}, w, n,
+        for rows_, grid, evict in itertools.product((1, 2, 4), (0, -1), (0, 1, 3)):
+            run("cuda mla tma", {"mla_rows": rows_, "mla_grid": grid, "mla_evict_first": evict}, w, n,
                 kernels["cuda.set_mla_kv_buffer"].fn, baseline)
         direct = lambda buf, loc, nope, rope: torch.ops.kv_oracle_cuda.set_mla_kv_buffer(buf, loc, nope, rope, "direct")  # noqa: E731
         for grid in (0, -1):
             run("cuda mla direct", {"mla_grid": grid}, w, n, direct, baseline)
+        # the same slots in ascending order: how much of the gap to the copy ceiling is the scatter
+        ordered = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
+        ordered.args[1].copy_(ordered.args[1].sort().values)
+        ordered.sorted_slots = True
+        for name in ("triton.set_mla_kv_buffer", "cuda.set_mla_kv_buffer"):
+            run(f"{name.split('.')[0]} mla, sorted slots", {}, ordered, n, kernels[name].fn, baseline)
         for op, variant in (("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn")):
             w = make_workload(op, variant, n, "cuda")
             for grid in (0, -1, 1, 2, 4):

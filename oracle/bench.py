@@ -6,7 +6,8 @@ timed on the same inputs: a few warm-up calls, then ``--repeats`` samples of eno
 calls to last a few milliseconds each; the figure is the median per call. CPU kernels are timed with
 ``time.perf_counter``, CUDA kernels (only when CUDA is available) with CUDA events, replaying a
 CUDA graph of the calls where one can be captured (small N is dominated by launch overhead
-otherwise).
+otherwise), rotating among several input sets (other slots, other data) that together span four
+times the GPU's L2 cache, so that a batch which fits in L2 is timed against memory, not the cache.
 
 Bytes are counted honestly, per call: every source element read, the index tensor read, every cache
 byte written (the caches are never read; the scales, a few bytes, count as read). GB/s is that over
@@ -245,9 +246,13 @@ class CpuTimer:
 
 class CudaTimer:
     """Samples timed with CUDA events, replaying a CUDA graph of ``calls`` launches when the calls
-    can be captured (kernels that check on the host or synchronize cannot), else launching them."""
+    can be captured (kernels that check on the host or synchronize cannot), else launching them.
+    Call ``i`` uses input set ``i % len(sets)`` of ``args`` followed by ``rotation`` (see
+    :func:`cold_sets`)."""
 
-    def __init__(self, fn, args, use_graph: bool = True):
+    def __init__(self, fn, args, use_graph: bool = True, rotation: tuple = ()):
+        sets = (args,) + tuple(rotation)
+        self.sets = len(sets)
         for _ in range(3):
             fn(*args)
         torch.cuda.synchronize()
@@ -268,8 +273,8 @@ class CudaTimer:
                 torch.cuda.current_stream().wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    for _ in range(self.calls):
-                        fn(*args)
+                    for i in range(self.calls):
+                        fn(*sets[i % len(sets)])
                 self.graph, self.replay, self.name = graph, graph.replay, "cuda events + graph"
             except Exception:
                 torch.cuda.synchronize()
@@ -278,9 +283,11 @@ class CudaTimer:
             calls = self.calls
 
             def launch():
-                for _ in range(calls):
-                    fn(*args)
+                for i in range(calls):
+                    fn(*sets[i % len(sets)])
             self.replay = launch
+        if self.sets > 1:
+            self.name += f", {self.sets} input sets"
         self.replay()
         torch.cuda.synchronize()
 
@@ -292,8 +299,29 @@ class CudaTimer:
         return self.start.elapsed_time(self.end) / 1e3 / self.calls
 
 
-def make_timer(fn, args, device: str, sample_seconds: float = SAMPLE_SECONDS):
-    return CudaTimer(fn, args) if device.startswith("cuda") else CpuTimer(fn, args, sample_seconds)
+COLD_FACTOR = 4  # rotate among input sets until they span this many times the GPU's L2 cache
+MAX_SETS = 8
+
+
+def _footprint(args: tuple) -> int:
+    return sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
+
+
+def cold_sets(op: str, variant: str, n: int, first: Workload) -> tuple:
+    """Extra input sets (other seeds: other slots, other data) for a CUDA timer to rotate among,
+    so that together with ``first`` they span at least COLD_FACTOR x the L2 cache (at most
+    MAX_SETS sets). Replaying one set measures the cache, not memory: a 16384-row MLA write fits
+    in an H100's 50 MB L2 and would time at 110-140% of the copy ceiling."""
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 << 20)
+    footprint = max(1, _footprint(first.args))
+    sets = min(MAX_SETS, -(-COLD_FACTOR * l2 // footprint))
+    return tuple(make_workload(op, variant, n, "cuda", seed=seed).args for seed in range(1, sets))
+
+
+def make_timer(fn, args, device: str, sample_seconds: float = SAMPLE_SECONDS, rotation: tuple = ()):
+    if device.startswith("cuda"):
+        return CudaTimer(fn, args, rotation=rotation)
+    return CpuTimer(fn, args, sample_seconds)
 
 
 class Sampler:
@@ -463,7 +491,10 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
             for n in sizes:
                 kernels_here = declared
                 workloads = [make_workload(op, variant, n, device=_device_of(k)) for k in kernels_here]
-                timers = [make_timer(k.fn, w.args, _device_of(k), sample_seconds)
+                cuda_first = next((w for k, w in zip(kernels_here, workloads) if _device_of(k) == "cuda"), None)
+                rotation = cold_sets(op, variant, n, cuda_first) if cuda_first is not None else ()
+                timers = [make_timer(k.fn, w.args, _device_of(k), sample_seconds,
+                                     rotation if _device_of(k) == "cuda" else ())
                           for k, w in zip(kernels_here, workloads)]
                 samples, dropped, clean = sampler.collect(timers)
                 base = _baseline_index(kernels_here)

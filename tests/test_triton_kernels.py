@@ -222,9 +222,17 @@ def test_empty_input_launches_nothing():
     empty_calls = len(calls)
     ops.store_cache(torch.ones(1, H, D), torch.ones(1, H, D), torch.zeros(4, H, D), torch.zeros(4, H, D),
                     torch.tensor([2]))
-    emit({"empty": empty_calls, "one": len(calls) - empty_calls})
+    one = calls[empty_calls:]
+    # K and V with different layouts (V's cache a strided view): one launch each
+    wide = torch.zeros(4, H, 2 * D)
+    ops.store_cache(torch.ones(1, H, D), torch.ones(1, H, D), torch.zeros(4, H, D), wide[:, :, ::2],
+                    torch.tensor([2]))
+    emit({"empty": empty_calls, "one": [list(g) for g in one],
+          "split": [list(g) for g in calls[empty_calls + len(one):]]})
     """)
-    assert out == {"empty": 0, "one": 2}  # K and V
+    assert out["empty"] == 0
+    assert out["one"] == [[1, 1, 2]]  # K and V share a layout: one launch, grid axis 2 = side
+    assert out["split"] == [[1, 1, 1], [1, 1, 1]]
 
 
 def test_fp8_is_refused_under_the_interpreter_and_plumbed_right_when_forced():

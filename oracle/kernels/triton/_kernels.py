@@ -63,11 +63,19 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
                 dst_ptr, dst_block_stride, dst_token_stride, dst_s1, dst_s2,
                 idx_ptr, idx_stride, scale_ptr, scale_stride,
                 n, heads, dim, block_size, num_slots, pad_slot,
+                src2_ptr, dst2_ptr, scale2_ptr,
                 HAS_INDEX: tl.constexpr, HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
                 FLAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``FLAT``: the heads of a row are packed in both source and cache (head stride = dim x
+    """Grid axis 2 is the side: programs ``(i, j, 1)`` write ``src2`` into ``dst2`` with
+    ``scale2`` (V next to K in one launch; the host passes both sides' shared strides).
+
+    ``FLAT``: the heads of a row are packed in both source and cache (head stride = dim x
     element stride) and one scale serves the row, so row element ``e`` sits at ``e`` x element
     stride: no per-element division, and unit strides vectorize."""
+    if tl.program_id(2) == 1:
+        src_ptr = src2_ptr
+        dst_ptr = dst2_ptr
+        scale_ptr = scale2_ptr
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,

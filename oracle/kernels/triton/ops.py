@@ -192,8 +192,13 @@ class Tile:
     block_b: int = 0
 
 
-# Launch overrides for benchmarks/tune_triton.py, by kernel ("paged_write", "paged_write_fp8",
-# "mla_write"): {"block_n": ..., "num_warps": ...}; empty in normal use.
+# (rows per program, warps) for N >= 1024 rows: the H100 sweep's choice (benchmarks/tune_gpu.py,
+# docs/benchmarks.md), within a point of the fastest at both N = 16384 and 65536 for each kernel.
+# Fewer rows per program keep more programs in flight; more warps than the tile needs starve it.
+LARGE_N_TILES = {"paged_write": (2, 2), "paged_write_fp8": (4, 4), "mla_write": (4, 4)}
+SMALL_N = 1024
+# Overrides for benchmarks/tune_gpu.py, by kernel ("paged_write", "paged_write_fp8", "mla_write"):
+# {"block_n": ..., "num_warps": ...}; empty in normal use.
 TUNING: dict = {}
 
 
@@ -203,18 +208,28 @@ def tile(n_rows: int, row: int, kernel: str = "paged_write", parts: tuple = ()) 
     H100 (docs/benchmarks.md), and few large programs under the interpreter, where each program
     is one Python call."""
     if interpreting():
-        block_r = min(_next_pow2(row), 1 << 14)
-        block_n = max(1, min(_next_pow2(n_rows), (1 << 16) // block_r))
-        num_warps = 4
-    else:
-        block_r = min(_next_pow2(row), 1 << 12)
-        block_n = 1 if n_rows < 1024 else max(1, min(16, 4096 // block_r))
-        num_warps = 4
-        override = TUNING.get(kernel, {})
-        block_n = override.get("block_n", block_n)
-        num_warps = override.get("num_warps", num_warps)
-    blocks = tuple(min(_next_pow2(w), block_r) for w in parts)
-    return Tile(block_n, block_r, num_warps, *blocks)
+        return _interpreter_tile(_next_pow2(n_rows), row, parts)
+    t = _gpu_tile(n_rows >= SMALL_N, row, kernel, parts)
+    override = TUNING.get(kernel)
+    if override:
+        t = Tile(override.get("block_n", t.block_n), t.block_r, override.get("num_warps", t.num_warps),
+                 t.block_a, t.block_b)
+    return t
+
+
+@functools.lru_cache(maxsize=256)
+def _interpreter_tile(rows_pow2: int, row: int, parts: tuple) -> Tile:
+    block_r = min(_next_pow2(row), 1 << 14)
+    block_n = max(1, min(rows_pow2, (1 << 16) // block_r))
+    return Tile(block_n, block_r, 4, *(min(_next_pow2(w), block_r) for w in parts))
+
+
+@functools.lru_cache(maxsize=256)
+def _gpu_tile(large: bool, row: int, kernel: str, parts: tuple) -> Tile:
+    block_r = min(_next_pow2(row), 1 << 12)
+    block_n, num_warps = LARGE_N_TILES.get(kernel, (1, 4)) if large else (1, 4)
+    block_n = max(1, min(block_n, 4096 // block_r))  # wide rows: one per program (registers)
+    return Tile(block_n, block_r, num_warps, *(min(_next_pow2(w), block_r) for w in parts))
 
 
 def _launch(kernel, grid, device: torch.device, *args, **meta) -> None:
@@ -226,26 +241,34 @@ def _launch(kernel, grid, device: torch.device, *args, **meta) -> None:
 
 
 def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, fp8: int = 0,
-                scale=None, device=None):
+                scale=None, device=None, second=None):
     """Launch ``paged_write`` for rows ``src`` ``[N, H, D]`` into a cache addressed by
-    ``cache5 = (tensor, block_stride, token_stride, head_stride, dim_stride)``."""
+    ``cache5 = (tensor, block_stride, token_stride, head_stride, dim_stride)``; ``second``, a
+    ``(src, cache, scale)`` with the same shapes and strides, rides along as side 1 of the same
+    launch."""
     (_, heads, dim), (s0, s1, s2) = _rows3("source", src)
     cache, block_stride, token_stride, c_h, c_d = cache5
     if n == 0 or heads * dim == 0:
         return
     flat = (heads == 1 or (s1 == dim * s2 and c_h == dim * c_d)) and (scale is None or scale.numel() == 1)
     t = tile(n, heads * dim, "paged_write_fp8" if fp8 else "paged_write")
-    grid = (_cdiv(n, t.block_n), _cdiv(heads * dim, t.block_r))
     scale_t = scale if scale is not None else cache
     scale_stride = 0 if scale is None or scale.numel() == 1 else scale.stride(0)
     index_t = index if index is not None else cache
+    src2, cache2, scale2 = second if second is not None else (src, cache, scale_t)
+    grid = (_cdiv(n, t.block_n), _cdiv(heads * dim, t.block_r), 1 if second is None else 2)
     _launch(kernels().paged_write, grid, device,
             src, s0, s1, s2, cache, block_stride, token_stride, c_h, c_d,
             index_t, index.stride(0) if index is not None else 0, scale_t, scale_stride,
             n, heads, dim, block_size, num_slots,
             padding.reserved if padding.reserved is not None else 0,
+            src2, cache2, scale2 if scale2 is not None else scale_t,
             HAS_INDEX=index is not None, HAS_PAD_SLOT=padding.reserved is not None, FP8=fp8, FLAT=flat,
             BLOCK_N=t.block_n, BLOCK_R=t.block_r, num_warps=t.num_warps)
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.stride() == b.stride()
 
 
 # --- the ops -------------------------------------------------------------------------------
@@ -266,6 +289,11 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True):
     num_slots = k_cache.shape[0]
     _check_slots("loc", loc, num_slots, pad, validate)
     n = loc.shape[0]
+    if _same_layout(k, v) and _same_layout(k_cache, v_cache):  # the usual case: one launch
+        _, strides = _rows3("cache", k_cache)
+        _paged_rows(_as_bits(k), (_as_bits(k_cache), strides[0], 0, strides[1], strides[2]), loc, n,
+                    1, num_slots, pad, device=device, second=(_as_bits(v), _as_bits(v_cache), None))
+        return
     for src, cache in ((k, k_cache), (v, v_cache)):
         _, strides = _rows3("cache", cache)
         _paged_rows(_as_bits(src), (_as_bits(cache), strides[0], 0, strides[1], strides[2]), loc, n,
@@ -382,6 +410,17 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     num_slots = num_blocks * block_size
     _check_slots("slot_mapping", slot_mapping, num_slots, pad, validate)
     code = _kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
+    c0, c1, c2, c3 = key_cache.stride()
+    if _same_layout(key, value) and _same_layout(key_cache, value_cache) and \
+            (not code or _same_layout(k_scale, v_scale)):  # the usual case: one launch
+        if code:
+            _paged_rows(key, (key_cache, c0, c1, c2, c3), slot_mapping, num_tokens, block_size,
+                        num_slots, pad, code, k_scale, device, second=(value, value_cache, v_scale))
+        else:
+            _paged_rows(_as_bits(key), (_as_bits(key_cache), c0, c1, c2, c3), slot_mapping, num_tokens,
+                        block_size, num_slots, pad, device=device,
+                        second=(_as_bits(value), _as_bits(value_cache), None))
+        return
     for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
         c0, c1, c2, c3 = cache.stride()
         if code:

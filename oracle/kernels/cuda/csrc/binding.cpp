@@ -576,12 +576,18 @@ int64_t tune(c10::string_view knob, int64_t value) {
   kvo_cuda::LaunchTuning& t = kvo_cuda::launch_tuning();
   const std::string name(knob);
   int* field = name == "mla_rows" ? &t.mla_rows : name == "mla_grid" ? &t.mla_grid
-             : name == "copy_grid" ? &t.copy_grid : nullptr;
-  TORCH_CHECK_VALUE(field != nullptr, "knob='", name, "' is not one of mla_rows, mla_grid, copy_grid");
-  TORCH_CHECK_VALUE(name != "mla_rows" || value == 0 || value == 1 || value == 2 || value == 4,
-                    "mla_rows=", value, " is not 0 (default), 1, 2 or 4");
-  TORCH_CHECK_VALUE(name == "mla_rows" || (value >= -1 && value <= 64), name, "=", value,
-                    " is not -1 (one warp per row), 0 (default) or a cap of 1..64 blocks per SM");
+             : name == "copy_grid" ? &t.copy_grid : name == "mla_evict_first" ? &t.mla_evict_first : nullptr;
+  TORCH_CHECK_VALUE(field != nullptr, "knob='", name, "' is not one of mla_rows, mla_grid, copy_grid, mla_evict_first");
+  if (name == "mla_rows") {
+    TORCH_CHECK_VALUE(value == 0 || value == 1 || value == 2 || value == 4, "mla_rows=", value,
+                      " is not 0 (default), 1, 2 or 4");
+  } else if (name == "mla_evict_first") {
+    TORCH_CHECK_VALUE(value >= 0 && value <= 3, "mla_evict_first=", value,
+                      " is not 0..3 (bit 0: source loads, bit 1: bulk stores)");
+  } else {
+    TORCH_CHECK_VALUE(value >= -1 && value <= 64, name, "=", value,
+                      " is not -1 (one warp per row), 0 (default) or a cap of 1..64 blocks per SM");
+  }
   const int64_t old = *field;
   *field = static_cast<int>(value);
   return old;

@@ -36,6 +36,27 @@ __device__ __forceinline__ typename VecOf<Bytes>::type load_ro(const unsigned ch
   }
 }
 
+// An L2 eviction policy that marks lines evict-first (data touched once).
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// load_ro with an L2 cache-eviction policy (16-byte loads; narrower ones ignore the policy).
+template <int Bytes>
+__device__ __forceinline__ typename VecOf<Bytes>::type load_ro_policy(const unsigned char* p, uint64_t policy) {
+  if constexpr (Bytes == 16) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(policy));
+    return v;
+  } else {
+    return load_ro<Bytes>(p);
+  }
+}
+
 template <int Bytes>
 __device__ __forceinline__ void store_global(unsigned char* p, typename VecOf<Bytes>::type v) {
   *reinterpret_cast<typename VecOf<Bytes>::type*>(p) = v;
@@ -75,6 +96,14 @@ __device__ __forceinline__ void bulk_store(unsigned char* dst, uint32_t src_smem
   const uint64_t g = static_cast<uint64_t>(__cvta_generic_to_global(dst));
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
                :: "l"(g), "r"(src_smem), "r"(bytes) : "memory");
+}
+
+// bulk_store with an L2 cache-eviction policy for the written lines.
+__device__ __forceinline__ void bulk_store_policy(unsigned char* dst, uint32_t src_smem, uint32_t bytes,
+                                                  uint64_t policy) {
+  const uint64_t g = static_cast<uint64_t>(__cvta_generic_to_global(dst));
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
+               :: "l"(g), "r"(src_smem), "r"(bytes), "l"(policy) : "memory");
 }
 
 __device__ __forceinline__ void bulk_commit() {

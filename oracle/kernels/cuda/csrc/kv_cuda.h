@@ -97,6 +97,7 @@ struct LaunchTuning {
   int mla_grid = 0;   // blocks per SM of the MLA kernels: 0 as many as fit (a persistent grid),
                       // -1 one warp per row (no cap), k > 0 at most k
   int copy_grid = 0;  // the same for the copy and fp8 kernels (one warp per row and side)
+  int mla_evict_first = 0;  // TMA path: bit 0 source loads, bit 1 bulk stores marked L2 evict-first
 };
 LaunchTuning& launch_tuning();
 

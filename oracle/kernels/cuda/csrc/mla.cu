@@ -32,7 +32,7 @@ __device__ __forceinline__ const unsigned char* part_chunk(const unsigned char* 
 
 template <typename IdxT, int Load, int Rows>
 __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant__ MlaArgs a,
-                                                           int64_t stage_bytes) {
+                                                           int64_t stage_bytes, int evict_first) {
   using V = typename VecOf<Load>::type;
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31;
@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   const int64_t nope_chunks = a.nope_bytes / Load;
   const int64_t chunks = row_bytes / Load;
   const int64_t step = static_cast<int64_t>(gridDim.x) * warps * Rows;
+  const uint64_t policy = evict_first ? evict_first_policy() : 0;
   int set = 0;
   for (int64_t first = (static_cast<int64_t>(blockIdx.x) * warps + warp) * Rows; first < a.n; first += step) {
     int64_t slot[Rows];
@@ -64,7 +65,10 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           const int64_t c = base + u * 32 + lane;
-          if (live[j] && c < chunks) r[j][u] = load_ro<Load>(part_chunk(nope, rope, c, nope_chunks, Load));
+          if (live[j] && c < chunks) {
+            const unsigned char* p = part_chunk(nope, rope, c, nope_chunks, Load);
+            r[j][u] = (evict_first & 1) ? load_ro_policy<Load>(p, policy) : load_ro<Load>(p);
+          }
         }
       }
       if (!reusable) {
@@ -87,8 +91,12 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
     if (lane == 0) {
 #pragma unroll
       for (int j = 0; j < Rows; ++j)
-        if (keep[j]) bulk_store(a.dst + slot[j] * a.dst_row, smem_addr(buf + j * stage_bytes),
-                                static_cast<uint32_t>(row_bytes));
+        if (keep[j]) {
+          unsigned char* dst = a.dst + slot[j] * a.dst_row;
+          const uint32_t src = smem_addr(buf + j * stage_bytes);
+          if (evict_first & 2) bulk_store_policy(dst, src, static_cast<uint32_t>(row_bytes), policy);
+          else bulk_store(dst, src, static_cast<uint32_t>(row_bytes));
+        }
       bulk_commit();  // one group per iteration, empty when every row was skipped
     }
     set ^= 1;
@@ -148,7 +156,7 @@ cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t
   const size_t smem = static_cast<size_t>(warps * 2 * Rows * stage_bytes);
   auto kernel = mla_tma_kernel<IdxT, Load, Rows>;
   const unsigned grid = grid_for(kernel, (a.n + Rows - 1) / Rows, smem, threads, launch_tuning().mla_grid);
-  kernel<<<grid, threads, smem, stream>>>(a, stage_bytes);
+  kernel<<<grid, threads, smem, stream>>>(a, stage_bytes, launch_tuning().mla_evict_first);
   return cudaGetLastError();
 }
 
