@@ -10,8 +10,9 @@ compared byte for byte with the torch-on-CUDA baseline's ("check").
 - Triton: rows per program (``block_n``) x ``num_warps`` for the three kernels, through
   ``oracle.kernels.triton.ops.TUNING``.
 - CUDA: the ``kv_oracle_cuda::tune`` knobs: ``mla_rows`` (rows a warp stages per iteration on the
-  TMA path) x ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path for
-  comparison, and ``copy_grid`` for the copy and fp8 kernels.
+  TMA path) x ``mla_warps`` (warps per block) x ``mla_evict_first`` (L2 evict-first bulk stores),
+  ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path for comparison, and
+  ``copy_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
 
 The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h``
 (``LaunchTuning``) come from this sweep; docs/benchmarks.md records the run.
@@ -110,12 +111,14 @@ def sweep_cuda(kernels, copy_gbps, repeats):
     for n in SIZES:
         w = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
         baseline = kernels["torch-cuda.set_mla_kv_buffer"].fn
-        for rows_, grid, evict in itertools.product((1, 2, 4), (0, -1), (0, 1, 3)):
-            run("cuda mla tma", {"mla_rows": rows_, "mla_grid": grid, "mla_evict_first": evict}, w, n,
+        for rows_, warps, evict in itertools.product((1, 2), (1, 2, 4, 8), (0, 2)):
+            run("cuda mla tma", {"mla_rows": rows_, "mla_warps": warps, "mla_evict_first": evict}, w, n,
                 kernels["cuda.set_mla_kv_buffer"].fn, baseline)
+        for grid in (0, 4):
+            run("cuda mla tma", {"mla_grid": grid}, w, n, kernels["cuda.set_mla_kv_buffer"].fn, baseline)
         direct = lambda buf, loc, nope, rope: torch.ops.kv_oracle_cuda.set_mla_kv_buffer(buf, loc, nope, rope, "direct")  # noqa: E731
-        for grid in (0, -1):
-            run("cuda mla direct", {"mla_grid": grid}, w, n, direct, baseline)
+        for warps in (1, 2, 4, 8):
+            run("cuda mla direct", {"mla_warps": warps}, w, n, direct, baseline)
         # the same slots in ascending order: how much of the gap to the copy ceiling is the scatter
         ordered = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
         ordered.args[1].copy_(ordered.args[1].sort().values)
@@ -124,7 +127,7 @@ def sweep_cuda(kernels, copy_gbps, repeats):
             run(f"{name.split('.')[0]} mla, sorted slots", {}, ordered, n, kernels[name].fn, baseline)
         for op, variant in (("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn")):
             w = make_workload(op, variant, n, "cuda")
-            for grid in (0, -1, 1, 2, 4):
+            for grid in (0, -1, 4):
                 run(f"cuda {op}", {"copy_grid": grid}, w, n, kernels[f"cuda.{op}"].fn, kernels[f"torch-cuda.{op}"].fn)
     return rows
 

@@ -193,9 +193,10 @@ class Tile:
 
 
 # (rows per program, warps) for N >= 1024 rows: the H100 sweep's choice (benchmarks/tune_gpu.py,
-# docs/benchmarks.md), within a point of the fastest at both N = 16384 and 65536 for each kernel.
+# inputs rotated past the L2; docs/benchmarks.md), within a point or two of the fastest at both
+# N = 16384 and 65536 for each kernel.
 # Fewer rows per program keep more programs in flight; more warps than the tile needs starve it.
-LARGE_N_TILES = {"paged_write": (2, 2), "paged_write_fp8": (4, 4), "mla_write": (4, 4)}
+LARGE_N_TILES = {"paged_write": (2, 4), "paged_write_fp8": (2, 2), "mla_write": (2, 1)}
 SMALL_N = 1024
 # Overrides for benchmarks/tune_gpu.py, by kernel ("paged_write", "paged_write_fp8", "mla_write"):
 # {"block_n": ..., "num_warps": ...}; empty in normal use.

@@ -575,22 +575,21 @@ std::string paged_plan(const Tensor& key, const Tensor& value, const Tensor& key
 int64_t tune(c10::string_view knob, int64_t value) {
   kvo_cuda::LaunchTuning& t = kvo_cuda::launch_tuning();
   const std::string name(knob);
-  int* field = name == "mla_rows" ? &t.mla_rows : name == "mla_grid" ? &t.mla_grid
-             : name == "copy_grid" ? &t.copy_grid : name == "mla_evict_first" ? &t.mla_evict_first : nullptr;
-  TORCH_CHECK_VALUE(field != nullptr, "knob='", name, "' is not one of mla_rows, mla_grid, copy_grid, mla_evict_first");
-  if (name == "mla_rows") {
-    TORCH_CHECK_VALUE(value == 0 || value == 1 || value == 2 || value == 4, "mla_rows=", value,
-                      " is not 0 (default), 1, 2 or 4");
-  } else if (name == "mla_evict_first") {
-    TORCH_CHECK_VALUE(value >= 0 && value <= 3, "mla_evict_first=", value,
-                      " is not 0..3 (bit 0: source loads, bit 1: bulk stores)");
-  } else {
-    TORCH_CHECK_VALUE(value >= -1 && value <= 64, name, "=", value,
-                      " is not -1 (one warp per row), 0 (default) or a cap of 1..64 blocks per SM");
+  struct Knob { const char* name; int* field; int64_t low, high; bool power_of_two; };
+  const Knob knobs[] = {{"mla_rows", &t.mla_rows, 1, 4, true}, {"mla_warps", &t.mla_warps, 1, 8, true},
+                        {"mla_grid", &t.mla_grid, -1, 64, false}, {"copy_grid", &t.copy_grid, -1, 64, false},
+                        {"mla_evict_first", &t.mla_evict_first, 0, 3, false}};
+  for (const Knob& k : knobs) {
+    if (name != k.name) continue;
+    TORCH_CHECK_VALUE(value >= k.low && value <= k.high && (!k.power_of_two || (value & (value - 1)) == 0),
+                      "value=", value, " is out of range for knob '", name, "' (", k.low, "..", k.high,
+                      k.power_of_two ? ", a power of two)" : ")");
+    const int64_t old = *k.field;
+    *k.field = static_cast<int>(value);
+    return old;
   }
-  const int64_t old = *field;
-  *field = static_cast<int>(value);
-  return old;
+  TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_grid, copy_grid, mla_evict_first");
+  return 0;
 }
 
 }  // namespace kvo_bind

@@ -90,14 +90,16 @@ cudaError_t launch_mla_direct(const MlaArgs& args, int vec_bytes, cudaStream_t s
 constexpr int kThreads = 256;
 constexpr int64_t kMlaMaxTmaRowBytes = 48 * 1024 / 2;
 
-// Launch tuning, process-wide. The defaults (0) are what the H100 sweep in docs/benchmarks.md
-// measured fastest; benchmarks/tune_cuda.py sweeps the alternatives through the `tune` op.
+// Launch tuning, process-wide. The defaults are what the H100 sweep (benchmarks/tune_gpu.py, with
+// inputs rotated past the L2; docs/benchmarks.md) measured fastest for 2 KiB MHA rows and 1152-byte
+// MLA rows; the `tune` op sets them (benchmarks only).
 struct LaunchTuning {
-  int mla_rows = 0;   // rows a warp stages per iteration on the TMA path: 1, 2 or 4 (0: default)
-  int mla_grid = 0;   // blocks per SM of the MLA kernels: 0 as many as fit (a persistent grid),
-                      // -1 one warp per row (no cap), k > 0 at most k
-  int copy_grid = 0;  // the same for the copy and fp8 kernels (one warp per row and side)
-  int mla_evict_first = 0;  // TMA path: bit 0 source loads, bit 1 bulk stores marked L2 evict-first
+  int mla_rows = 1;         // rows a warp stages per iteration on the TMA path: 1, 2 or 4
+  int mla_warps = 8;        // warps per block of the MLA kernels: 1, 2, 4 or 8
+  int mla_grid = -1;        // blocks per SM of the MLA kernels: -1 one warp per row (no cap),
+                            // 0 as many as fit (a persistent grid whose warps loop), k > 0 at most k
+  int copy_grid = -1;       // the same for the copy and fp8 kernels (one warp per row and side)
+  int mla_evict_first = 3;  // TMA path: bit 0 source loads, bit 1 bulk stores marked L2 evict-first
 };
 LaunchTuning& launch_tuning();
 

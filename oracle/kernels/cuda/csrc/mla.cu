@@ -138,11 +138,9 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// Rows per warp iteration: the tuned value, else 2 (measured fastest for 1152-byte rows on the
-// H100, docs/benchmarks.md); 1 where two sets of larger rows would not fit.
+// Rows per warp iteration: the tuned value, halved while two sets of them would not fit.
 int mla_rows_for(int64_t stage_bytes) {
   int rows = launch_tuning().mla_rows;
-  if (rows != 1 && rows != 2 && rows != 4) rows = 2;
   while (rows > 1 && 2 * rows * stage_bytes > 48 * 1024) rows /= 2;
   return rows;
 }
@@ -150,7 +148,7 @@ int mla_rows_for(int64_t stage_bytes) {
 template <typename IdxT, int Load, int Rows>
 cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t stream) {
   int64_t warps = (48 * 1024) / (2 * Rows * stage_bytes);
-  if (warps > kThreads / 32) warps = kThreads / 32;
+  if (warps > launch_tuning().mla_warps) warps = launch_tuning().mla_warps;
   if (warps < 1) return cudaErrorInvalidValue;
   const int threads = static_cast<int>(warps) * 32;
   const size_t smem = static_cast<size_t>(warps * 2 * Rows * stage_bytes);
@@ -163,8 +161,9 @@ cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t
 template <typename IdxT, int Vec>
 cudaError_t launch_direct_typed(const MlaArgs& a, cudaStream_t stream) {
   auto kernel = mla_direct_kernel<IdxT, Vec>;
-  const unsigned grid = grid_for(kernel, a.n, 0, kThreads, launch_tuning().mla_grid);
-  kernel<<<grid, kThreads, 0, stream>>>(a);
+  const int threads = 32 * launch_tuning().mla_warps;
+  const unsigned grid = grid_for(kernel, a.n, 0, threads, launch_tuning().mla_grid);
+  kernel<<<grid, threads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
