@@ -14,7 +14,7 @@ export TARGET="${TARGET:-$(nvidia-smi --query-gpu=name --format=csv,noheader | h
       --target "$TARGET" --report "$OUT/h100.json" --markdown "$OUT/h100.md" -- -q -p no:warnings \
       | tail -80
   echo "== oracle bench (GPU kernels vs torch on CUDA vs the copy ceiling)"
-  time timeout 120 oracle bench --backend triton,cuda --sizes 1,16,64,256,4096,16384,65536 \
+  time timeout 200 oracle bench --backend triton,cuda --sizes 1,16,64,256,4096,16384,65536 \
       --json "$OUT/bench.json" --plot "$OUT/bench.png"
   echo "== sanitizer lane (quick profile, cuda + triton, one process under memcheck)"
   time timeout 200 oracle run --sanitize "$OUT/san" --backend cuda,triton | tail -30

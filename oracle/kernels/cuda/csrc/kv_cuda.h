@@ -95,11 +95,11 @@ constexpr int64_t kMlaMaxTmaRowBytes = 48 * 1024 / 2;
 // MLA rows; the `tune` op sets them (benchmarks only).
 struct LaunchTuning {
   int mla_rows = 1;         // rows a warp stages per iteration on the TMA path: 1, 2 or 4
-  int mla_warps = 8;        // warps per block of the MLA kernels: 1, 2, 4 or 8
+  int mla_warps = 4;        // warps per block of the MLA kernels: 1, 2, 4 or 8
   int mla_grid = -1;        // blocks per SM of the MLA kernels: -1 one warp per row (no cap),
                             // 0 as many as fit (a persistent grid whose warps loop), k > 0 at most k
   int copy_grid = -1;       // the same for the copy and fp8 kernels (one warp per row and side)
-  int mla_evict_first = 3;  // TMA path: bit 0 source loads, bit 1 bulk stores marked L2 evict-first
+  int mla_evict_first = 2;  // TMA path: bit 0 source loads, bit 1 bulk stores marked L2 evict-first
 };
 LaunchTuning& launch_tuning();
 
