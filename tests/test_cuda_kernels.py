@@ -1,8 +1,9 @@
 """The Hopper CUDA kernels (oracle.kernels.cuda) and their sanitizer lane.
 
-CPU-side (run everywhere): registration and availability reasons, the build cache key, that every
-.cu translation unit compiles for sm_90 with nvcc and the torch binding passes ``g++
--fsyntax-only`` (skipped without nvcc / g++), the fake kernels, the sanitizer output parser.
+CPU-side (run everywhere): registration and availability reasons, the build cache key, the build
+and cached-load path (with a stand-in for cpp_extension.load), that every .cu translation unit
+compiles for sm_90 with nvcc and the torch binding passes ``g++ -fsyntax-only`` (skipped without
+nvcc / g++), the fake kernels, the sanitizer output parser.
 
 GPU-side (skipped unless the kernels are available: a CUDA torch, a Hopper GPU, nvcc): opcheck on
 every op, every vector width and MLA path against a torch/numpy reference, many rows per warp (the
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -154,6 +156,70 @@ def test_a_static_libstdcxx_copy_is_detected(static, tmp_path):
 def test_missing_sources_are_a_reason(monkeypatch, tmp_path):
     ext = _build.Extension("kv_oracle_cuda_missing", ("nope.cu",), ())
     assert "nope.cu missing" in _build.load(ext)
+
+
+def _fresh_main() -> _build.Extension:
+    """MAIN's sources in an Extension of its own: a clean load state (and, not being MAIN, a
+    subdirectory of an overriding KV_ORACLE_CUDA_BUILD_DIR)."""
+    return _build.Extension(_build.MAIN.namespace, _build.MAIN.sources, _build.MAIN.headers)
+
+
+@pytest.fixture
+def toolchain_stand_in(tmp_path, monkeypatch):
+    """The build path without nvcc or a GPU: probe() passes and cpp_extension.load only writes the
+    library file, or raises ``.error`` when a test sets it; ``.calls`` holds the options it got."""
+    from torch.utils import cpp_extension
+
+    stand_in = SimpleNamespace(calls=[], error=None)
+
+    def load(**options):
+        stand_in.calls.append(options)
+        if stand_in.error:
+            raise stand_in.error
+        Path(options["build_directory"], options["name"] + ".so").write_text("")
+
+    monkeypatch.setenv(_build.BUILD_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(_build, "probe", lambda: None)
+    monkeypatch.setattr(_build, "carries_libstdcxx", lambda library: False)
+    monkeypatch.setattr(cpp_extension, "load", load)
+    return stand_in
+
+
+def test_load_builds_once_then_a_later_process_loads_the_cached_library(toolchain_stand_in, monkeypatch):
+    ext = _fresh_main()
+    directory = _build.build_dir(ext)
+    directory.mkdir()
+    (directory / "lock").write_text("")  # torch's own lock, as a killed build leaves it
+    assert _build.load(ext) is None
+    (options,) = toolchain_stand_in.calls
+    assert options["name"] == _build.library_name(ext) and options["build_directory"] == str(directory)
+    assert options["with_cuda"] and options["extra_cuda_cflags"] == list(_build.NVCC_FLAGS)
+    assert options["extra_cflags"] == list(_build.CXX_FLAGS)
+    assert options["extra_ldflags"] == _build.libstdcxx_ldflags()
+    assert options["sources"] == [str(_build.CSRC / s) for s in ext.sources]
+    assert (directory / _build.READY).is_file() and not (directory / "lock").exists()
+    status = _build.status(ext)
+    library = _build.library_path(ext, directory)
+    assert status["built"] is True and status["loaded"] == str(library) and status["static_libstdcxx"] is False
+    assert status["build_dir"] == str(directory) and status["build_seconds"] >= 0
+
+    loaded = []
+    monkeypatch.setattr(torch.ops, "load_library", loaded.append)
+    later = _fresh_main()  # another process: READY is there, so it loads without building
+    assert _build.load(later) is None
+    assert len(toolchain_stand_in.calls) == 1 and loaded == [str(library)]
+    assert _build.status(later)["built"] is False
+
+
+def test_a_failed_build_is_a_clipped_reason_and_not_retried(toolchain_stand_in):
+    toolchain_stand_in.error = RuntimeError("first line\n" + "x" * 10000 + "\nlast line")
+    ext = _fresh_main()
+    directory = _build.build_dir(ext)
+    reason = _build.load(ext)
+    assert reason.startswith(f"building the CUDA kernels in {directory} failed: RuntimeError: first line")
+    assert reason.endswith("last line") and "\n...\n" in reason and len(reason) < 4300
+    assert not (directory / _build.READY).exists() and "build_seconds" in _build.status(ext)
+    assert _build.load(ext) == reason and len(toolchain_stand_in.calls) == 1
 
 
 # ================================================================ compiling here

@@ -27,42 +27,16 @@ import torch
 
 import oracle
 
+from .. import _jit
 from . import _build
 
 NAMESPACE = _build.NAMESPACE
 FP8_FORMATS = ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz")
 ISAS = ("scalar", "avx2", "avx512")
 
-_OPS = None  # torch.ops.kv_oracle_cpu once loaded
-
-
-def available() -> str | None:
-    """None when the C++ kernels are loaded (building them on first use), else why not."""
-    if _OPS is not None:
-        return None
-    reason = _build.load()
-    if reason is None:
-        _bind()
-    return reason
-
-
-def _bind():
-    global _OPS
-    from . import _fake
-
-    _fake.register_fakes()
-    _OPS = getattr(torch.ops, NAMESPACE)
-    return _OPS
-
-
-def ops():
-    """``torch.ops.kv_oracle_cpu``, loading the library first; RuntimeError when unavailable."""
-    if _OPS is not None:
-        return _OPS
-    reason = available()
-    if reason:
-        raise RuntimeError(f"the kv-oracle CPU kernels are unavailable: {reason}")
-    return _OPS
+_LIB = _jit.Library("CPU", NAMESPACE, lambda: _build.load(), f"{__name__}._fake")
+available = _LIB.available  # None when the C++ kernels are loaded (built on first use), else why not
+ops = _LIB.ops  # torch.ops.kv_oracle_cpu, loading the library first; RuntimeError when unavailable
 
 
 # ---- ISA control (the fp8 conversion path) -----------------------------------------------------
@@ -126,45 +100,46 @@ def _scale_arg(name: str, scale, fp8: bool):
 
 def store_cache(k, v, k_cache, v_cache, loc):
     """``k_cache[loc] = k; v_cache[loc] = v`` (sglang's store_cache; no padding: every slot in range)."""
-    (_OPS or ops()).store_cache(k, v, k_cache, v_cache, loc, "none")
+    (_LIB.loaded or ops()).store_cache(k, v, k_cache, v_cache, loc, "none")
 
 
 def store_cache_reserved0(k, v, k_cache, v_cache, loc):
     """store_cache skipping slot 0 (sglang's default ``reserved_skip_index=0``)."""
-    (_OPS or ops()).store_cache(k, v, k_cache, v_cache, loc, "reserved:0")
+    (_LIB.loaded or ops()).store_cache(k, v, k_cache, v_cache, loc, "reserved:0")
 
 
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang; no padding)."""
-    (_OPS or ops()).set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, "none")
+    (_LIB.loaded or ops()).set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, "none")
 
 
 def set_mla_kv_buffer_reserved0(kv_buffer, loc, cache_k_nope, cache_k_rope):
     """set_mla_kv_buffer skipping slot 0 (sglang's default ``reserved_skip_index=0``)."""
-    (_OPS or ops()).set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, "reserved:0")
+    (_LIB.loaded or ops()).set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, "reserved:0")
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
     """vLLM's paged MLA writer: ``cat(kv_c[i], k_pe[i])`` (fp8 codes of ``x / scale`` for an fp8
     ``kv_cache_dtype``) into slot ``slot_mapping[i]``; negative slots skipped."""
     scale = _scale_arg("scale", scale, kv_cache_dtype != "auto")
-    (_OPS or ops()).concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, "negative")
+    (_LIB.loaded or ops()).concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
+                                                "negative")
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
     """vLLM's paged K/V writer on any [num_blocks, block_size, H, D] cache view (NHD or HND);
     fp8 with per-tensor [1] or per-head [H] scales; negative slots skipped."""
     fp8 = kv_cache_dtype != "auto"
-    (_OPS or ops()).reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                            _scale_arg("k_scale", k_scale, fp8), _scale_arg("v_scale", v_scale, fp8),
-                                            "negative")
+    (_LIB.loaded or ops()).reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                                   _scale_arg("k_scale", k_scale, fp8),
+                                                   _scale_arg("v_scale", v_scale, fp8), "negative")
 
 
 def quantize_fp8(out, x, scale, fmt):
     """``out = fp8(x / scale)`` as uint8 codes; x ``[N, H, D]``, scale [1] or [H]."""
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"scale must be a float32 tensor, got {type(scale).__name__}")
-    (_OPS or ops()).quantize_fp8(out, x, scale, fmt)
+    (_LIB.loaded or ops()).quantize_fp8(out, x, scale, fmt)
 
 
 def _notes(what: str) -> str:

@@ -6,12 +6,8 @@ The sources in ``csrc/`` are compiled with ``torch.utils.cpp_extension.load`` (n
 flags, the compiler named by ``CXX``, torch's and Python's versions and the machine, so a change to
 any of them builds a new library next to the old one, and an unchanged one is never rebuilt.
 
-Concurrent processes (pytest-xdist workers) serialize on an ``fcntl`` lock in the build directory:
-the first builds, the others wait and then load the same library. A finished build is marked by a
-``READY`` file written last, so a later process loads the library directly, without running ninja
-(or needing it). torch's own ``lock`` file, which a killed build would leave behind and on which
-every later build would wait forever, is removed while the fcntl lock is held (only a lock holder
-ever builds, so such a file is always stale there).
+Concurrent processes serialize on a lock in the build directory and a ``READY`` file marks a
+finished build, which later processes load without running ninja (see :mod:`oracle.kernels._jit`).
 
 Nothing here raises: :func:`load` returns None when the ops are loaded, else the reason they are
 not, which the kernels' ``available()`` reports.
@@ -19,16 +15,15 @@ not, which the kernels' ``available()`` reports.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shutil
 import sys
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
+
+from .. import _jit
 
 NAMESPACE = "kv_oracle_cpu"
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -40,30 +35,22 @@ HEADERS = ("fp8.h",)
 CFLAGS = ("-O3", "-fopenmp", "-Wall", "-Wno-maybe-uninitialized", "-Wno-unused-function")
 LDFLAGS = ("-fopenmp",)
 BUILD_DIR_ENV = "KV_ORACLE_CPU_BUILD_DIR"
-READY = "READY"
+VERBOSE_ENV = "KV_ORACLE_CPU_VERBOSE"
+READY = _jit.READY
 
-_lock = threading.Lock()
-_state: dict = {}
+EXTENSION = _jit.Extension(NAMESPACE, SOURCES, HEADERS)
 
 
 def source_hash() -> str:
     """sha256 over everything that determines the built library."""
-    h = hashlib.sha256()
-    for name in SOURCES + HEADERS:
-        h.update(name.encode() + b"\0" + (CSRC / name).read_bytes() + b"\0")
-    for part in (CFLAGS, LDFLAGS, (os.environ.get("CXX", "c++"), torch.__version__, sys.version,
-                                    platform.machine(), platform.system())):
-        h.update(repr(part).encode() + b"\0")
-    return h.hexdigest()[:16]
+    return _jit.digest(CSRC, SOURCES + HEADERS, (
+        CFLAGS, LDFLAGS,
+        (os.environ.get("CXX", "c++"), torch.__version__, sys.version, platform.machine(), platform.system())))
 
 
 def build_dir() -> Path:
     override = os.environ.get(BUILD_DIR_ENV)
-    if override:
-        return Path(override)
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    torch_version = torch.__version__.replace("+", "_")
-    return Path(root) / "kv-oracle" / f"cpu-{torch_version}-{source_hash()}"
+    return Path(override) if override else _jit.cache_dir("cpu", source_hash())
 
 
 def library_name() -> str:
@@ -75,56 +62,22 @@ def library_path(directory: Path | None = None) -> Path:
 
 
 def status() -> dict:
-    """What happened in this process: directory, whether it built or loaded a cached library."""
-    return dict(_state)
+    """What happened in this process: the build directory, whether it built (and how long it
+    took) or loaded a cached library, or why it failed."""
+    return dict(EXTENSION.state)
 
 
 def load() -> str | None:
     """Load the ops into this process (building them first if no cached build exists).
     Returns None on success, else the reason (cached: a failure is not retried)."""
-    with _lock:
-        if "result" not in _state:
-            _state["result"] = _load_once()
-        return _state["result"]
+    return _jit.load(EXTENSION, csrc=CSRC, what="C++", check=_linux_only, directory=build_dir,
+                     library=library_path, build=_build)
 
 
-def _load_once() -> str | None:
-    missing = [name for name in SOURCES + HEADERS if not (CSRC / name).is_file()]
-    if missing:
-        return f"the C++ sources are not installed ({', '.join(missing)} missing in {CSRC})"
+def _linux_only() -> str | None:
     if platform.system() != "Linux":
         return f"the CPU kernels are built on Linux only (this is {platform.system()})"
-    directory = build_dir()
-    _state["build_dir"] = str(directory)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        fallback = Path(tempfile.gettempdir()) / f"kv-oracle-{os.getuid()}" / directory.name
-        try:
-            fallback.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return f"cannot create the build directory {directory}: {exc}"
-        directory = fallback
-        _state["build_dir"] = str(directory)
-    library = library_path(directory)
-    if (directory / READY).is_file() and library.is_file():
-        return _load_library(library, built=False)
-    import fcntl
-
-    with open(directory / ".kv-oracle.lock", "a+") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file closes or the process dies
-        try:
-            if (directory / READY).is_file() and library.is_file():  # another process built it
-                return _load_library(library, built=False)
-            reason = _build(directory)
-            if reason:
-                return reason
-            (directory / (READY + ".tmp")).write_text(library.name + "\n")
-            os.replace(directory / (READY + ".tmp"), directory / READY)
-            _state["built"] = True
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
-    return _load_library(library, built=True)
+    return None
 
 
 def _build(directory: Path) -> str | None:
@@ -137,33 +90,6 @@ def _build(directory: Path) -> str | None:
         cpp_extension.verify_ninja_availability()
     except RuntimeError:
         return "ninja is not installed (pip install ninja); torch.utils.cpp_extension needs it to build"
-    stale = directory / "lock"
-    if stale.exists():  # left by a killed build; we hold the directory's fcntl lock
-        stale.unlink()
-    # Only the .so must be fresh: ninja decides from timestamps; the hash in the name covers the rest.
-    try:
-        cpp_extension.load(
-            name=library_name(), sources=[str(CSRC / s) for s in SOURCES],
-            extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
-            extra_include_paths=[str(CSRC)], build_directory=str(directory),
-            is_python_module=False, verbose=bool(os.environ.get("KV_ORACLE_CPU_VERBOSE")))
-    except Exception as exc:  # a compiler error, a missing header, a link failure
-        text = str(exc).strip()
-        if len(text) > 3000:
-            text = text[:1000] + "\n...\n" + text[-2000:]
-        return f"building the C++ kernels in {directory} failed: {type(exc).__name__}: {text}"
-    # load() also loaded the library into this process.
-    _state["loaded"] = str(library_path(directory))
-    return None
-
-
-def _load_library(library: Path, *, built: bool) -> str | None:
-    if "loaded" in _state:
-        return None
-    try:
-        torch.ops.load_library(str(library))
-    except Exception as exc:
-        return f"loading {library} failed: {type(exc).__name__}: {exc}"
-    _state["loaded"] = str(library)
-    _state.setdefault("built", built)
-    return None
+    return _jit.compile_library(EXTENSION, directory, name=library_name(), csrc=CSRC, what="C++", clip=(1000, 2000),
+                                extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
+                                verbose=bool(os.environ.get(VERBOSE_ENV)))

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from .._jit import need as _need
+
 _NS = "kv_oracle_cpu"
 _registered = False
-
-
-def _need(cond: bool, message: str) -> None:
-    if not cond:
-        raise ValueError(message)
 
 
 def store_cache(k, v, k_cache, v_cache, loc, padding="none"):
@@ -50,7 +47,8 @@ FAKES = {f.__name__: f for f in (store_cache, set_mla_kv_buffer, concat_and_cach
 
 
 def register_fakes() -> None:
-    """Register every fake kernel (once; the ops must already be defined)."""
+    """Register every fake kernel (once; the ops must already be defined). torch accepts them only
+    from the module the library names in ``m.set_python_module``, so this stays here."""
     global _registered
     if _registered:
         return

@@ -30,41 +30,15 @@ import torch
 
 import oracle
 
+from .. import _jit
 from . import _build
 
 NAMESPACE = _build.MAIN.namespace
 FP8_FORMATS = ("e4m3fn", "e5m2")
 
-_OPS = None  # torch.ops.kv_oracle_cuda once loaded
-
-
-def available() -> str | None:
-    """None when the CUDA kernels are loaded (building them on first use), else why not."""
-    if _OPS is not None:
-        return None
-    reason = _build.load(_build.MAIN)
-    if reason is None:
-        _bind()
-    return reason
-
-
-def _bind():
-    global _OPS
-    from . import _fake
-
-    _fake.register_fakes()
-    _OPS = getattr(torch.ops, NAMESPACE)
-    return _OPS
-
-
-def ops():
-    """``torch.ops.kv_oracle_cuda``, loading the library first; RuntimeError when unavailable."""
-    if _OPS is not None:
-        return _OPS
-    reason = available()
-    if reason:
-        raise RuntimeError(f"the kv-oracle CUDA kernels are unavailable: {reason}")
-    return _OPS
+_LIB = _jit.Library("CUDA", NAMESPACE, lambda: _build.load(_build.MAIN), f"{__name__}._fake")
+available = _LIB.available  # None when the CUDA kernels are loaded (built on first use), else why not
+ops = _LIB.ops  # torch.ops.kv_oracle_cuda, loading the library first; RuntimeError when unavailable
 
 
 def build_info() -> dict:
@@ -76,13 +50,13 @@ def build_info() -> dict:
 
 def store_cache(k, v, k_cache, v_cache, loc):
     """``k_cache[loc] = k; v_cache[loc] = v`` (sglang's store_cache; every slot must be in range)."""
-    (_OPS or ops()).store_cache(k, v, k_cache, v_cache, loc)
+    (_LIB.loaded or ops()).store_cache(k, v, k_cache, v_cache, loc)
 
 
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang's SM90 TMA writer; every slot in
     range)."""
-    (_OPS or ops()).set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope)
+    (_LIB.loaded or ops()).set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
@@ -95,8 +69,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if not isinstance(scale, torch.Tensor):
                 raise TypeError(f"{name} must be a float32 tensor, got {type(scale).__name__}")
-    (_OPS or ops()).reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                            k_scale, v_scale)
+    (_LIB.loaded or ops()).reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                                   k_scale, v_scale)
 
 
 # ---- registration -------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ without XDG_CACHE_HOME; ``KV_ORACLE_CUDA_BUILD_DIR`` overrides the whole path). 
 the sources, the flags, torch's version and CUDA version, nvcc's version, Python's version and
 the machine, so anything that changes the library builds a new one next to the old, and an
 unchanged one is never rebuilt. Concurrent processes (xdist workers) serialize on an ``fcntl``
-lock; a ``READY`` file written last marks a finished build, which later processes load directly.
+lock; a ``READY`` file written last marks a finished build, which later processes load directly
+(the cache, lock and loading are shared with the CPU kernels: :mod:`oracle.kernels._jit`).
 
 Nothing here raises: :func:`probe` says, without building, why the kernels cannot run here (a
 CPU-only torch, no GPU, a GPU older than Hopper, no nvcc, no ninja), and :func:`load` returns None
@@ -18,24 +19,22 @@ once the ops are loaded, else the reason they are not.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import tempfile
-import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from .. import _jit
+from .._jit import Extension
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 BUILD_DIR_ENV = "KV_ORACLE_CUDA_BUILD_DIR"
 VERBOSE_ENV = "KV_ORACLE_CUDA_VERBOSE"
-READY = "READY"
+READY = _jit.READY
 MIN_CAPABILITY = (9, 0)
 # sm_90 machine code (cp.async.bulk and cvt ... e4m3x2 are plain sm_90 instructions, nothing needs
 # sm_90a) plus compute_90 PTX so a newer GPU can JIT it. Naming the targets keeps
@@ -88,17 +87,6 @@ def carries_libstdcxx(library: Path) -> bool | None:
     if out.returncode != 0:
         return None
     return _LIBSTDCXX_PROBE in out.stdout
-
-
-@dataclass(frozen=True)
-class Extension:
-    """One library: its namespace (``torch.ops.<namespace>``), sources and headers in csrc/."""
-
-    namespace: str
-    sources: tuple
-    headers: tuple
-    state: dict = field(default_factory=dict, compare=False, hash=False)
-    lock: threading.Lock = field(default_factory=threading.Lock, compare=False, hash=False)
 
 
 MAIN = Extension("kv_oracle_cuda", ("binding.cpp", "copy.cu", "fp8.cu", "mla.cu"), ("kv_cuda.h", "common.cuh"))
@@ -171,24 +159,16 @@ def probe() -> str | None:
 
 def source_hash(ext: Extension = MAIN) -> str:
     """sha256 over everything that determines the built library."""
-    h = hashlib.sha256()
-    for name in ext.sources + ext.headers:
-        path = CSRC / name
-        h.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<missing>") + b"\0")
-    for part in (NVCC_FLAGS, CXX_FLAGS, tuple(libstdcxx_ldflags()), torch.__version__, torch.version.cuda,
-                 nvcc_version(), os.environ.get("CXX", "c++"), sys.version, platform.machine(), platform.system()):
-        h.update(repr(part).encode() + b"\0")
-    return h.hexdigest()[:16]
+    return _jit.digest(CSRC, ext.sources + ext.headers, (
+        NVCC_FLAGS, CXX_FLAGS, tuple(libstdcxx_ldflags()), torch.__version__, torch.version.cuda, nvcc_version(),
+        os.environ.get("CXX", "c++"), sys.version, platform.machine(), platform.system()))
 
 
 def build_dir(ext: Extension = MAIN) -> Path:
     override = os.environ.get(BUILD_DIR_ENV)
     if override:
         return Path(override) / ext.namespace if ext is not MAIN else Path(override)
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    torch_version = torch.__version__.replace("+", "_")
-    prefix = "cuda" if ext is MAIN else "cuda-bad"
-    return Path(root) / "kv-oracle" / f"{prefix}-{torch_version}-{source_hash(ext)}"
+    return _jit.cache_dir("cuda" if ext is MAIN else "cuda-bad", source_hash(ext))
 
 
 def library_name(ext: Extension = MAIN) -> str:
@@ -207,83 +187,18 @@ def status(ext: Extension = MAIN) -> dict:
 
 def load(ext: Extension = MAIN) -> str | None:
     """Load ``ext``'s ops into this process, building them first if no cached build exists.
-    Returns None on success, else the reason (cached: a failure is not retried)."""
-    with ext.lock:
-        if "result" not in ext.state:
-            ext.state["result"] = _load_once(ext)
-        return ext.state["result"]
-
-
-def _load_once(ext: Extension) -> str | None:
-    missing = [name for name in ext.sources + ext.headers if not (CSRC / name).is_file()]
-    if missing:
-        return f"the CUDA sources are not installed ({', '.join(missing)} missing in {CSRC})"
-    reason = probe()
-    if reason:
-        return reason
-    directory = build_dir(ext)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        fallback = Path(tempfile.gettempdir()) / f"kv-oracle-{os.getuid()}" / directory.name
-        try:
-            fallback.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return f"cannot create the build directory {directory}: {exc}"
-        directory = fallback
-    ext.state["build_dir"] = str(directory)
-    library = library_path(ext, directory)
-    if (directory / READY).is_file() and library.is_file():
-        return _load_library(ext, library, built=False)
-    import fcntl
-
-    with open(directory / ".kv-oracle.lock", "a+") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file closes or the process dies
-        try:
-            if (directory / READY).is_file() and library.is_file():  # another process built it
-                return _load_library(ext, library, built=False)
-            reason = _build(ext, directory)
-            if reason:
-                return reason
-            (directory / (READY + ".tmp")).write_text(library.name + "\n")
-            os.replace(directory / (READY + ".tmp"), directory / READY)
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
-    return None
+    Returns None on success, else the reason (cached: a failure is not retried). Builds only when
+    :func:`probe` finds nothing missing."""
+    return _jit.load(ext, csrc=CSRC, what="CUDA", check=probe, directory=lambda: build_dir(ext),
+                     library=lambda directory: library_path(ext, directory),
+                     build=lambda directory: _build(ext, directory))
 
 
 def _build(ext: Extension, directory: Path) -> str | None:
-    from torch.utils import cpp_extension
-
-    stale = directory / "lock"
-    if stale.exists():  # torch's own lock, left by a killed build; we hold the fcntl lock
-        stale.unlink()
-    start = time.perf_counter()
-    try:
-        cpp_extension.load(
-            name=library_name(ext), sources=[str(CSRC / s) for s in ext.sources],
-            extra_cflags=list(CXX_FLAGS), extra_cuda_cflags=list(NVCC_FLAGS), extra_ldflags=libstdcxx_ldflags(),
-            extra_include_paths=[str(CSRC)], build_directory=str(directory),
-            is_python_module=False, with_cuda=True, verbose=bool(os.environ.get(VERBOSE_ENV)))
-    except Exception as exc:  # a compiler error, a missing header, a link failure
-        text = str(exc).strip()
-        if len(text) > 4000:
-            text = text[:1500] + "\n...\n" + text[-2500:]
-        ext.state["build_seconds"] = round(time.perf_counter() - start, 1)
-        return f"building the CUDA kernels in {directory} failed: {type(exc).__name__}: {text}"
-    ext.state.update(built=True, build_seconds=round(time.perf_counter() - start, 1),
-                     loaded=str(library_path(ext, directory)))  # load() also loaded it
-    ext.state["static_libstdcxx"] = carries_libstdcxx(library_path(ext, directory))
-    return None
-
-
-def _load_library(ext: Extension, library: Path, *, built: bool) -> str | None:
-    if "loaded" in ext.state:
-        return None
-    try:
-        torch.ops.load_library(str(library))
-    except Exception as exc:
-        return f"loading {library} failed: {type(exc).__name__}: {exc}"
-    ext.state["loaded"] = str(library)
-    ext.state.setdefault("built", built)
-    return None
+    reason = _jit.compile_library(
+        ext, directory, name=library_name(ext), csrc=CSRC, what="CUDA", clip=(1500, 2500),
+        extra_cflags=list(CXX_FLAGS), extra_cuda_cflags=list(NVCC_FLAGS), extra_ldflags=libstdcxx_ldflags(),
+        with_cuda=True, verbose=bool(os.environ.get(VERBOSE_ENV)))
+    if reason is None:
+        ext.state["static_libstdcxx"] = carries_libstdcxx(library_path(ext, directory))
+    return reason

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from .._jit import need as _need
+
 NAMESPACE = "kv_oracle_cuda"
 _registered = False
 _INDEX = (torch.int32, torch.int64)
-
-
-def _need(cond, message: str, exc=ValueError) -> None:
-    if not cond:
-        raise exc(message)
 
 
 def store_cache(k, v, k_cache, v_cache, loc, max_vec=16):
@@ -53,7 +50,8 @@ FAKES = {f.__name__: f for f in (store_cache, set_mla_kv_buffer, reshape_and_cac
 
 
 def register_fakes() -> None:
-    """Register every fake kernel (once; the ops must already be defined)."""
+    """Register every fake kernel (once; the ops must already be defined). torch accepts them only
+    from the module the library names in ``m.set_python_module``, so this stays here."""
     global _registered
     if _registered:
         return
