@@ -405,6 +405,49 @@ def _same_bytes(a, b):
 
 
 @gpu
+@pytest.mark.parametrize("n", [7, 4097])
+def test_every_launch_tuning_writes_the_same_bytes(n):
+    """The tuning knobs change only the launch (rows per warp, warps per block, grid, L2 policy):
+    every combination writes exactly what the default does, including a partial last row group."""
+    import itertools
+
+    tune = torch.ops.kv_oracle_cuda.tune
+    ops = _ops()
+    nope, rope = _rand((n, 512), torch.bfloat16, 4), _rand((n, 64), torch.bfloat16, 5)
+    k, v = _rand((n, 8, 128), torch.bfloat16, 6), _rand((n, 8, 128), torch.bfloat16, 7)
+    loc = _slots(n, 2 * n + 5, 8)
+    buf, kc = _rand((2 * n + 5, 576), torch.bfloat16, 9), _rand((2 * n + 5, 8, 128), torch.bfloat16, 10)
+    want_mla, want_k = buf.clone(), kc.clone()
+    want_mla[loc] = torch.cat([nope, rope], dim=1)
+    want_k[loc] = k
+    knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid")
+    defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 0) for name in knobs}
+    for name, value in defaults.items():
+        tune(name, value)
+    try:
+        for i, (rows, warps, grid) in enumerate(itertools.product((1, 2, 4), (1, 2, 4, 8), (-1, 0, 4))):
+            settings = {"mla_rows": rows, "mla_warps": warps, "mla_grid": grid, "mla_evict_first": i % 4,
+                        "copy_grid": grid}
+            for name, value in settings.items():
+                tune(name, value)
+            got_mla, got_k, got_v = buf.clone(), kc.clone(), kc.clone()
+            ops.set_mla_kv_buffer(got_mla, loc, nope, rope, "tma", 16)
+            ops.set_mla_kv_buffer(got_mla, loc, nope, rope, "direct", 16)
+            ops.store_cache(k, v, got_k, got_v, loc)
+            torch.cuda.synchronize()
+            assert _same_bytes(got_mla, want_mla), settings
+            assert _same_bytes(got_k, want_k), settings
+    finally:
+        for name, value in defaults.items():
+            tune(name, value)
+    with pytest.raises(ValueError, match="knob='mla_stages' is not one of"):
+        tune("mla_stages", 1)
+    with pytest.raises(ValueError, match="value=3 is out of range for knob 'mla_rows'"):
+        tune("mla_rows", 3)
+    assert tune("mla_rows", defaults["mla_rows"]) == defaults["mla_rows"]  # nothing changed it
+
+
+@gpu
 @pytest.mark.parametrize("n", [1, 7, 4096, 65536])
 @pytest.mark.parametrize("shape,dtype", [((512, 64), torch.bfloat16), ((528, 128), torch.uint8),
                                          ((512, 64), torch.float32), ((511, 65), torch.bfloat16),

@@ -369,6 +369,10 @@ PRESET_CASES = {
         ("e5m2", 1e6, 0x7C), ("e5m2", POS_NAN_BITS, 0x7F), ("e5m2", NEG_NAN_BITS, 0xFF),
         ("e4m3fnuz", 1000.0, 0x80), ("e5m2fnuz", -1e6, 0x80),
     ],
+    "torch_2_11_cuda": [
+        ("e4m3fn", 1000.0, 0x7F), ("e4m3fn", -INF, 0xFF), ("e4m3fn", NEG_NAN_BITS, 0xFF),
+        ("e5m2", 1e6, 0x7C), ("e5m2", -INF, 0xFC), ("e5m2", NEG_NAN_BITS, 0x7F),
+    ],
     "torch_2_13": [
         ("e4m3fn", 1000.0, 0x7E), ("e4m3fn", -1000.0, 0xFE), ("e4m3fn", INF, 0x7E),
         ("e4m3fn", NEG_NAN_BITS, 0xFF),
@@ -394,7 +398,7 @@ PRESET_CASES = {
         ("e5m2fnuz", -1e6, 0xFF), ("e5m2fnuz", -INF, 0x80),
     ],
 }
-OCP_ONLY = {"cuda_satfinite", "cuda_nosat", "triton_sm90"}
+OCP_ONLY = {"cuda_satfinite", "cuda_nosat", "triton_sm90", "torch_2_11_cuda"}
 
 
 def test_every_preset_has_cases():

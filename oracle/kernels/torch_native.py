@@ -185,9 +185,12 @@ def _register_on(device: str, prefix: str) -> None:
                   notes="plain torch; -1 would wrap to the last row, so padding is out of contract")
     fp8 = dict(fp8_formats=tuple(FP8_DTYPES), fp8_preset=_torch_fp8_preset())
     if device == "cuda":
-        # Measured on an H100 with torch 2.11 (reports/h100.md): the CUDA cast writes every NaN as
-        # 0x7F, sign dropped; the fnuz casts were not measured there, so they are not declared.
-        fp8 = dict(fp8, fp8_formats=("e4m3fn", "e5m2"), fp8_knobs=(("nan", "0x7F"),),
+        # Measured on an H100 with torch 2.11 (reports/h100.md): the CUDA cast writes e5m2 NaN as
+        # 0x7F, sign dropped, and keeps e4m3fn NaN's sign (preset torch_2_11_cuda); the fnuz casts
+        # were not measured there, so they are not declared. Newer torch on CUDA is unmeasured:
+        # it declares the CPU cast's preset until a GPU run says otherwise.
+        preset = "torch_2_11_cuda" if fp8["fp8_preset"] == "torch_2_11" else fp8["fp8_preset"]
+        fp8 = dict(fp8, fp8_formats=("e4m3fn", "e5m2"), fp8_preset=preset,
                    reasons=(("fp8_format", "torch's CUDA fnuz casts are not measured yet"),))
     oracle.register(store_cache, op="store_cache", name=f"{prefix}.store_cache",
                     dtypes=("float32", "float16", "bfloat16", "uint8"), **common)

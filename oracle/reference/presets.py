@@ -43,6 +43,10 @@ PRESETS = {p.name: p for p in [
     Preset("torch_2_11",
            "torch <= 2.11 Tensor.to() on CPU and CUDA: like ml_dtypes but e5m2 NaN is 0x7F|sign",
            _NONSAT_TORCH),
+    Preset("torch_2_11_cuda",
+           "torch 2.11 Tensor.to() on CUDA (H100, measured by this suite): as torch_2_11 but e5m2 "
+           "NaN is 0x7F without sign; e4m3fn keeps the sign (0x7F|sign)",
+           _NONSAT_TORCH, {"e5m2": Fp8Knobs(saturate=False, nan="0x7F")}, formats=OCP),
     Preset("torch_2_13",
            "torch 2.13 Tensor.to() on CPU: e4m3fn saturates (overflow and inf to ±448, "
            "PyTorch #178817); e5m2 and fnuz as torch 2.11",
