@@ -370,7 +370,8 @@ PRESET_CASES = {
         ("e4m3fnuz", 1000.0, 0x80), ("e5m2fnuz", -1e6, 0x80),
     ],
     "torch_2_11_cuda": [
-        ("e4m3fn", 1000.0, 0x7F), ("e4m3fn", -INF, 0xFF), ("e4m3fn", NEG_NAN_BITS, 0xFF),
+        ("e4m3fn", 1000.0, 0x7F), ("e4m3fn", -1000.0, 0xFF), ("e4m3fn", -INF, 0xFF),
+        ("e4m3fn", NEG_NAN_BITS, 0x7F),
         ("e5m2", 1e6, 0x7C), ("e5m2", -INF, 0xFC), ("e5m2", NEG_NAN_BITS, 0x7F),
     ],
     "torch_2_13": [
@@ -417,6 +418,18 @@ def test_preset_distinguishing_inputs(preset):
 def test_ocp_only_presets_refuse_fnuz(preset, fmt):
     with pytest.raises(ValueError, match=f"preset '{preset}' does not cover format '{fmt}'"):
         q1(1.0, fmt, preset=preset)
+
+
+def test_overflow_nan_encodes_only_the_nans_the_conversion_makes():
+    # e4m3fn without saturation: -1000 and -inf become NaN in the conversion; -NaN is a NaN input
+    made, given = "0x7F|sign", "0x7F"
+    assert q1(-1000.0, "e4m3fn", saturate=False, nan=given, overflow_nan=made) == 0xFF
+    assert q1(-INF, "e4m3fn", saturate=False, inf="nan", nan=given, overflow_nan=made) == 0xFF
+    assert q1(NEG_NAN_BITS, "e4m3fn", saturate=False, nan=given, overflow_nan=made) == 0x7F
+    # unset, it follows nan
+    assert q1(-1000.0, "e4m3fn", saturate=False, nan="0x7F") == 0x7F
+    with pytest.raises(ValueError, match="0x80"):
+        q1(-1000.0, "e4m3fnuz", saturate=False, overflow_nan="0x7F")
 
 
 def test_preset_then_knob_override():

@@ -111,6 +111,10 @@ class Fp8Knobs:
       (formats with inf only). ``None``: ``"max"`` when saturating, else the format's natural one.
     - ``nan``: the NaN encoding, e.g. ``"0x7F|sign"`` (torch), ``"0x7E|sign"`` (ml_dtypes e5m2),
       ``"0x7F"`` (CUDA and Triton on sm_90: sign dropped). ``None``: the format's canonical one.
+    - ``overflow_nan``: the NaN encoding of NaNs the conversion makes (from overflow without
+      saturation, or inf with ``inf="nan"``). ``None``: the same as ``nan``. They differ where NaN
+      inputs lose their sign before the conversion: NVIDIA float32 arithmetic returns the canonical
+      NaN, so ``x / scale`` of -NaN is +NaN, while an overflowing -1000 still converts to -NaN.
     - ``scale_op``: ``"div"`` (x / scale in float32) or ``"mul_reciprocal"`` (x * (1/scale)).
     - ``intermediate``: ``None``, ``"float16"`` or ``"bfloat16"``: round the quotient to that type
       before the fp8 rounding (double rounding).
@@ -119,6 +123,7 @@ class Fp8Knobs:
     saturate: bool = True
     inf: str | None = None
     nan: str | None = None
+    overflow_nan: str | None = None
     scale_op: str = "div"
     intermediate: str | None = None
 
@@ -135,7 +140,8 @@ class Fp8Knobs:
         if inf == "inf" and fmt.inf_code is None:
             raise ValueError(f"inf='inf': {fmt.name} has no infinity")
         nan = str(NaNEncoding.parse(self.nan or canonical_nan(fmt), fmt))
-        return replace(self, inf=inf, nan=nan)
+        overflow_nan = str(NaNEncoding.parse(self.overflow_nan or nan, fmt))
+        return replace(self, inf=inf, nan=nan, overflow_nan=overflow_nan)
 
 
 def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: int = -2,
@@ -146,7 +152,8 @@ def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: in
     or ``(H,)`` (per head: broadcast over ``x``'s ``head_axis``). The stored code is
     ``fp8(x / scale)`` (the "descale" convention every peer uses). Knobs come from ``preset``
     (see :mod:`oracle.reference.presets`; default ``ocp_satfinite``) and may be overridden one by
-    one: ``saturate``, ``inf``, ``nan``, ``scale_op``, ``intermediate`` (see :class:`Fp8Knobs`).
+    one: ``saturate``, ``inf``, ``nan``, ``overflow_nan``, ``scale_op``, ``intermediate`` (see
+    :class:`Fp8Knobs`).
     The input is never modified.
     """
     form = get_format(fmt)
@@ -244,10 +251,7 @@ def encode(bits: np.ndarray, form: Fp8Format, knobs: Fp8Knobs) -> np.ndarray:
     """fp8 codes of float32 bit patterns under validated ``knobs``, by integer arithmetic alone."""
     sign, code, is_nan, is_inf, overflow = round_float32(bits, form.binary)
     sign_bit = (sign << np.uint32(7)).astype(np.int64)
-    nan = NaNEncoding.parse(knobs.nan, form)
-    nan_code = np.full(code.shape, nan.byte, dtype=np.int64)
-    if nan.signed:
-        nan_code |= sign_bit
+    nan_code, made_nan = (_nan_codes(spec, form, sign_bit, code.shape) for spec in (knobs.nan, knobs.overflow_nan))
 
     out = np.where(code == 0, 0, code | sign_bit) if form.fnuz else code | sign_bit
     if knobs.saturate:
@@ -257,12 +261,18 @@ def encode(bits: np.ndarray, form: Fp8Format, knobs: Fp8Knobs) -> np.ndarray:
     elif form.inf_code is not None:
         out = np.where(overflow, sign_bit | form.inf_code, out)
     else:
-        out = np.where(overflow, nan_code, out)
-    inf_result = {"max": sign_bit | form.max_code, "nan": nan_code,
+        out = np.where(overflow, made_nan, out)
+    inf_result = {"max": sign_bit | form.max_code, "nan": made_nan,
                   "inf": sign_bit | (form.inf_code or 0)}[knobs.inf]
     out = np.where(is_inf, inf_result, out)
     out = np.where(is_nan, nan_code, out)
     return out.astype(np.uint8)
+
+
+def _nan_codes(spec: str, form: Fp8Format, sign_bit: np.ndarray, shape) -> np.ndarray:
+    nan = NaNEncoding.parse(spec, form)
+    codes = np.full(shape, nan.byte, dtype=np.int64)
+    return codes | sign_bit if nan.signed else codes
 
 
 @functools.lru_cache(maxsize=8)

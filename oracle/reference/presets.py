@@ -44,9 +44,10 @@ PRESETS = {p.name: p for p in [
            "torch <= 2.11 Tensor.to() on CPU and CUDA: like ml_dtypes but e5m2 NaN is 0x7F|sign",
            _NONSAT_TORCH),
     Preset("torch_2_11_cuda",
-           "torch 2.11 Tensor.to() on CUDA (H100, measured by this suite): as torch_2_11 but e5m2 "
-           "NaN is 0x7F without sign; e4m3fn keeps the sign (0x7F|sign)",
-           _NONSAT_TORCH, {"e5m2": Fp8Knobs(saturate=False, nan="0x7F")}, formats=OCP),
+           "torch 2.11 x.float() / scale then Tensor.to() on CUDA (H100, measured by this suite): "
+           "as torch_2_11, but NaN inputs come out 0x7F without sign (the CUDA division returns the "
+           "canonical NaN), while overflow still gives 0x7F|sign (e4m3fn)",
+           Fp8Knobs(saturate=False, nan="0x7F", overflow_nan="0x7F|sign"), formats=OCP),
     Preset("torch_2_13",
            "torch 2.13 Tensor.to() on CPU: e4m3fn saturates (overflow and inf to ±448, "
            "PyTorch #178817); e5m2 and fnuz as torch 2.11",
