@@ -107,7 +107,14 @@ def check_case(request, oracle_case) -> None:
         pytest.skip(f"unavailable: {reason}")
     node.user_properties += [("oracle_class", case.cls), ("oracle_case", case.id),
                              ("oracle_seed", case.seed), ("oracle_params", _jsonable_params(case))]
-    outcome = run_case(kernel, case)
+    try:
+        outcome = run_case(kernel, case)
+    except Exception as exc:
+        # the oracle itself broke: the report must still count the case, as pytest does
+        node.user_properties += [("oracle_status", FAIL), ("oracle_message",
+                                  f"kv-oracle raised {type(exc).__name__}: {exc} (a bug in the oracle, "
+                                  "not a verdict on the kernel)")]
+        raise
     node.user_properties += [("oracle_status", outcome.status), ("oracle_message", outcome.message),
                              ("oracle_seconds", round(outcome.seconds, 6))]
     if kernel.contract.device.startswith("cuda"):

@@ -106,6 +106,20 @@ def test_undeclared_capability_that_fails_is_not_supported():
     assert outcome.status == NOT_SUPPORTED and "does not work either" in outcome.message
 
 
+def test_a_probe_the_contracts_fp8_preset_cannot_describe_is_not_supported():
+    """An OCP-only preset (cuda_satfinite) has no knobs for fnuz: a fnuz case on a kernel that
+    declares only e4m3fn is left out with the reason, not an exception out of the oracle."""
+    from oracle.kernels.torch_native import quantize_fp8
+
+    contract = Contract(op="quantize_fp8", name="q", backend="test", fp8_formats=("e4m3fn",),
+                        fp8_preset="cuda_satfinite")
+    case = Case.make("quantize_fp8", "fp8", fp8="e4m3fnuz", scale="1.0", values="random")
+    outcome = run_case(Kernel(contract, quantize_fp8, "test"), case)
+    assert outcome.status == NOT_SUPPORTED
+    assert "e4m3fnuz" in outcome.message and "not probed" in outcome.message
+    assert "does not cover format 'e4m3fnuz'" in outcome.message
+
+
 def test_unsafe_gaps_are_never_probed():
     needs = {"padding": "negative", "dtype": "bfloat16"}
     found = gaps(Contract(op="store_cache", name="x", backend="t"), needs)
