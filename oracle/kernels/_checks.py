@@ -61,3 +61,36 @@ def check_paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache
         check_scale("k_scale", k_scale, heads)
         check_scale("v_scale", v_scale, heads)
     return fmt
+
+
+def check_concat_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
+                     formats: dict) -> str | None:
+    """Everything about a concat_and_cache_mla call but the slot and scale values; ``formats``
+    maps the kv_cache_dtype spellings a kernel accepts besides "auto" to fp8 format names.
+    Returns the fp8 format (None under "auto")."""
+    if kv_cache.dim() != 3:
+        raise ValueError(f"kv_cache must be 3-D [num_blocks, block_size, entry], got {tuple(kv_cache.shape)}")
+    width = kv_cache.shape[2]
+    if slot_mapping.dtype not in INDEX_DTYPES or slot_mapping.dim() != 1:
+        raise TypeError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    num_tokens = slot_mapping.shape[0]
+    if kv_c.dtype != k_pe.dtype or kv_c.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"kv_c ({kv_c.dtype}) and k_pe ({k_pe.dtype}) must share a float dtype")
+    for name, src in (("kv_c", kv_c), ("k_pe", k_pe)):
+        if src.dim() != 2 or src.shape[0] < num_tokens:
+            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {num_tokens}, width]")
+    if width != kv_c.shape[1] + k_pe.shape[1]:
+        raise ValueError(f"kv_cache entries have {width} elements; expected kv_c + k_pe = "
+                         f"{kv_c.shape[1] + k_pe.shape[1]}")
+    if kv_cache_dtype == "auto":
+        if kv_cache.dtype != kv_c.dtype:
+            raise TypeError(f"kv_cache has dtype {kv_cache.dtype} but kv_c has dtype {kv_c.dtype}")
+        return None
+    fmt = formats.get(kv_cache_dtype) if isinstance(kv_cache_dtype, str) else None
+    if fmt not in FP8_FORMATS:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not 'auto' or one of {sorted(formats)}")
+    if kv_cache.dtype != torch.uint8:
+        raise TypeError(f"kv_cache has dtype {kv_cache.dtype}; kv_cache_dtype {kv_cache_dtype} needs uint8")
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.numel() != 1:
+        raise TypeError(f"scale must be a float32 tensor of one element, got {scale!r}")
+    return fmt

@@ -11,7 +11,7 @@ import torch
 
 import oracle
 
-from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_paged_write, check_rows, check_scale
+from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_concat_mla, check_paged_write, check_rows, check_scale
 
 
 
@@ -68,35 +68,14 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     """Entry ``slot`` (block ``slot // block_size``, token ``slot % block_size``) of ``kv_cache``
     gets ``cat(kv_c[i], k_pe[i])``, as fp8 codes of ``x / scale`` (in float32, then torch's cast)
     when ``kv_cache_dtype`` names an fp8 format; negative slots are skipped, as in vLLM."""
-    if kv_cache.dim() != 3:
-        raise ValueError(f"kv_cache must be 3-D [num_blocks, block_size, entry], got {tuple(kv_cache.shape)}")
-    num_blocks, block_size, width = kv_cache.shape
+    fmt = check_concat_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
+                           {name: name for name in FP8_DTYPES})
+    num_blocks, block_size, _ = kv_cache.shape
     num_slots = num_blocks * block_size
-    if slot_mapping.dtype not in INDEX_DTYPES or slot_mapping.dim() != 1:
-        raise TypeError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
     num_tokens = slot_mapping.shape[0]
-    if kv_c.dtype != k_pe.dtype or kv_c.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"kv_c ({kv_c.dtype}) and k_pe ({k_pe.dtype}) must share a float dtype")
-    for name, src in (("kv_c", kv_c), ("k_pe", k_pe)):
-        if src.dim() != 2 or src.shape[0] < num_tokens:
-            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {num_tokens}, width]")
-    if width != kv_c.shape[1] + k_pe.shape[1]:
-        raise ValueError(f"kv_cache entries have {width} elements; expected kv_c + k_pe = "
-                         f"{kv_c.shape[1] + k_pe.shape[1]}")
-    if kv_cache_dtype == "auto":
-        fp8 = None
-        if kv_cache.dtype != kv_c.dtype:
-            raise TypeError(f"kv_cache has dtype {kv_cache.dtype} but kv_c has dtype {kv_c.dtype}")
-    elif kv_cache_dtype in FP8_DTYPES:
-        fp8 = FP8_DTYPES[kv_cache_dtype]
-        if kv_cache.dtype != torch.uint8:
-            raise TypeError(f"kv_cache has dtype {kv_cache.dtype}; kv_cache_dtype {kv_cache_dtype} needs uint8")
-        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.numel() != 1:
-            raise TypeError(f"scale must be a float32 tensor of one element, got {scale!r}")
-        if not (torch.isfinite(scale).all() and (scale > 0).all()):
-            raise ValueError(f"scale must be finite and > 0, got {float(scale.reshape(()))}")
-    else:
-        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not 'auto' or one of {sorted(FP8_DTYPES)}")
+    fp8 = FP8_DTYPES[fmt] if fmt else None
+    if fp8 is not None and not (torch.isfinite(scale).all() and (scale > 0).all()):
+        raise ValueError(f"scale must be finite and > 0, got {float(scale.reshape(()))}")
     if num_tokens and int(slot_mapping.max()) >= num_slots:
         raise ValueError(f"slot_mapping holds slot {int(slot_mapping.max())}, out of range [0, {num_slots})")
     keep = slot_mapping >= 0

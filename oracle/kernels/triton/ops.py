@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import (FLOAT_DTYPES, FP8_FORMATS, INDEX_DTYPES, KV_CACHE_DTYPES, check_paged_write,
-                       check_rows, check_scale)
+from .._checks import (FLOAT_DTYPES, FP8_FORMATS, INDEX_DTYPES, KV_CACHE_DTYPES, check_concat_mla,
+                       check_paged_write, check_rows, check_scale)
 
 KERNEL_FP8 = {"e4m3fn": 1, "e5m2": 2}  # formats the kernels implement (Triton float8e4nv, float8e5)
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -348,32 +348,10 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     (IEEE division in float32, then Triton's conversion). ``padding`` (default "negative":
     slots < 0 skipped, as in vLLM)."""
     pad = parse_padding(padding)
-    if kv_cache.dim() != 3:
-        raise ValueError(f"kv_cache must be 3-D [num_blocks, block_size, entry], got {tuple(kv_cache.shape)}")
+    fmt = check_concat_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, KV_CACHE_DTYPES)
     num_blocks, block_size, width = kv_cache.shape
     num_slots = num_blocks * block_size
-    if slot_mapping.dtype not in INDEX_DTYPES or slot_mapping.dim() != 1:
-        raise TypeError(f"slot_mapping must be 1-D int32/int64, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
     num_tokens = slot_mapping.shape[0]
-    if kv_c.dtype != k_pe.dtype or kv_c.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"kv_c ({kv_c.dtype}) and k_pe ({k_pe.dtype}) must share a float dtype")
-    for name, src in (("kv_c", kv_c), ("k_pe", k_pe)):
-        if src.dim() != 2 or src.shape[0] < num_tokens:
-            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {num_tokens}, width]")
-    if width != kv_c.shape[1] + k_pe.shape[1]:
-        raise ValueError(f"kv_cache entries have {width} elements; expected kv_c + k_pe = "
-                         f"{kv_c.shape[1] + k_pe.shape[1]}")
-    fmt = KV_CACHE_DTYPES.get(kv_cache_dtype) if isinstance(kv_cache_dtype, str) else "?"
-    if kv_cache_dtype == "auto":
-        if kv_cache.dtype != kv_c.dtype:
-            raise TypeError(f"kv_cache has dtype {kv_cache.dtype} but kv_c has dtype {kv_c.dtype}")
-    elif fmt in FP8_FORMATS:
-        if kv_cache.dtype != torch.uint8:
-            raise TypeError(f"kv_cache has dtype {kv_cache.dtype}; kv_cache_dtype {kv_cache_dtype} needs uint8")
-        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.numel() != 1:
-            raise TypeError(f"scale must be a float32 tensor of one element, got {scale!r}")
-    else:
-        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not 'auto' or one of {sorted(KV_CACHE_DTYPES)}")
     tensors = (kv_c, k_pe, kv_cache, slot_mapping) + ((scale,) if fmt else ())
     device = _device(*tensors)
     if fmt and _reads_device(validate, scale):
