@@ -42,9 +42,9 @@ BLOCK_N = (1, 2, 4, 8)
 WARPS = (1, 2, 4, 8)
 
 
-def time_us(fn, workload, n, repeats: int) -> float:
+def time_us(fn, workload, n, repeats: int, sorted_slots: bool = False) -> float:
     rotation = cold_sets(workload.op, workload.variant, n, workload)
-    if getattr(workload, "sorted_slots", False):  # keep every set's slots ascending (set_mla: args[1])
+    if sorted_slots:  # keep every set's slots ascending (set_mla_kv_buffer: args[1])
         for args in rotation:
             args[1].copy_(args[1].sort().values)
     timer = CudaTimer(fn, workload.args, use_graph=True, rotation=rotation)
@@ -61,9 +61,9 @@ def check(fn, args, baseline, workload) -> str:
     return "ok" if diff == 0 else f"DIFF {diff}"
 
 
-def cell(what, config, workload, n, fn, baseline, copy_gbps, repeats):
+def cell(what, config, workload, n, fn, baseline, copy_gbps, repeats, sorted_slots=False):
     args = workload.args
-    us = time_us(fn, workload, n, repeats)
+    us = time_us(fn, workload, n, repeats, sorted_slots)
     gbps = workload.bytes / us / 1e3
     row = {"kernel": what, "config": dict(config), "op": workload.op, "variant": workload.variant, "n": n,
            "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy_gbps, "check": check(fn, args, baseline, workload)}
@@ -100,10 +100,10 @@ def sweep_cuda(kernels, copy_gbps, repeats):
     tune = torch.ops.kv_oracle_cuda.tune
     rows = []
 
-    def run(what, knobs, w, n, fn, baseline):
+    def run(what, knobs, w, n, fn, baseline, sorted_slots=False):
         old = {k: tune(k, v) for k, v in knobs.items()}
         try:
-            rows.append(cell(what, knobs, w, n, fn, baseline, copy_gbps, repeats))
+            rows.append(cell(what, knobs, w, n, fn, baseline, copy_gbps, repeats, sorted_slots))
         finally:
             for k, v in old.items():
                 tune(k, v)
@@ -122,9 +122,9 @@ def sweep_cuda(kernels, copy_gbps, repeats):
         # the same slots in ascending order: how much of the gap to the copy ceiling is the scatter
         ordered = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
         ordered.args[1].copy_(ordered.args[1].sort().values)
-        ordered.sorted_slots = True
         for name in ("triton.set_mla_kv_buffer", "cuda.set_mla_kv_buffer"):
-            run(f"{name.split('.')[0]} mla, sorted slots", {}, ordered, n, kernels[name].fn, baseline)
+            run(f"{name.split('.')[0]} mla, sorted slots", {}, ordered, n, kernels[name].fn, baseline,
+                sorted_slots=True)
         for op, variant in (("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn")):
             w = make_workload(op, variant, n, "cuda")
             for grid in (0, -1, 4):

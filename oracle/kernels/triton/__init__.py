@@ -73,35 +73,35 @@ def register() -> None:
         fp8_note = ("no fp8 declared: " + ops.INTERPRETER_FP8)
     elif reason is None and not fp8:
         fp8_note = (f"no fp8 declared: sm_{''.join(map(str, info['capability']))} is older than "
-                    "sm_90, where Triton rounds float32 through float16 before fp8 (double rounding)")
+              "sm_90, where Triton rounds float32 through float16 before fp8 (double rounding)")
     else:
         fp8_note = ("fp8 e4m3fn/e5m2 on sm_90+: x / scale by IEEE division (div_rn) in float32, then "
-                    "Triton's conversion (saturating, inf -> ±max, NaN -> 0x7F); fnuz formats refused")
+              "Triton's conversion (saturating, inf -> ±max, NaN -> 0x7F); fnuz formats refused")
     common = dict(backend=backend, device=device, validates=True, available=available,
                   fp8_preset="triton_sm90", reasons=(("fp8_format", fp8_note),) if not fp8 else ())
     copy = "bitwise copy (rows reinterpreted as integers), int64 offsets, every stride honoured"
     _register(ops.store_cache, op="store_cache", name=f"{backend}.store_cache",
-                    dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none", **common,
-                    notes=f"{copy}; sglang's policy: every slot must be in range")
+              dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none", **common,
+              notes=f"{copy}; sglang's policy: every slot must be in range")
     _register(ops.set_mla_kv_buffer, op="set_mla_kv_buffer", name=f"{backend}.set_mla_kv_buffer",
-                    dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none", **common,
-                    notes=f"one tile of whole rows (BLOCK = next power of two of nope + rope); {copy}; "
-                          "sglang's policy: every slot must be in range")
+              dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none", **common,
+              notes=f"whole rows, one power-of-two tile per part (nope, rope); {copy}; "
+                    "sglang's policy: every slot must be in range")
     _register(ops.concat_and_cache_mla, op="concat_and_cache_mla",
-                    name=f"{backend}.concat_and_cache_mla", padding="negative", fp8_formats=fp8,
-                    scales=("tensor",), **common,
-                    notes=f"fused concat + quantize + store; {copy}; -1 slots skipped; {fp8_note}")
+              name=f"{backend}.concat_and_cache_mla", padding="negative", fp8_formats=fp8,
+              scales=("tensor",), **common,
+              notes=f"fused concat + quantize + store; {copy}; -1 slots skipped; {fp8_note}")
     _register(ops.translate_full_to_swa, op="translate_full_to_swa",
-                    name=f"{backend}.translate_full_to_swa", padding="negative", **common,
-                    notes="mapping[loc] with loc up to 4-D and strided; -1 -> -1 handled in the "
-                          "kernel, nothing read outside the table")
+              name=f"{backend}.translate_full_to_swa", padding="negative", **common,
+              notes="mapping[loc] with loc up to 4-D and strided; -1 -> -1 handled in the "
+                    "kernel, nothing read outside the table")
     _register(ops.reshape_and_cache_flash, op="reshape_and_cache_flash",
-                    name=f"{backend}.reshape_and_cache_flash", padding="negative", fp8_formats=fp8,
-                    **common,
-                    notes=f"fused quantize + store, NHD/HND/padded views by strides, per-tensor or "
-                          f"per-head scales; {copy}; -1 slots skipped; {fp8_note}")
+              name=f"{backend}.reshape_and_cache_flash", padding="negative", fp8_formats=fp8,
+              **common,
+              notes=f"fused quantize + store, NHD/HND/padded views by strides, per-tensor or "
+                    f"per-head scales; {copy}; -1 slots skipped; {fp8_note}")
     _register(ops.quantize_fp8, op="quantize_fp8", name=f"{backend}.quantize_fp8",
-                    fp8_formats=fp8, **common, notes=fp8_note)
+              fp8_formats=fp8, **common, notes=fp8_note)
 
 
 UNCHECKED_NOTE = ("validate=False: the decode fast path, no synchronizing slot/scale checks (the "
