@@ -13,7 +13,10 @@ Bytes are counted honestly, per call: every source element read, the index tenso
 byte written (the caches are never read; the scales, a few bytes, count as read). GB/s is that over
 the median time. "x baseline" is the torch baseline's time (on the kernel's device) over the
 kernel's; "% of copy" compares with a large ``copy_`` on the same device (its bytes read plus
-written, the same accounting).
+written, the same accounting), the bandwidth ceiling; "% of same-size copy" with a ``copy_`` that
+moves the call's own bytes, timed the same way in the same cell (on CUDA rotated past the L2 too):
+the ceiling at this N, which pays the launch, the first memory round trip and the drain that a
+large copy amortizes.
 
 Workloads (8 heads x 128 = 2 KiB bf16 rows for MHA, 512 + 64 bf16 for MLA, slots a random
 permutation of a cache twice the batch):
@@ -94,6 +97,7 @@ class Row:
     samples_us: list = field(default_factory=list)
     dropped: int = 0  # samples dropped as disturbed (--quiet)
     baseline: str = ""  # the kernel "x baseline" and "check" compare with (same device)
+    pct_same_copy: float | None = None  # % of a copy_ of the same bytes, timed in the same cell
 
 
 VARIANTS = {
@@ -318,6 +322,25 @@ def cold_sets(op: str, variant: str, n: int, first: Workload) -> tuple:
     return tuple(make_workload(op, variant, n, "cuda", seed=seed).args for seed in range(1, sets))
 
 
+def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)
+
+
+def same_size_copy_timer(nbytes: int, device: str, sample_seconds: float = SAMPLE_SECONDS):
+    """A timer of ``copy_`` moving ``nbytes`` (read + written, so ``nbytes // 2`` copied), timed
+    like the kernels on ``device``: on CUDA rotating among buffers that span COLD_FACTOR x the L2."""
+    half = max(1, nbytes // 2)
+
+    def pair():
+        return (torch.empty(half, dtype=torch.uint8, device=device),
+                torch.randint(0, 255, (half,), dtype=torch.uint8, device=device))
+    if not device.startswith("cuda"):
+        return CpuTimer(_copy_into, pair(), sample_seconds)
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 << 20)
+    sets = min(MAX_SETS, -(-COLD_FACTOR * l2 // (2 * half)))
+    return CudaTimer(_copy_into, pair(), rotation=tuple(pair() for _ in range(1, sets)))
+
+
 def make_timer(fn, args, device: str, sample_seconds: float = SAMPLE_SECONDS, rotation: tuple = ()):
     if device.startswith("cuda"):
         return CudaTimer(fn, args, rotation=rotation)
@@ -496,14 +519,18 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
                 timers = [make_timer(k.fn, w.args, _device_of(k), sample_seconds,
                                      rotation if _device_of(k) == "cuda" else ())
                           for k, w in zip(kernels_here, workloads)]
+                devices = list(dict.fromkeys(_device_of(k) for k in kernels_here))
+                timers += [same_size_copy_timer(workloads[0].bytes, d, sample_seconds) for d in devices]
                 samples, dropped, clean = sampler.collect(timers)
+                same_copy = {d: statistics.median(s) for d, s in zip(devices, samples[len(kernels_here):])}
                 base = _baseline_index(kernels_here)
                 checks = ["baseline" if base[i] == i else _check(k, kernels_here[base[i]], w)
                           for i, (k, w) in enumerate(zip(kernels_here, workloads))]
                 cells.append((op, variant, n, list(zip(kernels_here, workloads, samples, dropped,
                                                        [t.calls for t in timers], [t.name for t in timers],
                                                        checks, [kernels_here[b].name for b in base],
-                                                       [statistics.median(samples[b]) for b in base])), clean))
+                                                       [statistics.median(samples[b]) for b in base])),
+                              same_copy, clean))
                 if sys.stderr.isatty():
                     print(f"  timed {op} [{variant}] N={n}      ", end="\r", file=sys.stderr, flush=True)
     copies = {}
@@ -512,7 +539,7 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
         best = max((first, again), key=lambda c: c["gbps"])
         copies[device] = dict(best, runs_gbps=[first["gbps"], again["gbps"]])
     rows: list[Row] = []
-    for op, variant, n, entries, clean in cells:
+    for op, variant, n, entries, same_copy, clean in cells:
         for kernel, workload, samples, dropped, calls, timer, check, base_name, base_seconds in entries:
             base_us = base_seconds * 1e6
             median = statistics.median(samples)
@@ -522,7 +549,8 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
                             median * 1e6, gbps, base_us / (median * 1e6), 100 * gbps / copy["gbps"],
                             workload.bytes_read, workload.bytes_written, len(samples), calls,
                             min(samples) * 1e6, check if clean or not quiet else check + " (noisy)", timer,
-                            [x * 1e6 for x in samples], dropped, base_name))
+                            [x * 1e6 for x in samples], dropped, base_name,
+                            100 * same_copy[_device_of(kernel)] / median))
     for device, copy in copies.items():
         log(f"copy bandwidth ({device}), the reference for % of copy: {copy['gbps']:.1f} GB/s "
             f"(runs: {', '.join(f'{g:.1f}' for g in copy['runs_gbps'])})")
@@ -544,10 +572,11 @@ def _loadavg():
 
 def format_table(rows: list[Row], op: str, variant: str) -> str:
     header = f"{op} [{variant}]"
-    cols = ("kernel", "N", "us", "GB/s", "x baseline", "% of copy", "check")
+    cols = ("kernel", "N", "us", "GB/s", "x baseline", "% of copy", "% of same-size copy", "check")
     body = [(r.kernel, str(r.n), f"{r.us:.1f}", f"{r.gbps:.2f}",
              "-" if r.x_baseline is None else f"{r.x_baseline:.2f}",
-             "-" if r.pct_copy is None else f"{r.pct_copy:.0f}%", r.check) for r in rows]
+             "-" if r.pct_copy is None else f"{r.pct_copy:.0f}%",
+             "-" if r.pct_same_copy is None else f"{r.pct_same_copy:.0f}%", r.check) for r in rows]
     widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(cols)]
     lines = [header, "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cols, widths)))]
     for b in body:

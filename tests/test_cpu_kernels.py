@@ -609,6 +609,21 @@ def test_bench_script_times_kernels_against_the_baseline(tmp_path):
     assert rows[("torch.store_cache", 64)]["x_baseline"] == 1.0
     assert result["copy"]["cpu"]["gbps"] > 0 and result["machine"]["torch"] == torch.__version__
     assert all(len(r["samples_us"]) == 3 for r in result["rows"])
+    # the same-size copy_ is timed in each cell: its ratio is positive and says the same time
+    # over the kernel's median wherever it is defined
+    assert all(r["pct_same_copy"] > 0 for r in result["rows"])
+    assert "% of same-size copy" in run.stdout
+
+
+def test_same_size_copy_timer_moves_the_given_bytes():
+    from oracle.bench import same_size_copy_timer
+
+    timer = same_size_copy_timer(2 * 1000 + 1, "cpu")  # read + written: 1000 bytes copied
+    dst, src = timer.args
+    assert dst.numel() == src.numel() == 1000
+    dst.fill_(255)  # src holds 0..254: a copy that did not happen cannot pass
+    timer.sample()
+    assert torch.equal(dst, src)
 
 
 def test_bench_rejects_bad_options():

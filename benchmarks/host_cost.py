@@ -1,0 +1,130 @@
+"""Where a small-N Triton call's host time goes (run on a GPU; prints one table, writes JSON).
+
+At N <= 64 a KV write moves a few KB and the GPU finishes in about a microsecond, so an eager call
+costs what the host spends issuing it. This splits that cost, per call, averaged over
+``--calls`` back-to-back calls (time.perf_counter around the loop, one synchronization after it):
+
+- ``empty kernel[grid]``: an empty ``@triton.jit`` kernel of one pointer through Triton's launcher;
+- ``mla_write[grid] (raw)``: the MLA kernel through Triton's launcher with the arguments our wrapper
+  would pass, precomputed (the launcher's cost for 19 arguments and 5 constexprs);
+- ``compiled[grid] runner``: the same launch through the CompiledKernel's runner, skipping the JIT's
+  binder and cache-key work;
+- ``oracle.kernels.triton.ops.set_mla_kv_buffer(validate=False)`` and the validated call;
+- the same three for ``store_cache`` (K and V in one launch).
+
+With ``--profile`` it also prints cProfile's top entries for the unchecked wrapper.
+
+    python benchmarks/host_cost.py [--calls 3000] [--json OUT] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+
+import torch
+import triton
+
+from oracle.kernels.triton import ops
+
+
+@triton.jit
+def _empty(x_ptr):
+    pass
+
+
+def per_call_us(fn, calls: int) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return host / calls * 1e6
+
+
+def mla_raw_launch(buf, loc, nope, rope):
+    """The MLA kernel launch exactly as ``ops.set_mla_kv_buffer`` issues it, arguments prepared."""
+    n = loc.shape[0]
+    a, b, cache = ops._as_bits(nope), ops._as_bits(rope), ops._as_bits(buf)
+    t = ops.tile(n, max(a.shape[1], b.shape[1]), "mla_write", (a.shape[1], b.shape[1]))
+    grid = (ops._cdiv(n, t.block_n), max(ops._cdiv(a.shape[1], t.block_a), ops._cdiv(b.shape[1], t.block_b)))
+    args = (a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1), cache, buf.stride(0), 0, buf.stride(1),
+            loc, loc.stride(0), cache, n, a.shape[1], b.shape[1], 1, buf.shape[0], 0)
+    meta = dict(HAS_PAD_SLOT=False, FP8=0, BLOCK_N=t.block_n, BLOCK_A=t.block_a, BLOCK_B=t.block_b,
+                num_warps=t.num_warps)
+    kernel = ops.kernels().mla_write
+    return (lambda: kernel[grid](*args, **meta)), kernel, grid, args, meta
+
+
+def compiled_runner(kernel, grid, args, meta):
+    """The same launch through the CompiledKernel's own runner (``compiled[grid](*params)``),
+    skipping the JIT's binder, cache key and global checks: every parameter in order, constexprs
+    included, as ``JITFunction.run`` passes them."""
+    compiled = kernel[grid](*args, **meta)
+    params = args + tuple(meta[name] for name in ("HAS_PAD_SLOT", "FP8", "BLOCK_N", "BLOCK_A", "BLOCK_B"))
+    runner = compiled[grid + (1,) * (3 - len(grid))]
+    return lambda: runner(*params)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--json")
+    parser.add_argument("--profile", action="store_true")
+    opts = parser.parse_args()
+    dev = "cuda"
+    rows = []
+
+    def row(what, n, fn):
+        us = per_call_us(fn, opts.calls)
+        rows.append({"what": what, "n": n, "host_us": us})
+        print(f"{what:58} N={n:<3} {us:8.2f} us per call", flush=True)
+
+    flag = torch.zeros(1, device=dev)
+    row("empty kernel[grid]", 0, lambda: _empty[(1,)](flag))
+    for n in (1, 64):
+        loc = torch.randperm(4096, device=dev)[:n]
+        nope = torch.randn(n, 512, device=dev, dtype=torch.bfloat16)
+        rope = torch.randn(n, 64, device=dev, dtype=torch.bfloat16)
+        buf = torch.zeros(4096, 576, device=dev, dtype=torch.bfloat16)
+        k, v = (torch.randn(n, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        kc, vc = (torch.zeros(4096, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        raw, kernel, grid, args, meta = mla_raw_launch(buf, loc, nope, rope)
+        row("mla_write[grid] (raw, arguments prepared)", n, raw)
+        buf.zero_()
+        row("mla_write compiled[grid] runner", n, compiled_runner(kernel, grid, args, meta))
+        written = buf[loc.long()]
+        ok = torch.equal(written[:, :512], nope) and torch.equal(written[:, 512:], rope)
+        rows[-1]["writes_the_rows"] = ok
+        print(f"  the runner wrote the rows: {ok}")
+        row("ops.set_mla_kv_buffer(validate=False)", n,
+            lambda: ops.set_mla_kv_buffer(buf, loc, nope, rope, validate=False))
+        row("ops.set_mla_kv_buffer (validated)", n, lambda: ops.set_mla_kv_buffer(buf, loc, nope, rope))
+        row("ops.store_cache(validate=False)", n, lambda: ops.store_cache(k, v, kc, vc, loc, validate=False))
+        row("ops.store_cache (validated)", n, lambda: ops.store_cache(k, v, kc, vc, loc))
+        if opts.profile and n == 1:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(opts.calls):
+                ops.set_mla_kv_buffer(buf, loc, nope, rope, validate=False)
+            prof.disable()
+            torch.cuda.synchronize()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+            print(text.getvalue())
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "triton": triton.__version__,
+                       "torch": torch.__version__, "calls": opts.calls, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
