@@ -345,3 +345,56 @@ def test_gpu_check_refuses_loudly_without_a_gpu(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert summary["status"] == "pass" and summary["counts"]["pass"] >= 10 and summary["counts"]["fail"] == 0
+
+
+# ---- the compiled-kernel launch path (GPU only) ------------------------------------------------
+
+gpu = pytest.mark.skipif(not (importlib.util.find_spec("triton") and __import__("torch").cuda.is_available()),
+                         reason="needs a CUDA GPU (the compiled launch path is the GPU's)")
+
+
+@gpu
+def test_compiled_launch_keeps_one_binary_per_triton_specialization():
+    """Calls that Triton specializes differently (a pointer off 16-byte alignment, a row count of
+    1, a constexpr) each get their own compiled kernel, and every one of them writes right."""
+    import torch
+    from oracle.kernels.triton import _launch, ops
+
+    dev = "cuda"
+    buf = torch.full((64, 600), -7.0, device=dev, dtype=torch.bfloat16)
+    seen = []
+    for n, lead in ((3, 0), (3, 1), (1, 0), (3, 0)):  # the last repeats the first: a cache hit
+        nope_all = torch.randn(n, 512 + lead, device=dev, dtype=torch.bfloat16)
+        nope = nope_all[:, lead:]  # lead 1: the pointer is 2 bytes past 16-byte alignment
+        rope = torch.randn(n, 64, device=dev, dtype=torch.bfloat16)
+        loc = torch.randperm(64, device=dev)[:n]
+        before = buf.clone()
+        ops.set_mla_kv_buffer(buf, loc, nope, rope, validate=False)
+        want = before.clone()
+        want[loc, :576] = torch.cat([nope, rope], 1)
+        assert torch.equal(buf.view(torch.int16), want.view(torch.int16)), (n, lead)
+        seen.append(len(_launch.launcher(ops.kernels().mla_write).compiled))
+    assert seen[1] > seen[0] and seen[2] > seen[1] and seen[3] == seen[2]
+
+
+@gpu
+def test_compiled_launch_goes_through_the_jit_while_a_launch_hook_is_installed():
+    import torch
+    from triton import knobs
+    from oracle.kernels.triton import ops
+
+    dev = "cuda"
+    k = torch.randn(2, 4, 16, device=dev)
+    kc = torch.zeros(8, 4, 16, device=dev)
+    vc = torch.zeros(8, 4, 16, device=dev)
+    loc = torch.tensor([5, 1], device=dev)
+    names = []
+    hook = lambda metadata: names.append(metadata.get()["name"])  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        ops.store_cache(k, k, kc, vc, loc, validate=False)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    torch.cuda.synchronize()
+    assert names == ["paged_write"]
+    assert torch.equal(kc[loc], k) and torch.equal(vc[loc], k)

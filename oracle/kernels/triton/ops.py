@@ -93,6 +93,9 @@ def _capturing(tensor: torch.Tensor) -> bool:
 
 
 def _device(*tensors: torch.Tensor) -> torch.device:
+    index = tensors[0].get_device()  # an int: cheaper than comparing torch.device objects
+    if index >= 0 and all(t.get_device() == index for t in tensors):
+        return tensors[0].device  # all on one CUDA device
     device = tensors[0].device
     if any(t.device != device for t in tensors):
         devices = sorted({str(t.device) for t in tensors})
@@ -153,8 +156,19 @@ def _kernel_format(fmt: str, allow_interpreter_fp8: bool) -> int:
     return KERNEL_FP8[fmt]
 
 
+# dtypes a compiled kernel loads and stores bitwise as they are (the copy paths always store into a
+# cache of the source's own dtype, so no conversion is emitted; no NaN is canonicalized)
+_NATIVE_BITS = frozenset((torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.uint8,
+                          torch.int8, torch.int16, torch.int32, torch.int64))
+
+
 def _as_bits(tensor: torch.Tensor) -> torch.Tensor:
-    """The same view as integers of the same width (strides and offset unchanged)."""
+    """The same view as integers of the same width (strides and offset unchanged). On a GPU the
+    common dtypes go as they are: the view costs a microsecond of host time per tensor, and the
+    compiled copy moves their bits unchanged (the conformance suite's special values, NaN payloads
+    included, check it); the interpreter computes through numpy, so it always gets integers."""
+    if tensor.dtype in _NATIVE_BITS and not interpreting():
+        return tensor
     return tensor.view(_INT_OF_SIZE[tensor.element_size()])
 
 
@@ -234,11 +248,23 @@ def _gpu_tile(large: bool, row: int, kernel: str, parts: tuple) -> Tile:
 
 
 def _launch(kernel, grid, device: torch.device, *args, **meta) -> None:
-    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
-        with torch.cuda.device(device):
-            kernel[grid](*args, **meta)
-    else:
+    """``kernel[grid](*args, **meta)`` on ``device``: on a GPU through the cached compiled kernel
+    (:mod:`._launch`), which costs about half the JIT's host time per call."""
+    if device.type != "cuda":  # the interpreter
         kernel[grid](*args, **meta)
+        return
+    global _launcher
+    if _launcher is None:
+        from ._launch import launcher as _launcher
+    index = device.index
+    if index != torch._C._cuda_getDevice():  # the current device, without torch.cuda's lazy-init checks
+        with torch.cuda.device(index):
+            _launcher(kernel).launch(grid, index, args, meta)
+    else:
+        _launcher(kernel).launch(grid, index, args, meta)
+
+
+_launcher = None  # ._launch.launcher, imported (with triton) on the first GPU launch
 
 
 def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, fp8: int = 0,
@@ -331,8 +357,10 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, 
     width_a, width_b = a.shape[1], b.shape[1]
     t = tile(n, max(width_a, width_b), "mla_write", (width_a, width_b))
     grid = (_cdiv(n, t.block_n), max(_cdiv(width_a, t.block_a), _cdiv(width_b, t.block_b)))
+    a0, a1 = a.stride()
+    b0, b1 = b.stride()
     _launch(kernels().mla_write, grid, device,
-            a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1),
+            a, a0, a1, b, b0, b1,
             cache, block_stride, token_stride, elem_stride,
             index, index.stride(0), scale if scale is not None else cache,
             n, width_a, width_b, block_size, num_slots,
