@@ -9,10 +9,9 @@ compared byte for byte with the torch-on-CUDA baseline's ("check").
 
 - Triton: rows per program (``block_n``) x ``num_warps`` for the three kernels, through
   ``oracle.kernels.triton.ops.TUNING``.
-- CUDA: the ``kv_oracle_cuda::tune`` knobs: ``mla_bulk`` with ``mla_bulk_stages`` (the bulk-load
-  pipeline: rows in flight per thread) and ``mla_evict_first``; with ``mla_bulk`` 0 the
-  register-staged TMA path's ``mla_rows`` (rows a warp stages per iteration) x ``mla_warps``
-  (warps per block) x ``mla_evict_first`` (L2 evict-first bulk stores), ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path for comparison, and
+- CUDA: the ``kv_oracle_cuda::tune`` knobs: ``mla_rows`` (rows a warp stages per iteration on the
+  TMA path) x ``mla_warps`` (warps per block) x ``mla_evict_first`` (L2 evict-first bulk stores),
+  ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path for comparison, and
   ``copy_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
 
 The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h``
@@ -112,15 +111,11 @@ def sweep_cuda(kernels, copy_gbps, repeats):
     for n in SIZES:
         w = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
         baseline = kernels["torch-cuda.set_mla_kv_buffer"].fn
-        for stages, evict in itertools.product((2, 4), (0, 1, 2, 3)):
-            run("cuda mla bulk-load", {"mla_bulk": 1, "mla_bulk_stages": stages, "mla_evict_first": evict}, w, n,
-                kernels["cuda.set_mla_kv_buffer"].fn, baseline)
         for rows_, warps, evict in itertools.product((1, 2), (1, 2, 4, 8), (0, 2)):
-            run("cuda mla tma", {"mla_bulk": 0, "mla_rows": rows_, "mla_warps": warps, "mla_evict_first": evict},
-                w, n, kernels["cuda.set_mla_kv_buffer"].fn, baseline)
+            run("cuda mla tma", {"mla_rows": rows_, "mla_warps": warps, "mla_evict_first": evict}, w, n,
+                kernels["cuda.set_mla_kv_buffer"].fn, baseline)
         for grid in (0, 4):
-            run("cuda mla tma", {"mla_bulk": 0, "mla_grid": grid}, w, n, kernels["cuda.set_mla_kv_buffer"].fn,
-                baseline)
+            run("cuda mla tma", {"mla_grid": grid}, w, n, kernels["cuda.set_mla_kv_buffer"].fn, baseline)
         direct = lambda buf, loc, nope, rope: torch.ops.kv_oracle_cuda.set_mla_kv_buffer(buf, loc, nope, rope, "direct")  # noqa: E731
         for warps in (1, 2, 4, 8):
             run("cuda mla direct", {"mla_warps": warps}, w, n, direct, baseline)

@@ -420,15 +420,14 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     want_mla, want_k = buf.clone(), kc.clone()
     want_mla[loc] = torch.cat([nope, rope], dim=1)
     want_k[loc] = k
-    knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "mla_bulk", "mla_bulk_stages")
-    defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 2 if name == "mla_bulk_stages" else 0)
-                for name in knobs}
+    knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid")
+    defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 0) for name in knobs}
     for name, value in defaults.items():
         tune(name, value)
     try:
         for i, (rows, warps, grid) in enumerate(itertools.product((1, 2, 4), (1, 2, 4, 8), (-1, 0, 4))):
             settings = {"mla_rows": rows, "mla_warps": warps, "mla_grid": grid, "mla_evict_first": i % 4,
-                        "copy_grid": grid, "mla_bulk": i % 2, "mla_bulk_stages": 2 if i % 3 else 4}
+                        "copy_grid": grid}
             for name, value in settings.items():
                 tune(name, value)
             got_mla, got_k, got_v = buf.clone(), kc.clone(), kc.clone()
@@ -441,8 +440,8 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     finally:
         for name, value in defaults.items():
             tune(name, value)
-    with pytest.raises(ValueError, match="knob='mla_depth' is not one of"):
-        tune("mla_depth", 1)
+    with pytest.raises(ValueError, match="knob='mla_stages' is not one of"):
+        tune("mla_stages", 1)
     with pytest.raises(ValueError, match="value=3 is out of range for knob 'mla_rows'"):
         tune("mla_rows", 3)
     assert tune("mla_rows", defaults["mla_rows"]) == defaults["mla_rows"]  # nothing changed it
@@ -486,8 +485,7 @@ def test_mla_bench_workload_takes_the_tma_path():
     n = 16384
     buf = torch.zeros((2 * n, 576), dtype=torch.bfloat16, device="cuda")
     nope, rope = _rand((n, 512), torch.bfloat16, 1), _rand((n, 64), torch.bfloat16, 2)
-    assert _ops().mla_plan(buf, _slots(n, 2 * n, 3), nope, rope, "auto", 16) == "tma bulk-load"
-    assert _ops().mla_plan(buf, _slots(n, 2 * n, 3), nope, rope, "auto", 8) == "tma load=8"
+    assert _ops().mla_plan(buf, _slots(n, 2 * n, 3), nope, rope, "auto", 16) == "tma load=16"
 
 
 @gpu

@@ -390,8 +390,7 @@ void set_mla_kv_buffer(const Tensor& kv_buffer, const Tensor& loc, const Tensor&
 std::string mla_plan(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope, const Tensor& rope,
                      c10::string_view path, int64_t max_vec) {
   MlaPlan plan = plan_mla(kv_buffer, loc, nope, rope, std::string(path), max_vec);
-  const bool bulk = plan.tma && plan.width == 16 && kvo_cuda::launch_tuning().mla_bulk;
-  return (bulk ? std::string("tma bulk-load") : (plan.tma ? "tma load=" : "direct vec=") + std::to_string(plan.width)) +
+  return (plan.tma ? "tma load=" : "direct vec=") + std::to_string(plan.width) +
          (plan.empty ? " (nothing to write)" : "");
 }
 
@@ -579,8 +578,7 @@ int64_t tune(c10::string_view knob, int64_t value) {
   struct Knob { const char* name; int* field; int64_t low, high; bool power_of_two; };
   const Knob knobs[] = {{"mla_rows", &t.mla_rows, 1, 4, true}, {"mla_warps", &t.mla_warps, 1, 8, true},
                         {"mla_grid", &t.mla_grid, -1, 64, false}, {"copy_grid", &t.copy_grid, -1, 64, false},
-                        {"mla_evict_first", &t.mla_evict_first, 0, 3, false}, {"mla_bulk", &t.mla_bulk, 0, 1, false},
-                        {"mla_bulk_stages", &t.mla_bulk_stages, 2, 4, true}};
+                        {"mla_evict_first", &t.mla_evict_first, 0, 3, false}};
   for (const Knob& k : knobs) {
     if (name != k.name) continue;
     TORCH_CHECK_VALUE(value >= k.low && value <= k.high && (!k.power_of_two || (value & (value - 1)) == 0),
@@ -590,8 +588,7 @@ int64_t tune(c10::string_view knob, int64_t value) {
     *k.field = static_cast<int>(value);
     return old;
   }
-  TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_grid, copy_grid, "
-                    "mla_evict_first, mla_bulk, mla_bulk_stages");
+  TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_grid, copy_grid, mla_evict_first");
   return 0;
 }
 

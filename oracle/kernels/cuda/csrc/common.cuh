@@ -121,48 +121,6 @@ __device__ __forceinline__ void bulk_wait_all() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-// ---------------------------------------------------------------- PTX: mbarriers and bulk loads
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-
-// Make barrier initializations visible to the async proxy (the bulk copies that complete on them).
-__device__ __forceinline__ void fence_mbar_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// This thread's arrival on `bar`, announcing `bytes` the bulk loads will complete on it.
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-
-// Whether phase `parity` of `bar` has completed (spin on it).
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  return done != 0;
-}
-
-// shared[dst .. dst + bytes) <- global[src ..), completing `bytes` on `bar`; bytes % 16 == 0, both
-// 16-byte aligned. With a policy, the source lines are read with that L2 eviction priority.
-__device__ __forceinline__ void bulk_load(uint32_t dst_smem, const unsigned char* src, uint32_t bytes,
-                                          uint32_t bar) {
-  const uint64_t g = static_cast<uint64_t>(__cvta_generic_to_global(src));
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               :: "r"(dst_smem), "l"(g), "r"(bytes), "r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void bulk_load_policy(uint32_t dst_smem, const unsigned char* src, uint32_t bytes,
-                                                 uint32_t bar, uint64_t policy) {
-  const uint64_t g = static_cast<uint64_t>(__cvta_generic_to_global(src));
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-      :: "r"(dst_smem), "l"(g), "r"(bytes), "r"(bar), "l"(policy) : "memory");
-}
-
 // Two float32 -> two fp8 codes with round-to-nearest-even and .satfinite (overflow and +-inf to
 // +-max, NaN to NaN). PTX packs operand a into the upper byte, b into the lower one, so `lo`
 // (the first element in memory) is passed as b.

@@ -75,9 +75,7 @@ struct MlaArgs {
 };
 
 // TMA path: each warp stages a whole row (nope then rope) in shared memory with `load_bytes`-wide
-// loads and one lane stores it with one cp.async.bulk (global <- shared). With load_bytes 16 and
-// LaunchTuning::mla_bulk, every thread instead runs its own pipeline of bulk loads (global ->
-// shared, completing on an mbarrier) and bulk stores, so the rows never pass through registers. Needs
+// loads and one lane stores it with one cp.async.bulk (global <- shared). Needs
 // (nope_bytes + rope_bytes) % 16 == 0 and dst, dst_row 16-byte aligned; load_bytes must divide the
 // source pointers, row strides and both part sizes.
 cudaError_t launch_mla_tma(const MlaArgs& args, int load_bytes, cudaStream_t stream);
@@ -102,8 +100,6 @@ struct LaunchTuning {
                             // 0 as many as fit (a persistent grid whose warps loop), k > 0 at most k
   int copy_grid = -1;       // the same for the copy and fp8 kernels (one warp per row and side)
   int mla_evict_first = 2;  // TMA path: bit 0 source loads, bit 1 bulk stores marked L2 evict-first
-  int mla_bulk = 1;         // TMA path, 16-byte-aligned sources: bulk loads too (no registers), 0 off
-  int mla_bulk_stages = 2;  // rows each thread of the bulk-load kernel keeps in flight: 2 or 4
 };
 LaunchTuning& launch_tuning();
 

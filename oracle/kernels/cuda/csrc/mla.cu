@@ -11,22 +11,12 @@
 // has (wait_group.read 0: the writes complete on their own; only the shared memory they read must
 // outlive the block). No block-wide barrier anywhere.
 //
-// Bulk-load path (mla_bulk_kernel, sources 16-byte aligned): every thread is its own pipeline of
-// Stages shared-memory row buffers, each with an mbarrier. It issues the bulk loads (nope, then
-// rope right after it) of its first Stages rows at once, and then for each row: waits for the
-// row's barrier phase, issues the bulk store to the row's slot (or nothing for a skipped slot),
-// commits it as a bulk group, waits until the previous row's store has finished READING its
-// buffer (wait_group.read 1) and refills that buffer with the row Stages further on. Rows never
-// touch registers, and a block of ~96 threads keeps ~190 rows (220 KB) in flight per SM.
-//
 // Direct path (mla_direct_kernel): the same warp-per-row loop with global -> global vector copies,
 // for rows the bulk copy cannot take (row bytes not a multiple of 16, a destination or row stride
 // that is not 16-byte aligned, or a row too large to stage).
 //
 // Slots outside [0, num_slots) are skipped; the binding rejects them before launching (except
 // under CUDA-graph capture), so that is only a guard against writing outside the buffer.
-#include <atomic>
-
 #include "common.cuh"
 
 namespace kvo_cuda {
@@ -115,67 +105,6 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   __syncwarp();
 }
 
-template <typename IdxT, int Stages>
-__global__ void __launch_bounds__(kThreads) mla_bulk_kernel(const __grid_constant__ MlaArgs a,
-                                                            int64_t stage_bytes, int evict_first) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int t = threadIdx.x;
-  // [blockDim.x][Stages] row buffers, then [blockDim.x][Stages] mbarriers (stage_bytes % 128 == 0)
-  const uint32_t ring = smem_addr(smem) + static_cast<uint32_t>(t * Stages * stage_bytes);
-  const uint32_t bars = smem_addr(smem) + static_cast<uint32_t>(blockDim.x * Stages * stage_bytes + t * Stages * 8);
-  const uint32_t nope_bytes = static_cast<uint32_t>(a.nope_bytes);
-  const uint32_t rope_bytes = static_cast<uint32_t>(a.rope_bytes);
-  const uint32_t row_bytes = nope_bytes + rope_bytes;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + t;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const uint64_t policy = evict_first ? evict_first_policy() : 0;
-#pragma unroll
-  for (int s = 0; s < Stages; ++s) mbar_init(bars + 8 * s, 1);
-  fence_mbar_init();
-
-  // the k-th row of this thread into buffer k % Stages
-  auto issue = [&](int64_t k) {
-    const int64_t row = first + k * step;
-    if (row >= a.n) return;
-    const int s = static_cast<int>(k % Stages);
-    const uint32_t bar = bars + 8 * s;
-    const uint32_t buf = ring + static_cast<uint32_t>(s * stage_bytes);
-    mbar_expect_tx(bar, row_bytes);
-    const unsigned char* parts[2] = {a.nope + row * a.nope_row, a.rope + row * a.rope_row};
-    const uint32_t sizes[2] = {nope_bytes, rope_bytes};
-    uint32_t at = buf;
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      if (sizes[p] == 0) continue;
-      if (evict_first & 1) bulk_load_policy(at, parts[p], sizes[p], bar, policy);
-      else bulk_load(at, parts[p], sizes[p], bar);
-      at += sizes[p];
-    }
-  };
-#pragma unroll
-  for (int k = 0; k < Stages; ++k) issue(k);
-  for (int64_t k = 0; first + k * step < a.n; ++k) {
-    const int64_t row = first + k * step;
-    const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);  // in flight while we wait
-    const int s = static_cast<int>(k % Stages);
-    const uint32_t parity = static_cast<uint32_t>((k / Stages) & 1);
-    while (!mbar_try_wait(bars + 8 * s, parity)) {
-    }
-    if (slot >= 0 && slot < a.num_slots) {
-      unsigned char* dst = a.dst + slot * a.dst_row;
-      const uint32_t buf = ring + static_cast<uint32_t>(s * stage_bytes);
-      if (evict_first & 2) bulk_store_policy(dst, buf, row_bytes, policy);
-      else bulk_store(dst, buf, row_bytes);
-    }
-    bulk_commit();  // one group per row, empty for a skipped slot: group k is row k
-    if (k >= 1) {
-      bulk_wait_read<1>();  // group k - 1 has read its buffer: refill it
-      issue(k - 1 + Stages);
-    }
-  }
-  bulk_wait_read<0>();  // the shared memory must outlive the last stores' reads
-}
-
 template <typename IdxT, int Vec>
 __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a) {
   using V = typename VecOf<Vec>::type;
@@ -229,40 +158,6 @@ cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t
   return cudaGetLastError();
 }
 
-// The opt-in shared memory per block of the current device (227 KB on an H100).
-int max_smem_optin() {
-  int device = 0, bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 48 * 1024;
-  }
-  return bytes;
-}
-
-template <typename IdxT, int Stages>
-cudaError_t launch_bulk_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t stream) {
-  const int64_t optin = max_smem_optin();
-  const int64_t per_thread = Stages * (stage_bytes + 8);
-  int64_t threads = optin / per_thread / 32 * 32;
-  if (threads > kThreads) threads = kThreads;
-  if (threads < 32) return cudaErrorInvalidValue;
-  const size_t smem = static_cast<size_t>(threads * per_thread);
-  auto kernel = mla_bulk_kernel<IdxT, Stages>;
-  // raising the kernel's dynamic shared memory limit costs a driver call: once per device
-  static std::atomic<bool> raised[64];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return cudaGetLastError();
-  if (device < 0 || device >= 64 || !raised[device].load(std::memory_order_relaxed)) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(optin));
-    if (err != cudaSuccess) return err;
-    if (device >= 0 && device < 64) raised[device].store(true, std::memory_order_relaxed);
-  }
-  const unsigned grid = grid_for(kernel, (a.n + 31) / 32, smem, static_cast<int>(threads), 0);
-  kernel<<<grid, static_cast<unsigned>(threads), smem, stream>>>(a, stage_bytes, launch_tuning().mla_evict_first);
-  return cudaGetLastError();
-}
-
 template <typename IdxT, int Vec>
 cudaError_t launch_direct_typed(const MlaArgs& a, cudaStream_t stream) {
   auto kernel = mla_direct_kernel<IdxT, Vec>;
@@ -282,10 +177,6 @@ cudaError_t launch_mla_tma(const MlaArgs& args, int load_bytes, cudaStream_t str
   const int rows = mla_rows_for(stage_bytes);
   return with_index(args.index_type, [&](auto idx) {
     using IdxT = decltype(idx);
-    if (load_bytes == 16 && launch_tuning().mla_bulk) {  // 16 divides every source address and size
-      return launch_tuning().mla_bulk_stages == 4 ? launch_bulk_typed<IdxT, 4>(args, stage_bytes, stream)
-                                                  : launch_bulk_typed<IdxT, 2>(args, stage_bytes, stream);
-    }
     return with_vec(load_bytes, [&](auto load) {
       constexpr int Load = decltype(load)::value;
       switch (rows) {
