@@ -17,7 +17,7 @@ compared byte for byte with the torch-on-CUDA baseline's ("check").
 The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h``
 (``LaunchTuning``) come from this sweep; docs/benchmarks.md records the run.
 
-    python benchmarks/tune_gpu.py [--json OUT] [--repeats 15] [--only triton|cuda]
+    python benchmarks/tune_gpu.py [--json OUT] [--repeats 15] [--only triton|cuda] [--sizes 16384,65536]
 """
 
 from __future__ import annotations
@@ -72,12 +72,12 @@ def cell(what, config, workload, n, fn, baseline, copy_gbps, repeats, sorted_slo
     return row
 
 
-def sweep_triton(kernels, copy_gbps, repeats):
+def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES):
     from oracle.kernels.triton import ops
 
     rows = []
     for name, workloads in TRITON.items():
-        for (op, variant), n in itertools.product(workloads, SIZES):
+        for (op, variant), n in itertools.product(workloads, sizes):
             w = make_workload(op, variant, n, "cuda")
             baseline = kernels[f"torch-cuda.{op}"].fn
             fn = kernels[f"triton.{op}"].fn
@@ -90,7 +90,7 @@ def sweep_triton(kernels, copy_gbps, repeats):
     return rows
 
 
-def sweep_cuda(kernels, copy_gbps, repeats):
+def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES):
     from oracle.kernels.cuda import _build
 
     reason = _build.load()  # the registry loads the library lazily, on the first call
@@ -108,7 +108,7 @@ def sweep_cuda(kernels, copy_gbps, repeats):
             for k, v in old.items():
                 tune(k, v)
 
-    for n in SIZES:
+    for n in sizes:
         w = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
         baseline = kernels["torch-cuda.set_mla_kv_buffer"].fn
         for rows_, warps, evict in itertools.product((1, 2), (1, 2, 4, 8), (0, 2)):
@@ -137,15 +137,18 @@ def main() -> int:
     parser.add_argument("--json")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", choices=("triton", "cuda"))
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
+                        help="comma-separated row counts (default %(default)s)")
     args = parser.parse_args()
+    sizes = tuple(int(x) for x in args.sizes.split(","))
     kernels = default_registry.discover().kernels
     copy = copy_bandwidth("cuda", nbytes=1 << 30)
     print(f"{torch.cuda.get_device_name()}: copy ceiling {copy['gbps']:.1f} GB/s", flush=True)
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbps": copy["gbps"], "rows": []}
     if args.only in (None, "triton"):
-        out["rows"] += sweep_triton(kernels, copy["gbps"], args.repeats)
+        out["rows"] += sweep_triton(kernels, copy["gbps"], args.repeats, sizes)
     if args.only in (None, "cuda"):
-        out["rows"] += sweep_cuda(kernels, copy["gbps"], args.repeats)
+        out["rows"] += sweep_cuda(kernels, copy["gbps"], args.repeats, sizes)
     best = {}
     for r in out["rows"]:
         key = (r["kernel"], r["op"], r["variant"], r["n"])

@@ -6,7 +6,8 @@ timed on the same inputs: a few warm-up calls, then ``--repeats`` samples of eno
 calls to last a few milliseconds each; the figure is the median per call. CPU kernels are timed with
 ``time.perf_counter``, CUDA kernels (only when CUDA is available) with CUDA events, replaying a
 CUDA graph of the calls where one can be captured (small N is dominated by launch overhead
-otherwise), rotating among several input sets (other slots, other data) that together span four
+otherwise; the graph holds enough calls, sized from its own replay time, for a sample to last
+about 2 ms, so the replay's launch does not weigh on each call), rotating among several input sets (other slots, other data) that together span four
 times the GPU's L2 cache, so that a batch which fits in L2 is timed against memory, not the cache.
 
 Bytes are counted honestly, per call: every source element read, the index tensor read, every cache
@@ -59,6 +60,7 @@ MLA_NOPE, MLA_ROPE = 512, 64
 BLOCK_SIZE = 16
 COPY_BYTES = 256 << 20  # the copy_ reference: 256 MiB read, 256 MiB written
 SAMPLE_SECONDS = 2e-3  # each sample runs enough calls to last about this long
+MAX_CALLS = 2000  # calls per sample at most (a CUDA graph of them)
 
 
 @dataclass
@@ -266,20 +268,20 @@ class CudaTimer:
         self.end.record()
         self.end.synchronize()
         once = self.start.elapsed_time(self.end) / 1e3
-        self.calls = max(1, min(1000, int(SAMPLE_SECONDS / max(once, 1e-7))))
+        self.calls = max(1, min(MAX_CALLS, int(SAMPLE_SECONDS / max(once, 1e-7))))
         self.name, self.replay = "cuda events", None
         if use_graph:
             try:
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    fn(*args)  # warm-up on the capture stream
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for i in range(self.calls):
-                        fn(*sets[i % len(sets)])
-                self.graph, self.replay, self.name = graph, graph.replay, "cuda events + graph"
+                self._capture(fn, args, sets, self.calls)
+                # The eager call above includes host work that a replay does not (validation, the
+                # launcher), so a replay of `calls` can be far shorter than a sample should be,
+                # and the replay's own launch (microseconds) would weigh on every call: size the
+                # graph again from the replay's time.
+                per_call = self._replay_seconds() / self.calls
+                wanted = max(1, min(MAX_CALLS, int(SAMPLE_SECONDS / max(per_call, 1e-8))))
+                if wanted > 2 * self.calls:
+                    self._capture(fn, args, sets, wanted)
+                self.name = "cuda events + graph"
             except Exception:
                 torch.cuda.synchronize()
                 self.replay = None
@@ -295,12 +297,30 @@ class CudaTimer:
         self.replay()
         torch.cuda.synchronize()
 
-    def sample(self) -> float:
+    def _capture(self, fn, args, sets, calls: int) -> None:
+        """Replay a CUDA graph of ``calls`` calls from now on."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn(*args)  # warm-up on the capture stream
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                fn(*sets[i % len(sets)])
+        self.graph, self.replay, self.calls = graph, graph.replay, calls
+        self.replay()  # the first replay uploads the graph
+        torch.cuda.synchronize()
+
+    def _replay_seconds(self) -> float:
         self.start.record()
         self.replay()
         self.end.record()
         self.end.synchronize()
-        return self.start.elapsed_time(self.end) / 1e3 / self.calls
+        return self.start.elapsed_time(self.end) / 1e3
+
+    def sample(self) -> float:
+        return self._replay_seconds() / self.calls
 
 
 COLD_FACTOR = 4  # rotate among input sets until they span this many times the GPU's L2 cache
