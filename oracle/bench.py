@@ -279,7 +279,7 @@ class CudaTimer:
                 # graph again from the replay's time.
                 per_call = self._replay_seconds() / self.calls
                 wanted = max(1, min(MAX_CALLS, int(SAMPLE_SECONDS / max(per_call, 1e-8))))
-                if wanted > 2 * self.calls:
+                if 4 * wanted > 5 * self.calls:  # more than 25% short of a full sample
                     self._capture(fn, args, sets, wanted)
                 self.name = "cuda events + graph"
             except Exception:
