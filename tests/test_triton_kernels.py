@@ -398,3 +398,45 @@ def test_compiled_launch_goes_through_the_jit_while_a_launch_hook_is_installed()
     torch.cuda.synchronize()
     assert names == ["paged_write"]
     assert torch.equal(kc[loc], k) and torch.equal(vc[loc], k)
+
+
+@gpu
+def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
+    """``pdl=True`` (programmatic dependent launch): back-to-back writes whose second reads what
+    the first wrote (its source is the first's cache row) still see it, eagerly and in a graph."""
+    import torch
+    from oracle.kernels.triton import ops
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90")
+    dev = "cuda"
+    n = 64
+    buf = torch.full((256, 576), 3.0, device=dev, dtype=torch.bfloat16)
+    nope = torch.randn(n, 512, device=dev, dtype=torch.bfloat16)
+    rope = torch.randn(n, 64, device=dev, dtype=torch.bfloat16)
+    first, second = torch.arange(0, n, device=dev), torch.arange(128, 128 + n, device=dev)
+
+    def step():
+        ops.set_mla_kv_buffer(buf, first, nope, rope, validate=False, pdl=True)
+        # rows 0..n-1 of buf, just written, are the sources of the second write
+        ops.set_mla_kv_buffer(buf, second, buf[:n, :512], buf[:n, 512:], validate=False, pdl=True)
+
+    step()
+    torch.cuda.synchronize()
+    want = torch.cat([nope, rope], 1)
+    assert torch.equal(buf[:n], want) and torch.equal(buf[128:128 + n], want)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        nope.copy_(torch.randn_like(nope))
+        rope.copy_(torch.randn_like(rope))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = torch.cat([nope, rope], 1)
+        assert torch.equal(buf[:n], want) and torch.equal(buf[128:128 + n], want)

@@ -78,7 +78,8 @@ def register() -> None:
         fp8_note = ("fp8 e4m3fn/e5m2 on sm_90+: x / scale by IEEE division (div_rn) in float32, then "
               "Triton's conversion (saturating, inf -> ±max, NaN -> 0x7F); fnuz formats refused")
     common = dict(backend=backend, device=device, validates=True, available=available,
-                  fp8_preset="triton_sm90", reasons=(("fp8_format", fp8_note),) if not fp8 else ())
+                  fp8_preset="triton_sm90", reasons=(("fp8_format", fp8_note),) if not fp8 else (),
+                  pdl=reason is None and not info["interpret"] and info["capability"] >= (9, 0))
     copy = "bitwise copy (rows reinterpreted as integers), int64 offsets, every stride honoured"
     _register(ops.store_cache, op="store_cache", name=f"{backend}.store_cache",
               dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none", **common,
@@ -109,12 +110,20 @@ UNCHECKED_NOTE = ("validate=False: the decode fast path, no synchronizing slot/s
 WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash")
 
 
-def _register(fn, **fields) -> None:
+PDL_NOTE = ("pdl=True, validate=False: launched with programmatic dependent launch (sm_90+), as a "
+            "decode graph would; griddepcontrol.wait before any memory access")
+
+
+def _register(fn, pdl: bool = False, **fields) -> None:
     """Register ``fn``; a writer also as ``<name>.unchecked``, called with ``validate=False``: the
     same contract with ``validates=False``, so every in-contract case runs on the fast path too
-    and only the bad-input cases are left out."""
+    and only the bad-input cases are left out; with ``pdl`` (an sm_90+ GPU) also as
+    ``<name>.pdl``, the fast path launched with programmatic dependent launch."""
     oracle.register(fn, **fields)
     if fields["op"] in WRITERS:
         unchecked = dict(fields, name=fields["name"] + ".unchecked", validates=False,
                          notes=f"{UNCHECKED_NOTE}; {fields['notes']}")
         oracle.register(functools.partial(fn, validate=False), **unchecked)
+        if pdl:
+            oracle.register(functools.partial(fn, validate=False, pdl=True),
+                            **dict(unchecked, name=fields["name"] + ".pdl", notes=f"{PDL_NOTE}; {fields['notes']}"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 FP8_NONE, FP8_E4M3FN, FP8_E5M2 = 0, 1, 2
 
@@ -43,6 +44,17 @@ def _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
     if HAS_PAD_SLOT:
         keep = keep & (slot != pad_slot)
     return slot, keep
+
+
+@triton.jit
+def _pdl_prologue(PDL: tl.constexpr):
+    """Under programmatic dependent launch (``launch_pdl=True``, sm_90+) this grid may be launched
+    while the previous kernel on the stream still runs: wait for it to complete (its writes, and
+    its reads of the cache we are about to write) before touching memory, then let the next
+    kernel launch early in turn. What overlaps is only the launch and the scheduling of programs."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -65,7 +77,7 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
                 n, heads, dim, block_size, num_slots, pad_slot,
                 src2_ptr, dst2_ptr, scale2_ptr,
                 HAS_INDEX: tl.constexpr, HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
-                FLAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+                FLAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     """Grid axis 2 is the side: programs ``(i, j, 1)`` write ``src2`` into ``dst2`` with
     ``scale2`` (V next to K in one launch; the host passes both sides' shared strides).
 
@@ -114,10 +126,12 @@ def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
               idx_ptr, idx_stride, scale_ptr,
               n, width_a, width_b, block_size, num_slots, pad_slot,
               HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+              BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr):
     """Columns ``[j * BLOCK_A, (j + 1) * BLOCK_A)`` of part a and ``[j * BLOCK_B, ...)`` of part
     b for program ``(i, j)``: each part in its own power-of-two tile, so no lane is spent on the
-    padding of one tile over the whole ``a | b`` row, and both copies vectorize."""
+    padding of one tile over the whole ``a | b`` row, and both copies vectorize. ``PDL``: see
+    :func:`_pdl_prologue`."""
+    _pdl_prologue(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,

@@ -12,7 +12,11 @@ The checks that read device values (slot ranges, scale values, the sentinel) cos
 synchronization, tens of microseconds that dwarf a decode step's launch. They are skipped under
 CUDA-graph capture (reading would break it) and with the keyword ``validate=False``, the fast path
 for callers that vouch for their slots (serving engines in decode; registered as
-``triton.<op>.unchecked`` with ``validates=False``). Metadata (dtypes, shapes, strides, devices)
+``triton.<op>.unchecked`` with ``validates=False``). The writers' keyword ``pdl=True`` launches
+with programmatic dependent launch (sm_90+): the kernel may start while the previous one on the
+stream finishes and waits for it (``griddepcontrol.wait``) before touching memory, so only launch
+latency overlaps; registered as ``triton.<op>.pdl`` (with ``validate=False``, the way a decode
+graph calls it). Metadata (dtypes, shapes, strides, devices)
 is always checked, and the kernels never write a slot outside the cache whatever the index holds:
 an out-of-range slot is skipped, not written.
 """
@@ -268,13 +272,14 @@ _launcher = None  # ._launch.launcher, imported (with triton) on the first GPU l
 
 
 def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, fp8: int = 0,
-                scale=None, device=None, second=None):
+                scale=None, device=None, second=None, pdl: bool = False):
     """Launch ``paged_write`` for rows ``src`` ``[N, H, D]`` into a cache addressed by
     ``cache5 = (tensor, block_stride, token_stride, head_stride, dim_stride)``; ``second``, a
     ``(src, cache, scale)`` with the same shapes and strides, rides along as side 1 of the same
     launch."""
     (_, heads, dim), (s0, s1, s2) = _rows3("source", src)
     cache, block_stride, token_stride, c_h, c_d = cache5
+    pdl = pdl and not interpreting()
     if n == 0 or heads * dim == 0:
         return
     flat = (heads == 1 or (s1 == dim * s2 and c_h == dim * c_d)) and (scale is None or scale.numel() == 1)
@@ -291,7 +296,13 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, 
             padding.reserved if padding.reserved is not None else 0,
             src2, cache2, scale2 if scale2 is not None else scale_t,
             HAS_INDEX=index is not None, HAS_PAD_SLOT=padding.reserved is not None, FP8=fp8, FLAT=flat,
-            BLOCK_N=t.block_n, BLOCK_R=t.block_r, num_warps=t.num_warps)
+            BLOCK_N=t.block_n, BLOCK_R=t.block_r, PDL=pdl, num_warps=t.num_warps, **_pdl_option(pdl))
+
+
+def _pdl_option(pdl: bool) -> dict:
+    """The launch option for programmatic dependent launch, only when asked (pre-sm_90 GPUs know
+    no such launch; the interpreter has no launches to overlap, so it ignores ``pdl``)."""
+    return {"launch_pdl": True} if pdl else {}
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -300,7 +311,7 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # --- the ops -------------------------------------------------------------------------------
 
-def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True):
+def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, pdl=False):
     """``k_cache[loc] = k; v_cache[loc] = v``, rows ``[H, D]`` copied bitwise (any dtype; fp8
     pools as uint8), every stride honoured. ``padding`` (default "none": every slot in range)."""
     pad = parse_padding(padding)
@@ -319,15 +330,15 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True):
     if _same_layout(k, v) and _same_layout(k_cache, v_cache):  # the usual case: one launch
         _, strides = _rows3("cache", k_cache)
         _paged_rows(_as_bits(k), (_as_bits(k_cache), strides[0], 0, strides[1], strides[2]), loc, n,
-                    1, num_slots, pad, device=device, second=(_as_bits(v), _as_bits(v_cache), None))
+                    1, num_slots, pad, device=device, second=(_as_bits(v), _as_bits(v_cache), None), pdl=pdl)
         return
     for src, cache in ((k, k_cache), (v, v_cache)):
         _, strides = _rows3("cache", cache)
         _paged_rows(_as_bits(src), (_as_bits(cache), strides[0], 0, strides[1], strides[2]), loc, n,
-                    1, num_slots, pad, device=device)
+                    1, num_slots, pad, device=device, pdl=pdl)
 
 
-def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none", validate=True):
+def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none", validate=True, pdl=False):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)``, bitwise; elements past nope + rope
     untouched. ``padding`` (default "none")."""
     pad = parse_padding(padding)
@@ -349,12 +360,13 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
         return
     _mla_rows(_as_bits(cache_k_nope), _as_bits(cache_k_rope),
               (_as_bits(kv_buffer), kv_buffer.stride(0), 0, kv_buffer.stride(1)), loc, n, 1,
-              kv_buffer.shape[0], pad, 0, None, device)
+              kv_buffer.shape[0], pad, 0, None, device, pdl)
 
 
-def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, scale, device):
+def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, scale, device, pdl=False):
     cache, block_stride, token_stride, elem_stride = cache4
     width_a, width_b = a.shape[1], b.shape[1]
+    pdl = pdl and not interpreting()
     t = tile(n, max(width_a, width_b), "mla_write", (width_a, width_b))
     grid = (_cdiv(n, t.block_n), max(_cdiv(width_a, t.block_a), _cdiv(width_b, t.block_b)))
     a0, a1 = a.stride()
@@ -366,11 +378,11 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, 
             n, width_a, width_b, block_size, num_slots,
             pad.reserved if pad.reserved is not None else 0,
             HAS_PAD_SLOT=pad.reserved is not None, FP8=fp8, BLOCK_N=t.block_n, BLOCK_A=t.block_a,
-            BLOCK_B=t.block_b, num_warps=t.num_warps)
+            BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps, **_pdl_option(pdl))
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
-                         padding="negative", allow_interpreter_fp8=False, validate=True):
+                         padding="negative", allow_interpreter_fp8=False, validate=True, pdl=False):
     """Entry ``slot`` (block ``slot // block_size``, token ``slot % block_size``) of ``kv_cache``
     gets ``cat(kv_c[i], k_pe[i])``, bitwise under "auto", else as fp8 codes of ``x / scale``
     (IEEE division in float32, then Triton's conversion). ``padding`` (default "negative":
@@ -392,15 +404,15 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     s0, s1, s2 = kv_cache.stride()
     if code:
         _mla_rows(kv_c, k_pe, (kv_cache, s0, s1, s2), slot_mapping, num_tokens, block_size,
-                  num_slots, pad, code, scale, device)
+                  num_slots, pad, code, scale, device, pdl)
     else:
         _mla_rows(_as_bits(kv_c), _as_bits(k_pe), (_as_bits(kv_cache), s0, s1, s2), slot_mapping,
-                  num_tokens, block_size, num_slots, pad, 0, None, device)
+                  num_tokens, block_size, num_slots, pad, 0, None, device, pdl)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                             k_scale, v_scale, *, padding="negative", allow_interpreter_fp8=False,
-                            validate=True):
+                            validate=True, pdl=False):
     """Token ``i`` goes to block ``slot // block_size``, token ``slot % block_size`` of the
     ``[num_blocks, block_size, H, D]`` caches (any strides: NHD, HND views, padded blocks; last
     dim contiguous, as the op requires), bitwise under "auto", else as fp8 codes of ``x / scale``
@@ -422,20 +434,20 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
             (not code or _same_layout(k_scale, v_scale)):  # the usual case: one launch
         if code:
             _paged_rows(key, (key_cache, c0, c1, c2, c3), slot_mapping, num_tokens, block_size,
-                        num_slots, pad, code, k_scale, device, second=(value, value_cache, v_scale))
+                        num_slots, pad, code, k_scale, device, second=(value, value_cache, v_scale), pdl=pdl)
         else:
             _paged_rows(_as_bits(key), (_as_bits(key_cache), c0, c1, c2, c3), slot_mapping, num_tokens,
                         block_size, num_slots, pad, device=device,
-                        second=(_as_bits(value), _as_bits(value_cache), None))
+                        second=(_as_bits(value), _as_bits(value_cache), None), pdl=pdl)
         return
     for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
         c0, c1, c2, c3 = cache.stride()
         if code:
             _paged_rows(src, (cache, c0, c1, c2, c3), slot_mapping, num_tokens, block_size,
-                        num_slots, pad, code, scale, device)
+                        num_slots, pad, code, scale, device, pdl=pdl)
         else:
             _paged_rows(_as_bits(src), (_as_bits(cache), c0, c1, c2, c3), slot_mapping, num_tokens,
-                        block_size, num_slots, pad, device=device)
+                        block_size, num_slots, pad, device=device, pdl=pdl)
 
 
 def quantize_fp8(out, x, scale, fmt, *, allow_interpreter_fp8=False):
