@@ -1,7 +1,9 @@
 """The two Triton goals `oracle bench` does not time by itself (run on a GPU):
 
 1. small N against an empty launch: the Triton MLA and MHA writers at N = 1, 16, 64, validated
-   (the default) and ``validate=False`` (the decode fast path), next to an empty Triton kernel, all
+   (the default), ``validate=False`` (the decode fast path) and ``.pdl`` (the fast path launched
+   with programmatic dependent launch, compared with an empty kernel launched the same way), next
+   to an empty Triton kernel, all
    timed the same three ways: ``graph`` (CUDA events over a CUDA graph of many calls: GPU time
    alone), ``do_bench`` (triton.testing.do_bench, median: one call between two events after an L2
    flush, so the host runs ahead unless the call synchronizes) and ``eager`` (CUDA events around
@@ -48,22 +50,26 @@ def main() -> int:
     out = {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__}
     flag = torch.zeros(1, device=dev)
     empty = lambda x: _empty[(1,)](x)  # noqa: E731
+    empty_pdl = lambda x: _empty[(1,)](x, launch_pdl=True)  # noqa: E731
     rows = []
     for mode in ("graph", "do_bench", "eager"):
         base = median_us(empty, (flag,), mode)
+        base_pdl = median_us(empty_pdl, (flag,), mode)
         rows.append({"what": "empty triton launch", "mode": mode, "n": 0, "us": base, "x_empty": 1.0})
+        rows.append({"what": "empty triton launch, pdl", "mode": mode, "n": 0, "us": base_pdl, "x_empty": 1.0})
         for n in (1, 16, 64):
             loc = torch.randperm(4096, device=dev)[:n]
             nope, rope = torch.randn(n, 512, device=dev, dtype=torch.bfloat16), torch.randn(n, 64, device=dev, dtype=torch.bfloat16)
             buf = torch.zeros(4096, 576, device=dev, dtype=torch.bfloat16)
             k, v = (torch.randn(n, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
             kc, vc = (torch.zeros(4096, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
-            for suffix in ("", ".unchecked"):
+            for suffix in ("", ".unchecked", ".pdl"):
                 for name, op, fargs in (("MLA 512+64", "set_mla_kv_buffer", (buf, loc, nope, rope)),
                                         ("MHA 2 KiB", "store_cache", (k, v, kc, vc, loc))):
                     us = median_us(kernels[f"triton.{op}{suffix}"].fn, fargs, mode)
+                    # a PDL launch against an empty PDL launch: the same launch mechanics
                     rows.append({"what": f"triton {name}{suffix}", "mode": mode, "n": n, "us": us,
-                                 "x_empty": us / base})
+                                 "x_empty": us / (base_pdl if suffix == ".pdl" else base)})
     n, heads, dim, block = 16384, 8, 128, 16
     key, value = (torch.randn(n, heads, dim, device=dev, dtype=torch.bfloat16) for _ in range(2))
     kc, vc = (torch.zeros(2 * n // block, block, heads, dim, device=dev, dtype=torch.uint8) for _ in range(2))
