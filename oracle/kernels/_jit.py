@@ -48,12 +48,17 @@ class Extension:
     lock: threading.Lock = field(default_factory=threading.Lock, compare=False, hash=False)
 
 
+# Headers every extension may include (on each build's include path): the error-message names.
+SHARED_CSRC = Path(__file__).resolve().parent / "_csrc"
+SHARED_HEADERS = ("messages.h",)
+
+
 def digest(csrc: Path, names: Iterable[str], parts: Iterable) -> str:
-    """16 hex digits of sha256 over the files ``names`` in ``csrc`` (a missing one hashes as such)
-    and the ``repr`` of each of ``parts``."""
+    """16 hex digits of sha256 over the files ``names`` in ``csrc`` and the shared headers (a
+    missing one hashes as such) and the ``repr`` of each of ``parts``."""
     h = hashlib.sha256()
-    for name in names:
-        path = csrc / name
+    files = [(name, csrc / name) for name in names] + [(f"shared/{n}", SHARED_CSRC / n) for n in SHARED_HEADERS]
+    for name, path in files:
         h.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<missing>") + b"\0")
     for part in parts:
         h.update(repr(part).encode() + b"\0")
@@ -140,7 +145,7 @@ def compile_library(ext: Extension, directory: Path, *, name: str, csrc: Path, w
     start = time.perf_counter()
     try:
         cpp_extension.load(
-            name=name, sources=[str(csrc / s) for s in ext.sources], extra_include_paths=[str(csrc)],
+            name=name, sources=[str(csrc / s) for s in ext.sources], extra_include_paths=[str(csrc), str(SHARED_CSRC)],
             build_directory=str(directory), is_python_module=False, **options)
     except Exception as exc:  # a compiler error, a missing header, a link failure
         ext.state["build_seconds"] = round(time.perf_counter() - start, 1)

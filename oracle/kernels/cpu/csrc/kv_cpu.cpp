@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "fp8.h"
+#include "messages.h"
 
 #if KVO_X86
 #include <cpuid.h>
@@ -37,33 +38,8 @@ using at::Tensor;
 
 // ================================================================ names in messages
 
-static std::string dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "torch.float32";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kDouble: return "torch.float64";
-    case at::kByte: return "torch.uint8";
-    case at::kChar: return "torch.int8";
-    case at::kShort: return "torch.int16";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kBool: return "torch.bool";
-    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
-    case at::kFloat8_e5m2: return "torch.float8_e5m2";
-    case at::kFloat8_e4m3fnuz: return "torch.float8_e4m3fnuz";
-    case at::kFloat8_e5m2fnuz: return "torch.float8_e5m2fnuz";
-    default: return std::string("torch.") + c10::toString(t);
-  }
-}
-
-static std::string tuple_str(at::IntArrayRef v) {
-  std::string out = "(";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-  return out + (v.size() == 1 ? ",)" : ")");
-}
-
-static std::string tuple_str(const std::vector<int64_t>& v) { return tuple_str(at::IntArrayRef(v)); }
+using kvo_messages::dtype_name;
+using kvo_messages::shape_str;
 
 // Error messages are built by plain string concatenation, numbers through std::to_string and
 // snprintf, never through iostreams: where the toolchain links a private static libstdc++ into
@@ -98,7 +74,7 @@ static void check_cpu(const char* name, const Tensor& t) {
 static void check_writable(const char* name, const Tensor& t) {
   check_cpu(name, t);
   TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes, cat(name, " has strides ",
-                    tuple_str(t.strides()), " for shape ", tuple_str(t.sizes()),
+                    shape_str(t.strides()), " for shape ", shape_str(t.sizes()),
                     ": several of its elements share memory, so it cannot be written"));
 }
 
@@ -190,7 +166,7 @@ static void check_index(const char* name, const Tensor& index) {
   check_cpu(name, index);
   TORCH_CHECK_TYPE(index.scalar_type() == at::kInt || index.scalar_type() == at::kLong, cat(name, " has dtype ",
                    dtype_name(index.scalar_type()), "; expected torch.int32 or torch.int64"));
-  TORCH_CHECK_VALUE(index.dim() == 1, cat(name, " must be 1-D, got shape ", tuple_str(index.sizes())));
+  TORCH_CHECK_VALUE(index.dim() == 1, cat(name, " must be 1-D, got shape ", shape_str(index.sizes())));
 }
 
 template <typename I>
@@ -490,7 +466,7 @@ static std::vector<Scale> read_scale(const char* name, const std::optional<Tenso
                    dtype_name(scale.scalar_type())));
   const int64_t n = scale.numel();
   TORCH_CHECK_VALUE(scale.dim() <= 1 && (n == 1 || (heads > 0 && n == heads)), cat(name, " has shape ",
-                    tuple_str(scale.sizes()), "; expected [1]",
+                    shape_str(scale.sizes()), "; expected [1]",
                     (heads > 0 ? " or [" + std::to_string(heads) + "] (per head)" : std::string())));
   std::vector<Scale> out;
   const float* p = scale.data_ptr<float>();
@@ -558,8 +534,8 @@ void store_cache(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cach
                      dtype_name(p.cache.scalar_type())));
     std::vector<int64_t> want{n};
     want.insert(want.end(), p.cache.sizes().begin() + 1, p.cache.sizes().end());
-    TORCH_CHECK_VALUE(p.src.sizes().vec() == want, cat(p.name, " has shape ", tuple_str(p.src.sizes()), "; expected ",
-                      tuple_str(want)));
+    TORCH_CHECK_VALUE(p.src.sizes().vec() == want, cat(p.name, " has shape ", shape_str(p.src.sizes()), "; expected ",
+                      shape_str(want)));
   }
   TORCH_CHECK_VALUE(v_cache.size(0) == num_slots, cat("v_cache has ", v_cache.size(0), " slots but k_cache has ", num_slots));
   check_slots("loc", loc, num_slots, pad);
@@ -594,7 +570,7 @@ void store_cache(const Tensor& k, const Tensor& v, Tensor k_cache, Tensor v_cach
 // [S, W] or [S, 1, W] as a 2-D view.
 static Tensor as_rows(const char* name, const Tensor& t, const char* what) {
   if (t.dim() == 3 && t.size(1) == 1) return t.select(1, 0);
-  TORCH_CHECK_VALUE(t.dim() == 2, cat(name, " must be ", what, ", got shape ", tuple_str(t.sizes())));
+  TORCH_CHECK_VALUE(t.dim() == 2, cat(name, " must be ", what, ", got shape ", shape_str(t.sizes())));
   return t;
 }
 
@@ -611,7 +587,7 @@ void set_mla_kv_buffer(Tensor kv_buffer, const Tensor& loc, const Tensor& cache_
     TORCH_CHECK_TYPE(s.t.scalar_type() == buffer.scalar_type(), cat(s.name, " has dtype ", dtype_name(s.t.scalar_type()),
                      " but kv_buffer has dtype ", dtype_name(buffer.scalar_type())));
     TORCH_CHECK_VALUE((s.t.dim() == 2 || (s.t.dim() == 3 && s.t.size(1) == 1)) && s.t.size(0) == n, cat(s.name,
-                      " has shape ", tuple_str(s.t.sizes()), "; expected [", n, ", width]"));
+                      " has shape ", shape_str(s.t.sizes()), "; expected [", n, ", width]"));
   }
   const Tensor nope = as_rows("cache_k_nope", cache_k_nope, "2-D"), rope = as_rows("cache_k_rope", cache_k_rope, "2-D");
   const int64_t nw = nope.size(1), rw = rope.size(1);
@@ -649,12 +625,12 @@ void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, Tensor kv_cach
   const Padding pad = parse_padding(padding);
   check_writable("kv_cache", kv_cache);
   TORCH_CHECK_VALUE(kv_cache.dim() == 3, cat("kv_cache must be 3-D [num_blocks, block_size, entry], got ",
-                    tuple_str(kv_cache.sizes())));
+                    shape_str(kv_cache.sizes())));
   const int64_t num_blocks = kv_cache.size(0), block_size = kv_cache.size(1), width = kv_cache.size(2);
   check_cpu("slot_mapping", slot_mapping);
   TORCH_CHECK_TYPE((slot_mapping.scalar_type() == at::kInt || slot_mapping.scalar_type() == at::kLong) &&
                        slot_mapping.dim() == 1, cat("slot_mapping must be 1-D int32/int64, got ", dtype_name(slot_mapping.scalar_type()), " ",
-                   tuple_str(slot_mapping.sizes())));
+                   shape_str(slot_mapping.sizes())));
   const int64_t n = slot_mapping.size(0);
   check_cpu("kv_c", kv_c);
   check_cpu("k_pe", k_pe);
@@ -663,7 +639,7 @@ void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, Tensor kv_cach
                    ") must share a float dtype"));
   for (const auto& s : {std::make_pair("kv_c", &kv_c), std::make_pair("k_pe", &k_pe)}) {
     TORCH_CHECK_VALUE(s.second->dim() == 2 && s.second->size(0) >= n, cat(s.first, " has shape ",
-                      tuple_str(s.second->sizes()), "; expected [>= ", n, ", width]"));
+                      shape_str(s.second->sizes()), "; expected [>= ", n, ", width]"));
   }
   const int64_t rank = kv_c.size(1), rope = k_pe.size(1);
   TORCH_CHECK_VALUE(width == rank + rope, cat("kv_cache entries have ", width, " elements; expected kv_c + k_pe = ",
@@ -734,25 +710,25 @@ void reshape_and_cache_flash(const Tensor& key, const Tensor& value, Tensor key_
   for (const auto& c : caches) {
     check_writable(c.name, c.cache);
     TORCH_CHECK_VALUE(c.cache.dim() == 4, cat(c.name, " must be 4-D [num_blocks, block_size, H, D], got ",
-                      tuple_str(c.cache.sizes())));
+                      shape_str(c.cache.sizes())));
     TORCH_CHECK_VALUE(c.cache.stride(3) == 1 || c.cache.size(3) <= 1, cat(c.name, " has strides ",
-                      tuple_str(c.cache.strides()), "; its last dimension must be contiguous"));
+                      shape_str(c.cache.strides()), "; its last dimension must be contiguous"));
     TORCH_CHECK_TYPE(fmt < 0 || c.cache.scalar_type() == at::kByte, cat(c.name, " has dtype ",
                      dtype_name(c.cache.scalar_type()), "; kv_cache_dtype ", kv_cache_dtype, " stores uint8 codes"));
   }
   const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(1), heads = key_cache.size(2);
-  TORCH_CHECK_VALUE(value_cache.size(0) == num_blocks && value_cache.size(1) == block_size && value_cache.size(2) == heads, cat("value_cache has shape ", tuple_str(value_cache.sizes()), "; key_cache ", tuple_str(key_cache.sizes())));
+  TORCH_CHECK_VALUE(value_cache.size(0) == num_blocks && value_cache.size(1) == block_size && value_cache.size(2) == heads, cat("value_cache has shape ", shape_str(value_cache.sizes()), "; key_cache ", shape_str(key_cache.sizes())));
   check_cpu("slot_mapping", slot_mapping);
   TORCH_CHECK_TYPE((slot_mapping.scalar_type() == at::kInt || slot_mapping.scalar_type() == at::kLong) &&
                        slot_mapping.dim() == 1, cat("slot_mapping must be 1-D int32/int64, got ", dtype_name(slot_mapping.scalar_type()), " ",
-                   tuple_str(slot_mapping.sizes())));
+                   shape_str(slot_mapping.sizes())));
   const int64_t n = slot_mapping.size(0);
   const struct { const char* name; const Tensor& src; const char* cache_name; const Tensor& cache; } pairs[] = {
       {"key", key, "key_cache", key_cache}, {"value", value, "value_cache", value_cache}};
   for (const auto& p : pairs) {
     check_cpu(p.name, p.src);
     TORCH_CHECK_VALUE(p.src.dim() == 3 && p.src.size(0) >= n && p.src.size(1) == p.cache.size(2) &&
-                          p.src.size(2) == p.cache.size(3), cat(p.name, " has shape ", tuple_str(p.src.sizes()), "; expected [>= ", n, ", ", p.cache.size(2),
+                          p.src.size(2) == p.cache.size(3), cat(p.name, " has shape ", shape_str(p.src.sizes()), "; expected [>= ", n, ", ", p.cache.size(2),
                       ", ", p.cache.size(3), "] to match ", p.cache_name));
     TORCH_CHECK_TYPE(fmt >= 0 || p.src.scalar_type() == p.cache.scalar_type(), cat(p.name, " has dtype ",
                      dtype_name(p.src.scalar_type()), " but ", p.cache_name, " has dtype ",
@@ -838,8 +814,8 @@ void quantize_fp8(Tensor out, const Tensor& x, const Tensor& scale, std::string 
   check_writable("out", out);
   TORCH_CHECK_TYPE(out.scalar_type() == at::kByte, cat("out has dtype ", dtype_name(out.scalar_type()),
                    "; expected torch.uint8 (fp8 codes)"));
-  TORCH_CHECK_VALUE(x.dim() == 3 && out.sizes() == x.sizes(), cat("out has shape ", tuple_str(out.sizes()), " and x ",
-                    tuple_str(x.sizes()), "; expected one [N, H, D] shape"));
+  TORCH_CHECK_VALUE(x.dim() == 3 && out.sizes() == x.sizes(), cat("out has shape ", shape_str(out.sizes()), " and x ",
+                    shape_str(x.sizes()), "; expected one [N, H, D] shape"));
   const int64_t n = x.size(0), heads = x.size(1), dim = x.size(2);
   const std::vector<Scale> scales = read_scale("scale", scale, heads);
   if (x.numel() == 0) return;

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kv_cuda.h"
+#include "messages.h"
 
 namespace kvo_bind {
 
@@ -44,29 +45,8 @@ using kvo_cuda::Side;
 
 // ================================================================ messages
 
-std::string dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "torch.float32";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kDouble: return "torch.float64";
-    case at::kByte: return "torch.uint8";
-    case at::kChar: return "torch.int8";
-    case at::kShort: return "torch.int16";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kBool: return "torch.bool";
-    default: return std::string("torch.") + c10::toString(t);
-  }
-}
-
-// Plain string building (std::to_string), no iostreams: the plan strings and shapes never depend on
-// the process's locale machinery.
-std::string shape_str(at::IntArrayRef v) {
-  std::string out = "(";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-  return out + (v.size() == 1 ? ",)" : ")");
-}
+using kvo_messages::dtype_name;
+using kvo_messages::shape_str;
 
 // ================================================================ common checks
 

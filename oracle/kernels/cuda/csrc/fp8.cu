@@ -1,16 +1,14 @@
 // fp8 quantizing paged writes (reshape_and_cache_flash with an fp8 kv_cache_dtype): each element
 // x becomes cvt.rn.satfinite.{e4m3,e5m2}(x / scale) with the quotient an IEEE float32 division
-// (__fdiv_rn; x / 1 is skipped, it is exact), scale per tensor or per head. Same work split as
-// copy.cu: one warp per (row, side); a chunk is Elems source elements (16 bytes on the wide path)
+// (__fdiv_rn; x / 1 is skipped, it is exact), scale per tensor or per head: paged_rows_kernel
+// (paged_rows.cuh) with a quantizing chunk of Elems source elements (16 bytes on the wide path)
 // read with one load and written as Elems bytes with one store.
 #include <cuda_fp16.h>
 
-#include "common.cuh"
+#include "paged_rows.cuh"
 
 namespace kvo_cuda {
 namespace {
-
-constexpr int kUnroll = 4;
 
 template <int Src> struct SrcInfo;
 template <> struct SrcInfo<kSrcFloat32> { static constexpr int bytes = 4; };
@@ -67,83 +65,22 @@ __device__ __forceinline__ typename VecOf<Elems>::type quantize_chunk(
   }
 }
 
-// Dense: every side's row is one head with one scale, so chunk c is at c * chunk bytes.
-template <typename IdxT, int Src, int Fmt, int Elems, bool Dense>
-__global__ void __launch_bounds__(kThreads) paged_fp8_kernel(const __grid_constant__ PagedArgs a) {
-  constexpr int LoadBytes = Elems * SrcInfo<Src>::bytes;
-  using In = typename VecOf<LoadBytes>::type;
-  const int lane = threadIdx.x & 31;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
-  const int64_t items = a.n * a.sides;
-  for (int64_t item = first; item < items; item += step) {
-    const int s = item >= a.n ? 1 : 0;
-    const int64_t row = item - (s ? a.n : 0);
-    const Side& d = a.side[s];
-    const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
-    const unsigned char* src = d.src + row * d.src_row;
-    const int64_t chunks = d.heads * d.head_chunks;
-    const bool keep = slot >= 0 && slot < a.num_slots;
-    if constexpr (Dense) {
-      const float scale = __ldg(d.scale);
-      for (int64_t base = lane; base < chunks; base += 32 * kUnroll) {
-        In r[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-          if (base + u * 32 < chunks) r[u] = load_ro<LoadBytes>(src + (base + u * 32) * LoadBytes);
-        if (!keep) break;  // uniform across the warp
-        unsigned char* dst = row_of(a, d, slot);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-          if (base + u * 32 < chunks)
-            store_global<Elems>(dst + (base + u * 32) * Elems, quantize_chunk<Src, Fmt, Elems>(r[u], scale));
-      }
-    } else {
-      unsigned char* dst = nullptr;
-      for (int64_t base = 0; base < chunks; base += 32 * kUnroll) {
-        In r[kUnroll];
-        int64_t head[kUnroll];
-        int64_t out[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t c = base + u * 32 + lane;
-          out[u] = -1;
-          head[u] = 0;
-          if (c < chunks) {
-            int64_t h, j;
-            split_chunk(c, d.head_chunks, d.head_shift, h, j);
-            r[u] = load_ro<LoadBytes>(src + h * d.src_head + j * LoadBytes);
-            out[u] = h * d.dst_head + j * Elems;
-            head[u] = h;
-          }
-        }
-        if (!keep) break;  // uniform across the warp
-        if (dst == nullptr) dst = row_of(a, d, slot);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (out[u] >= 0) {
-            const float scale = __ldg(d.scale + head[u] * d.scale_stride);
-            store_global<Elems>(dst + out[u], quantize_chunk<Src, Fmt, Elems>(r[u], scale));
-          }
-        }
-      }
-    }
+template <int Src, int Fmt, int Elems>
+struct Fp8Chunk {
+  static constexpr int kIn = Elems * SrcInfo<Src>::bytes;
+  static constexpr int kOut = Elems;
+  static constexpr bool kScaled = true;
+  __device__ __forceinline__ static typename VecOf<Elems>::type apply(const typename VecOf<kIn>::type& v,
+                                                                      float scale) {
+    return quantize_chunk<Src, Fmt, Elems>(v, scale);
   }
-}
-
-template <typename IdxT, int Src, int Fmt, int Elems>
-cudaError_t launch_typed(const PagedArgs& a, cudaStream_t stream) {
-  auto kernel = a.dense ? paged_fp8_kernel<IdxT, Src, Fmt, Elems, true> : paged_fp8_kernel<IdxT, Src, Fmt, Elems, false>;
-  const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, launch_tuning().copy_grid);
-  kernel<<<grid, kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
-}
+};
 
 template <typename IdxT, int Src, int Fmt>
 cudaError_t launch_elems(const PagedArgs& a, int elems, cudaStream_t stream) {
   constexpr int Wide = 16 / SrcInfo<Src>::bytes;
-  if (elems == Wide) return launch_typed<IdxT, Src, Fmt, Wide>(a, stream);
-  if (elems == 1) return launch_typed<IdxT, Src, Fmt, 1>(a, stream);
+  if (elems == Wide) return launch_paged_rows<IdxT, Fp8Chunk<Src, Fmt, Wide>>(a, stream);
+  if (elems == 1) return launch_paged_rows<IdxT, Fp8Chunk<Src, Fmt, 1>>(a, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -1,0 +1,98 @@
+// The one warp-per-(row, side) kernel behind the paged writers: bitwise copies (copy.cu) and fp8
+// quantizing writes (fp8.cu) differ only in what happens to a chunk between its load and its
+// store, so both instantiate paged_rows_kernel with a Chunk transform:
+//
+//   struct Chunk {
+//     static constexpr int kIn;       // bytes of source read per chunk (one vector load)
+//     static constexpr int kOut;      // bytes of cache written per chunk (one vector store)
+//     static constexpr bool kScaled;  // whether apply() uses the head's scale
+//     __device__ static Out apply(const In& v, float scale);
+//   };
+//
+// Work item w in [0, sides * n): side w / n, row w % n. A warp loads the row's slot and its first
+// U chunks per lane together (the data loads do not wait for the slot), then stores them, so each
+// warp keeps 32 * U * kIn bytes in flight. Slots outside [0, num_slots) are skipped (the binding
+// rejects them before launching unless a CUDA graph is being captured; the kernel never writes
+// outside a cache). Dense: every side's row is one head (with one scale), so chunk c sits at
+// c * kIn of the source row and c * kOut of the cache row: no head split, no per-chunk offsets
+// kept in registers.
+#pragma once
+
+#include "common.cuh"
+
+namespace kvo_cuda {
+
+constexpr int kRowUnroll = 4;
+
+template <typename IdxT, typename Chunk, bool Dense>
+__global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_constant__ PagedArgs a) {
+  using In = typename VecOf<Chunk::kIn>::type;
+  const int lane = threadIdx.x & 31;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int64_t items = a.n * a.sides;
+  for (int64_t item = first; item < items; item += step) {
+    const int s = item >= a.n ? 1 : 0;
+    const int64_t row = item - (s ? a.n : 0);
+    const Side& d = a.side[s];
+    const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
+    const unsigned char* src = d.src + row * d.src_row;
+    const int64_t chunks = d.heads * d.head_chunks;
+    const bool keep = slot >= 0 && slot < a.num_slots;
+    if constexpr (Dense) {
+      const float scale = Chunk::kScaled ? __ldg(d.scale) : 1.0f;
+      for (int64_t base = lane; base < chunks; base += 32 * kRowUnroll) {
+        In r[kRowUnroll];
+#pragma unroll
+        for (int u = 0; u < kRowUnroll; ++u)
+          if (base + u * 32 < chunks) r[u] = load_ro<Chunk::kIn>(src + (base + u * 32) * Chunk::kIn);
+        if (!keep) break;  // uniform across the warp
+        unsigned char* dst = row_of(a, d, slot);
+#pragma unroll
+        for (int u = 0; u < kRowUnroll; ++u)
+          if (base + u * 32 < chunks)
+            store_global<Chunk::kOut>(dst + (base + u * 32) * Chunk::kOut, Chunk::apply(r[u], scale));
+      }
+    } else {
+      unsigned char* dst = nullptr;
+      for (int64_t base = 0; base < chunks; base += 32 * kRowUnroll) {
+        In r[kRowUnroll];
+        int64_t head[kRowUnroll];
+        int64_t out[kRowUnroll];
+#pragma unroll
+        for (int u = 0; u < kRowUnroll; ++u) {
+          const int64_t c = base + u * 32 + lane;
+          out[u] = -1;
+          head[u] = 0;
+          if (c < chunks) {
+            int64_t h, j;
+            split_chunk(c, d.head_chunks, d.head_shift, h, j);
+            r[u] = load_ro<Chunk::kIn>(src + h * d.src_head + j * Chunk::kIn);
+            out[u] = h * d.dst_head + j * Chunk::kOut;
+            head[u] = h;
+          }
+        }
+        if (!keep) break;  // uniform across the warp
+        if (dst == nullptr) dst = row_of(a, d, slot);
+#pragma unroll
+        for (int u = 0; u < kRowUnroll; ++u) {
+          if (out[u] >= 0) {
+            const float scale = Chunk::kScaled ? __ldg(d.scale + head[u] * d.scale_stride) : 1.0f;
+            store_global<Chunk::kOut>(dst + out[u], Chunk::apply(r[u], scale));
+          }
+        }
+      }
+    }
+  }
+}
+
+// One launch of paged_rows_kernel over every (row, side), the grid as LaunchTuning::copy_grid says.
+template <typename IdxT, typename Chunk>
+cudaError_t launch_paged_rows(const PagedArgs& a, cudaStream_t stream) {
+  auto kernel = a.dense ? paged_rows_kernel<IdxT, Chunk, true> : paged_rows_kernel<IdxT, Chunk, false>;
+  const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, launch_tuning().copy_grid);
+  kernel<<<grid, kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace kvo_cuda
