@@ -270,7 +270,9 @@ def test_binding_compiles_against_torch_headers(source, tmp_path):
         (shim / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
         includes.insert(0, str(tmp_path / "shim"))
     std = "-std=c++20" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10) else "-std=c++17"
-    cmd = ["g++", std, "-fsyntax-only", "-Wall", "-Wno-unused-parameter", "-I", str(CSRC),
+    from oracle.kernels._jit import SHARED_CSRC
+
+    cmd = ["g++", std, "-fsyntax-only", "-Wall", "-Wno-unused-parameter", "-I", str(CSRC), "-I", str(SHARED_CSRC),
            *[f"-I{p}" for p in includes], f"-I{_cuda_include()}", str(CSRC / source)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
