@@ -11,6 +11,9 @@ Entry point ``oracle.kernels: triton = "oracle.kernels.triton:register"`` (or
 - neither, or triton not installed: backend ``triton``, device ``cuda``, registered with
   ``available()`` saying why it cannot run here.
 
+Each writer is also registered as ``<name>.unchecked`` (``validate=False``: the decode fast path)
+and, on sm_90+, as ``<name>.pdl`` (that path launched with programmatic dependent launch).
+
 Importing this package imports neither triton nor the kernels; :func:`register` does, guarded.
 """
 
