@@ -21,16 +21,15 @@ template <> struct VecOf<4> { using type = uint32_t; };
 template <> struct VecOf<2> { using type = uint16_t; };
 template <> struct VecOf<1> { using type = uint8_t; };
 
-// Read-only (non-coherent) loads: the sources are never written during a launch.
+// Source loads (the sources are never written during a launch). 16-byte loads are plain
+// ld.global.v4: on the H100 the L1::no_allocate variants (with or without .nc) made a cold MLA
+// write 3% slower (15.3 vs 14.9 us at N = 16384, 56.7 vs 55.1 us at 65536: a probe of the
+// warp-per-row write, reports/h100-mla-load-probe.txt).
 template <int Bytes>
 __device__ __forceinline__ typename VecOf<Bytes>::type load_ro(const unsigned char* p) {
   using T = typename VecOf<Bytes>::type;
   if constexpr (Bytes == 16) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
+    return *reinterpret_cast<const uint4*>(p);
   } else {
     return __ldg(reinterpret_cast<const T*>(p));
   }
@@ -48,7 +47,7 @@ template <int Bytes>
 __device__ __forceinline__ typename VecOf<Bytes>::type load_ro_policy(const unsigned char* p, uint64_t policy) {
   if constexpr (Bytes == 16) {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+    asm("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p), "l"(policy));
     return v;
