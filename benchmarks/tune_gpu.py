@@ -12,7 +12,7 @@ compared byte for byte with the torch-on-CUDA baseline's ("check").
 - CUDA: the ``kv_oracle_cuda::tune`` knobs: ``mla_rows`` (rows a warp stages per iteration on the
   TMA path) x ``mla_warps`` (warps per block) x ``mla_evict_first`` (L2 evict-first bulk stores),
   ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path for comparison, and
-  ``copy_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
+  ``copy_grid`` / ``fp8_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
 
 The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h``
 (``LaunchTuning``) come from this sweep; docs/benchmarks.md records the run.
@@ -128,7 +128,8 @@ def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES):
         for op, variant in (("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn")):
             w = make_workload(op, variant, n, "cuda")
             for grid in (0, -1, 4):
-                run(f"cuda {op}", {"copy_grid": grid}, w, n, kernels[f"cuda.{op}"].fn, kernels[f"torch-cuda.{op}"].fn)
+                knob = "fp8_grid" if variant == "e4m3fn" else "copy_grid"
+                run(f"cuda {op}", {knob: grid}, w, n, kernels[f"cuda.{op}"].fn, kernels[f"torch-cuda.{op}"].fn)
     return rows
 
 

@@ -79,8 +79,9 @@ struct Fp8Chunk {
 template <typename IdxT, int Src, int Fmt>
 cudaError_t launch_elems(const PagedArgs& a, int elems, cudaStream_t stream) {
   constexpr int Wide = 16 / SrcInfo<Src>::bytes;
-  if (elems == Wide) return launch_paged_rows<IdxT, Fp8Chunk<Src, Fmt, Wide>>(a, stream);
-  if (elems == 1) return launch_paged_rows<IdxT, Fp8Chunk<Src, Fmt, 1>>(a, stream);
+  const int per_sm = launch_tuning().fp8_grid;
+  if (elems == Wide) return launch_paged_rows<IdxT, Fp8Chunk<Src, Fmt, Wide>>(a, per_sm, stream);
+  if (elems == 1) return launch_paged_rows<IdxT, Fp8Chunk<Src, Fmt, 1>>(a, per_sm, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -86,11 +86,12 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   }
 }
 
-// One launch of paged_rows_kernel over every (row, side), the grid as LaunchTuning::copy_grid says.
+// One launch of paged_rows_kernel over every (row, side), with at most `per_sm` blocks per SM
+// (see grid_for; LaunchTuning::copy_grid or fp8_grid).
 template <typename IdxT, typename Chunk>
-cudaError_t launch_paged_rows(const PagedArgs& a, cudaStream_t stream) {
+cudaError_t launch_paged_rows(const PagedArgs& a, int per_sm, cudaStream_t stream) {
   auto kernel = a.dense ? paged_rows_kernel<IdxT, Chunk, true> : paged_rows_kernel<IdxT, Chunk, false>;
-  const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, launch_tuning().copy_grid);
+  const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, per_sm);
   kernel<<<grid, kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
