@@ -21,18 +21,13 @@ template <> struct VecOf<4> { using type = uint32_t; };
 template <> struct VecOf<2> { using type = uint16_t; };
 template <> struct VecOf<1> { using type = uint8_t; };
 
-// Source loads (the sources are never written during a launch). 16-byte loads are plain
-// ld.global.v4: on the H100 the L1::no_allocate variants (with or without .nc) made a cold MLA
-// write 3% slower (15.3 vs 14.9 us at N = 16384, 56.7 vs 55.1 us at 65536: a probe of the
-// warp-per-row write, reports/h100-mla-load-probe.txt).
+// Source loads (the sources are never written during a launch), plain ld.global: on the H100 the
+// L1::no_allocate variants (with or without .nc) made a cold MLA write 3% slower (15.3 vs 14.9 us
+// at N = 16384, 56.7 vs 55.1 us at 65536: a probe of the warp-per-row write,
+// reports/h100-mla-load-probe.txt).
 template <int Bytes>
 __device__ __forceinline__ typename VecOf<Bytes>::type load_ro(const unsigned char* p) {
-  using T = typename VecOf<Bytes>::type;
-  if constexpr (Bytes == 16) {
-    return *reinterpret_cast<const uint4*>(p);
-  } else {
-    return __ldg(reinterpret_cast<const T*>(p));
-  }
+  return *reinterpret_cast<const typename VecOf<Bytes>::type*>(p);
 }
 
 // An L2 eviction policy that marks lines evict-first (data touched once).
@@ -61,9 +56,10 @@ __device__ __forceinline__ void store_global(unsigned char* p, typename VecOf<By
   *reinterpret_cast<typename VecOf<Bytes>::type*>(p) = v;
 }
 
+// The slot of a row: a plain load too, it is on every store's critical path.
 template <typename IdxT>
 __device__ __forceinline__ int64_t load_slot(const void* index, int64_t row, int64_t stride) {
-  return static_cast<int64_t>(__ldg(static_cast<const IdxT*>(index) + row * stride));
+  return static_cast<int64_t>(static_cast<const IdxT*>(index)[row * stride]);
 }
 
 // chunk c of a row laid out as [heads][head_chunks] -> (head, chunk within the head)
