@@ -1,5 +1,5 @@
 """Kernel throughput against the torch baseline and the machine's copy bandwidth: a thin script
-over ``oracle bench`` (``oracle/bench.py``; options there: --backend, --op, --json, --plot, --sizes,
+over ``oracle bench`` (``oracle/bench/``; options there: --backend, --op, --json, --plot, --sizes,
 --repeats).
 
     python benchmarks/bench_kernels.py                                  # every op, N = 1 .. 16384

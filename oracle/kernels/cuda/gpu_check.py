@@ -223,9 +223,6 @@ def _time(fn, args, repeats=15):
     back-to-back calls, or plain launches when the calls cannot be captured)."""
     from oracle import bench
 
-    if hasattr(bench, "time_cuda"):
-        samples, _calls, timer = bench.time_cuda(fn, args, repeats)
-        return statistics.median(samples), timer
     timer = bench.CudaTimer(fn, args)
     samples = [timer.sample() for _ in range(repeats)]
     return statistics.median(samples), timer.name

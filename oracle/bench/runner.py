@@ -1,0 +1,240 @@
+"""``run``: every op, variant and N timed for every selected kernel next to its torch baseline, the
+caches checked against the baseline's, the copy ceilings measured before and after."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ..reference.fp8 import FORMATS as FP8_FORMATS
+from .output import format_table
+from .timers import (COPY_BYTES, SAMPLE_SECONDS, Sampler, _sync, cold_sets, copy_bandwidth, make_timer,
+                     same_size_copy_timer)
+from .workloads import VARIANTS, Workload, make_workload
+
+
+@dataclass
+class Row:
+    op: str
+    variant: str
+    kernel: str
+    backend: str
+    device: str
+    n: int
+    us: float  # median microseconds per call
+    gbps: float
+    x_baseline: float | None
+    pct_copy: float | None
+    bytes_read: int
+    bytes_written: int
+    samples: int
+    calls_per_sample: int
+    min_us: float
+    check: str
+    timer: str
+    samples_us: list = field(default_factory=list)
+    dropped: int = 0  # samples dropped as disturbed (--quiet)
+    baseline: str = ""  # the kernel "x baseline" and "check" compare with (same device)
+    pct_same_copy: float | None = None  # % of a copy_ of the same bytes, timed in the same cell
+
+
+def _baseline(op: str, device: str = "cpu"):
+    """The torch baseline kernel of ``op`` on ``device`` ("cpu": ``torch.<op>``, registered here
+    if no plug-in did; "cuda": a backend-"torch" kernel on CUDA, or None)."""
+    from ..registry import Registry, default_registry
+
+    candidates = [k for k in default_registry.select(backend="torch", op=op)
+                  if _device_of(k) == device and k.unavailable() is None]
+    candidates.sort(key=lambda k: k.name != f"torch.{op}")
+    if candidates or device != "cpu":
+        return candidates[0] if candidates else None
+    from ..kernels import torch_native
+
+    registry = Registry()
+    registry.load_plugin("oracle.kernels.torch_native:register", torch_native.register)
+    return registry.kernels[f"torch.{op}"]
+
+
+def select_kernels(op: str, backend: str | None) -> tuple[list, list[str]]:
+    """(kernels to time: the baselines first, the CPU one then the CUDA one if any CUDA kernel is
+    timed; notes on the kernels left out)."""
+    from ..registry import default_registry
+
+    registry = default_registry.discover()
+    chosen, notes = [], []
+    for kernel in registry.select(backend=backend, op=op):
+        if kernel.contract.backend == "torch":
+            continue  # the baselines are added below
+        if _device_of(kernel) == "cuda" and not torch.cuda.is_available():
+            notes.append(f"{kernel.name}: skipped (device {kernel.contract.device}, CUDA not available)")
+            continue
+        reason = kernel.unavailable()
+        if reason:
+            notes.append(f"{kernel.name}: unavailable: {reason.splitlines()[0][:200]}")
+            continue
+        chosen.append(kernel)
+    baselines = [_baseline(op, "cpu")]
+    if any(_device_of(k) == "cuda" for k in chosen):
+        cuda_baseline = _baseline(op, "cuda")
+        if cuda_baseline is not None:
+            baselines.append(cuda_baseline)
+        else:
+            notes.append("no torch baseline on CUDA: CUDA kernels are compared with the CPU baseline")
+    return baselines + chosen, notes
+
+
+def _baseline_index(kernels: list) -> list[int]:
+    """For each kernel, the index of the baseline it is compared with: the torch baseline on its
+    own device, else the CPU one (index 0)."""
+    first = {}
+    for i, kernel in enumerate(kernels):
+        if kernel.contract.backend == "torch":
+            first.setdefault(_device_of(kernel), i)
+    return [first.get(_device_of(k), 0) for k in kernels]
+
+
+def _fresh_copy(args: tuple, caches: tuple) -> tuple:
+    return tuple(a.clone() if i in caches else a for i, a in enumerate(args))
+
+
+def _check(kernel, baseline, workload: Workload) -> str:
+    """Compare the kernel's written caches with the baseline's, byte for byte."""
+    mine = _fresh_copy(workload.args, workload.caches)
+    ref = _fresh_copy(workload.args, workload.caches)
+    try:
+        kernel.fn(*mine)
+        baseline.fn(*ref)
+        _sync(kernel.contract.device)
+    except Exception as exc:
+        return f"ERROR {type(exc).__name__}"
+    differ = 0
+    for i in workload.caches:
+        a = mine[i].contiguous().view(torch.uint8).cpu()
+        b = ref[i].contiguous().view(torch.uint8).cpu()
+        differ += int((a != b).sum())
+    return "ok" if differ == 0 else f"DIFF {differ} B"
+
+
+def _device_of(kernel) -> str:
+    return "cuda" if kernel.contract.device.startswith("cuda") else "cpu"
+
+
+def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, variants: dict | None = None,
+        quiet: bool = False, log=print) -> dict:
+    """Time every op (its variants: ``variants[op]`` or all) at every size; the JSON-able result.
+
+    Within one (op, variant, N) cell the kernels' samples are interleaved (baseline, kernel 1,
+    kernel 2, baseline, ...), so load from other processes hits them alike; ``quiet`` drops the
+    samples other processes disturbed (see Sampler). The copy bandwidth is measured before and
+    after everything; the reference is the higher of the two medians (the conservative choice for
+    "% of copy")."""
+    load_before = _loadavg()
+    sampler = Sampler(repeats, quiet=quiet)
+    sample_seconds = 10 * SAMPLE_SECONDS if quiet else SAMPLE_SECONDS  # long enough for tick accounting
+    first_copy = {"cpu": copy_bandwidth("cpu", sampler=Sampler(10, quiet=quiet))}
+    log(f"copy bandwidth (cpu): {first_copy['cpu']['gbps']:.1f} GB/s (torch copy_ of {COPY_BYTES >> 20} MiB, "
+        f"bytes read + written)")
+    cells = []  # (op, variant, n, [(kernel, workload, samples, dropped, calls, timer name, check)], clean)
+    notes: dict[str, list[str]] = {}
+    for op in ops:
+        kernels, left_out = select_kernels(op, backend)
+        notes[op] = left_out
+        for line in left_out:
+            log(f"note: {line}")
+        if any(_device_of(k) == "cuda" for k in kernels) and "cuda" not in first_copy:
+            first_copy["cuda"] = copy_bandwidth("cuda", nbytes=1 << 30)
+            log(f"copy bandwidth (cuda): {first_copy['cuda']['gbps']:.1f} GB/s")
+        for variant in (variants or {}).get(op, VARIANTS[op]):
+            declared = [k for k in kernels if variant not in FP8_FORMATS or variant in k.contract.fp8_formats
+                        or k.contract.backend == "torch"]
+            for k in kernels:
+                if k not in declared:
+                    notes[op].append(f"{k.name}: [{variant}] skipped (its contract declares no {variant})")
+                    log(f"note: {notes[op][-1]}")
+            for n in sizes:
+                kernels_here = declared
+                workloads = [make_workload(op, variant, n, device=_device_of(k)) for k in kernels_here]
+                cuda_first = next((w for k, w in zip(kernels_here, workloads) if _device_of(k) == "cuda"), None)
+                rotation = cold_sets(op, variant, n, cuda_first) if cuda_first is not None else ()
+                timers = [make_timer(k.fn, w.args, _device_of(k), sample_seconds,
+                                     rotation if _device_of(k) == "cuda" else ())
+                          for k, w in zip(kernels_here, workloads)]
+                devices = list(dict.fromkeys(_device_of(k) for k in kernels_here))
+                timers += [same_size_copy_timer(workloads[0].bytes, d, sample_seconds) for d in devices]
+                samples, dropped, clean = sampler.collect(timers)
+                same_copy = {d: statistics.median(s) for d, s in zip(devices, samples[len(kernels_here):])}
+                base = _baseline_index(kernels_here)
+                checks = ["baseline" if base[i] == i else _check(k, kernels_here[base[i]], w)
+                          for i, (k, w) in enumerate(zip(kernels_here, workloads))]
+                cells.append((op, variant, n, list(zip(kernels_here, workloads, samples, dropped,
+                                                       [t.calls for t in timers], [t.name for t in timers],
+                                                       checks, [kernels_here[b].name for b in base],
+                                                       [statistics.median(samples[b]) for b in base])),
+                              same_copy, clean))
+                if sys.stderr.isatty():
+                    print(f"  timed {op} [{variant}] N={n}      ", end="\r", file=sys.stderr, flush=True)
+    copies = {}
+    for device, first in first_copy.items():
+        again = copy_bandwidth(device, nbytes=first["bytes"], sampler=Sampler(10, quiet=quiet))
+        best = max((first, again), key=lambda c: c["gbps"])
+        copies[device] = dict(best, runs_gbps=[first["gbps"], again["gbps"]])
+    rows: list[Row] = []
+    for op, variant, n, entries, same_copy, clean in cells:
+        for kernel, workload, samples, dropped, calls, timer, check, base_name, base_seconds in entries:
+            base_us = base_seconds * 1e6
+            median = statistics.median(samples)
+            gbps = workload.bytes / median / 1e9
+            copy = copies[_device_of(kernel)]
+            rows.append(Row(op, variant, kernel.name, kernel.contract.backend, kernel.contract.device, n,
+                            median * 1e6, gbps, base_us / (median * 1e6), 100 * gbps / copy["gbps"],
+                            workload.bytes_read, workload.bytes_written, len(samples), calls,
+                            min(samples) * 1e6, check if clean or not quiet else check + " (noisy)", timer,
+                            [x * 1e6 for x in samples], dropped, base_name,
+                            100 * same_copy[_device_of(kernel)] / median))
+    for device, copy in copies.items():
+        log(f"copy bandwidth ({device}), the reference for % of copy: {copy['gbps']:.1f} GB/s "
+            f"(runs: {', '.join(f'{g:.1f}' for g in copy['runs_gbps'])})")
+    for op, variant in dict.fromkeys((r.op, r.variant) for r in rows):
+        log("")
+        log(format_table([r for r in rows if r.op == op and r.variant == variant], op, variant))
+    machine = machine_info()
+    machine["loadavg_before"], machine["loadavg_after"] = load_before, _loadavg()
+    return {"machine": machine, "copy": copies, "rows": [asdict(r) for r in rows], "notes": notes,
+            "sizes": sizes, "repeats": repeats, "quiet": quiet}
+
+
+def _loadavg():
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
+
+
+def machine_info() -> dict:
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "host": platform.node(), "platform": platform.platform(), "cpu": model,
+            "cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": sys.version.split()[0],
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    try:
+        from ..kernels import cpu as cpu_kernels
+
+        info["kv_oracle_cpu_isa"] = cpu_kernels.isa() if cpu_kernels.available() is None else None
+    except Exception:  # the CPU kernels are optional here
+        info["kv_oracle_cpu_isa"] = None
+    return info
