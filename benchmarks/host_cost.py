@@ -57,7 +57,7 @@ def mla_raw_launch(buf, loc, nope, rope):
     grid = (ops._cdiv(n, t.block_n), max(ops._cdiv(a.shape[1], t.block_a), ops._cdiv(b.shape[1], t.block_b)))
     args = (a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1), cache, buf.stride(0), 0, buf.stride(1),
             loc, loc.stride(0), cache, n, a.shape[1], b.shape[1], 1, buf.shape[0], 0)
-    meta = dict(HAS_PAD_SLOT=False, FP8=0, BLOCK_N=t.block_n, BLOCK_A=t.block_a, BLOCK_B=t.block_b,
+    meta = dict(HAS_PAD_SLOT=False, FP8=0, BLOCK_N=t.block_n, BLOCK_A=t.block_a, BLOCK_B=t.block_b, PDL=False,
                 num_warps=t.num_warps)
     kernel = ops.kernels().mla_write
     return (lambda: kernel[grid](*args, **meta)), kernel, grid, args, meta
@@ -68,7 +68,7 @@ def compiled_runner(kernel, grid, args, meta):
     skipping the JIT's binder, cache key and global checks: every parameter in order, constexprs
     included, as ``JITFunction.run`` passes them."""
     compiled = kernel[grid](*args, **meta)
-    params = args + tuple(meta[name] for name in ("HAS_PAD_SLOT", "FP8", "BLOCK_N", "BLOCK_A", "BLOCK_B"))
+    params = args + tuple(meta[p.name] for p in kernel.params if p.is_constexpr)
     runner = compiled[grid + (1,) * (3 - len(grid))]
     return lambda: runner(*params)
 
