@@ -253,10 +253,16 @@ def _gpu_tile(large: bool, row: int, kernel: str, parts: tuple) -> Tile:
 
 def _launch(kernel, grid, device: torch.device, *args, **meta) -> None:
     """``kernel[grid](*args, **meta)`` on ``device``: on a GPU through the cached compiled kernel
-    (:mod:`._launch`), which costs about half the JIT's host time per call."""
-    if device.type != "cuda":  # the interpreter
+    (:mod:`._launch`), which costs about half the JIT's host time per call. A true ``PDL``
+    constexpr also asks for programmatic dependent launch (sm_90+); the interpreter has no
+    launches to overlap, so there it is turned off."""
+    if interpreting():  # CPU tensors, or CUDA tensors the interpreter copies to the host
+        if meta.get("PDL"):
+            meta["PDL"] = False
         kernel[grid](*args, **meta)
         return
+    if meta.get("PDL"):
+        meta["launch_pdl"] = True
     global _launcher
     if _launcher is None:
         from ._launch import launcher as _launcher
@@ -279,7 +285,6 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, 
     launch."""
     (_, heads, dim), (s0, s1, s2) = _rows3("source", src)
     cache, block_stride, token_stride, c_h, c_d = cache5
-    pdl = pdl and not interpreting()
     if n == 0 or heads * dim == 0:
         return
     flat = (heads == 1 or (s1 == dim * s2 and c_h == dim * c_d)) and (scale is None or scale.numel() == 1)
@@ -296,13 +301,7 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, 
             padding.reserved if padding.reserved is not None else 0,
             src2, cache2, scale2 if scale2 is not None else scale_t,
             HAS_INDEX=index is not None, HAS_PAD_SLOT=padding.reserved is not None, FP8=fp8, FLAT=flat,
-            BLOCK_N=t.block_n, BLOCK_R=t.block_r, PDL=pdl, num_warps=t.num_warps, **_pdl_option(pdl))
-
-
-def _pdl_option(pdl: bool) -> dict:
-    """The launch option for programmatic dependent launch, only when asked (pre-sm_90 GPUs know
-    no such launch; the interpreter has no launches to overlap, so it ignores ``pdl``)."""
-    return {"launch_pdl": True} if pdl else {}
+            BLOCK_N=t.block_n, BLOCK_R=t.block_r, PDL=pdl, num_warps=t.num_warps)
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -366,7 +365,6 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
 def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, scale, device, pdl=False):
     cache, block_stride, token_stride, elem_stride = cache4
     width_a, width_b = a.shape[1], b.shape[1]
-    pdl = pdl and not interpreting()
     t = tile(n, max(width_a, width_b), "mla_write", (width_a, width_b))
     grid = (_cdiv(n, t.block_n), max(_cdiv(width_a, t.block_a), _cdiv(width_b, t.block_b)))
     a0, a1 = a.stride()
@@ -378,7 +376,7 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, 
             n, width_a, width_b, block_size, num_slots,
             pad.reserved if pad.reserved is not None else 0,
             HAS_PAD_SLOT=pad.reserved is not None, FP8=fp8, BLOCK_N=t.block_n, BLOCK_A=t.block_a,
-            BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps, **_pdl_option(pdl))
+            BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps)
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
