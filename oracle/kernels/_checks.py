@@ -1,6 +1,6 @@
 """Host-side argument checks shared by the kernels that take the op calling conventions as torch
-tensors (the torch baseline and the Triton wrappers): one wording of every error, and the checks
-run before anything is written."""
+tensors (the torch baseline, the Triton wrappers and the SWA pool): one wording of every error,
+and the checks run before anything is written."""
 
 from __future__ import annotations
 
@@ -94,3 +94,28 @@ def check_concat_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale,
     if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or scale.numel() != 1:
         raise TypeError(f"scale must be a float32 tensor of one element, got {scale!r}")
     return fmt
+
+
+def check_translate(mapping, loc) -> None:
+    """translate_full_to_swa's argument types: ``mapping`` a non-empty 1-D int32/int64 tensor,
+    ``loc`` an int32/int64 tensor (no device value is read)."""
+    if not isinstance(mapping, torch.Tensor) or mapping.dtype not in INDEX_DTYPES \
+            or mapping.dim() != 1 or mapping.numel() == 0:
+        raise TypeError(f"mapping must be a non-empty 1-D int32/int64 tensor, got "
+                        f"{getattr(mapping, 'dtype', type(mapping).__name__)} "
+                        f"{tuple(getattr(mapping, 'shape', ()))}")
+    if not isinstance(loc, torch.Tensor) or loc.dtype not in INDEX_DTYPES:
+        raise TypeError(f"loc has dtype {getattr(loc, 'dtype', type(loc).__name__)}; "
+                        "expected torch.int32 or torch.int64")
+
+
+def check_translate_values(mapping: torch.Tensor, loc: torch.Tensor) -> None:
+    """The -1 sentinel at the end of ``mapping``, and every entry of ``loc`` -1 or inside the
+    table (reads device values: a synchronization on CUDA)."""
+    if int(mapping[-1]) != -1:
+        raise ValueError(f"mapping[-1] = {int(mapping[-1])}; the last entry must be the -1 sentinel")
+    table = mapping.numel() - 1
+    bad = ((loc < 0) & (loc != -1)) | (loc >= table)
+    if bad.any():
+        value = int(loc[bad].reshape(-1)[0])
+        raise ValueError(f"loc holds {value}: only -1 may be negative, and entries must lie in [0, {table})")

@@ -49,8 +49,9 @@ import torch
 
 import oracle
 
+from ._checks import INDEX_DTYPES, check_translate
+
 SENTINEL = -1
-INDEX_DTYPES = (torch.int32, torch.int64)
 DEFAULT_STORE_CACHE = "torch.store_cache"
 
 # the mutating methods, each of which must invalidate the translation cache
@@ -87,14 +88,7 @@ def translate_full_to_swa(mapping: torch.Tensor, loc: torch.Tensor) -> torch.Ten
     Checking ``loc`` reads it on the host (one device synchronisation on CUDA). Neither input is
     modified and the result never shares memory with them.
     """
-    if not isinstance(mapping, torch.Tensor) or mapping.dtype not in INDEX_DTYPES \
-            or mapping.dim() != 1 or mapping.numel() == 0:
-        raise TypeError(f"mapping must be a non-empty 1-D int32/int64 tensor, got "
-                        f"{getattr(mapping, 'dtype', type(mapping).__name__)} "
-                        f"{tuple(getattr(mapping, 'shape', ()))}")
-    if not isinstance(loc, torch.Tensor) or loc.dtype not in INDEX_DTYPES:
-        raise TypeError(f"loc has dtype {getattr(loc, 'dtype', type(loc).__name__)}; "
-                        "expected torch.int32 or torch.int64")
+    check_translate(mapping, loc)
     if loc.device != mapping.device:
         raise ValueError(f"loc is on {loc.device} but mapping is on {mapping.device}")
     table = mapping.numel() - 1  # mapping[table] is the sentinel

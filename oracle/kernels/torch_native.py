@@ -11,7 +11,8 @@ import torch
 
 import oracle
 
-from ._checks import FLOAT_DTYPES, INDEX_DTYPES, check_concat_mla, check_paged_write, check_rows, check_scale
+from ._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_concat_mla, check_paged_write, check_rows, check_scale,
+                      check_translate, check_translate_values)
 
 
 
@@ -89,18 +90,8 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
 def translate_full_to_swa(mapping, loc):
     """``mapping[loc]``, after checking that only -1 is negative and nothing reaches past the
     table (the sentinel only through -1)."""
-    if mapping.dtype not in INDEX_DTYPES or mapping.dim() != 1 or mapping.numel() == 0:
-        raise TypeError(f"mapping must be a non-empty 1-D int32/int64 tensor, got {mapping.dtype} "
-                        f"{tuple(mapping.shape)}")
-    if int(mapping[-1]) != -1:
-        raise ValueError(f"mapping[-1] = {int(mapping[-1])}; the last entry must be the -1 sentinel")
-    if loc.dtype not in INDEX_DTYPES:
-        raise TypeError(f"loc has dtype {loc.dtype}; expected torch.int32 or torch.int64")
-    table = mapping.numel() - 1
-    bad = ((loc < 0) & (loc != -1)) | (loc >= table)
-    if bad.any():
-        value = int(loc[bad].reshape(-1)[0])
-        raise ValueError(f"loc holds {value}: only -1 may be negative, and entries must lie in [0, {table})")
+    check_translate(mapping, loc)
+    check_translate_values(mapping, loc)
     return mapping[loc.long()]
 
 

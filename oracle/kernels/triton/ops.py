@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import (FLOAT_DTYPES, FP8_FORMATS, INDEX_DTYPES, KV_CACHE_DTYPES, check_concat_mla,
-                       check_paged_write, check_rows, check_scale)
+                       check_paged_write, check_rows, check_scale, check_translate, check_translate_values)
 
 KERNEL_FP8 = {"e4m3fn": 1, "e5m2": 2}  # formats the kernels implement (Triton float8e4nv, float8e5)
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -471,23 +471,11 @@ def translate_full_to_swa(mapping, loc, *, validate=True):
     """``mapping[loc]`` as a new tensor (the mapping's dtype, loc's shape), after checking that
     only -1 is negative and nothing reaches past the table; -1 translates to -1 in the kernel
     (the sentinel's value, checked here), never by reading before the table."""
-    if not isinstance(mapping, torch.Tensor) or mapping.dtype not in INDEX_DTYPES \
-            or mapping.dim() != 1 or mapping.numel() == 0:
-        raise TypeError(f"mapping must be a non-empty 1-D int32/int64 tensor, got "
-                        f"{getattr(mapping, 'dtype', type(mapping).__name__)} "
-                        f"{tuple(getattr(mapping, 'shape', ()))}")
-    if not isinstance(loc, torch.Tensor) or loc.dtype not in INDEX_DTYPES:
-        raise TypeError(f"loc has dtype {getattr(loc, 'dtype', type(loc).__name__)}; "
-                        "expected torch.int32 or torch.int64")
+    check_translate(mapping, loc)
     device = _device(mapping, loc)
     table = mapping.numel() - 1
     if _reads_device(validate, mapping):
-        if int(mapping[-1]) != -1:
-            raise ValueError(f"mapping[-1] = {int(mapping[-1])}; the last entry must be the -1 sentinel")
-        bad = ((loc < 0) & (loc != -1)) | (loc >= table)
-        if bad.any():
-            value = int(loc[bad].reshape(-1)[0])
-            raise ValueError(f"loc holds {value}: only -1 may be negative, and entries must lie in [0, {table})")
+        check_translate_values(mapping, loc)
     out = torch.empty(loc.shape, dtype=mapping.dtype, device=device)
     numel = loc.numel()
     if numel == 0:
