@@ -83,7 +83,10 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
 
     ``FLAT``: the heads of a row are packed in both source and cache (head stride = dim x
     element stride) and one scale serves the row, so row element ``e`` sits at ``e`` x element
-    stride: no per-element division, and unit strides vectorize."""
+    stride: no per-element division, and unit strides vectorize.
+
+    ``PDL`` (launched with programmatic dependent launch): see :func:`_pdl_prologue`."""
+    _pdl_prologue(PDL)
     if tl.program_id(2) == 1:
         src_ptr = src2_ptr
         dst_ptr = dst2_ptr
