@@ -12,7 +12,11 @@
    launch versus quantize_fp8 of K and of V followed by a store_cache of the codes (three launches)
    at N = 16384, bf16 8 x 128 heads, block size 16.
 
-    python benchmarks/bench_triton_extras.py [--json OUT]
+The small-N table is taken ``--rounds`` times, interleaved (all kernels of a round, then the next
+round), and each row reports the median over rounds with the lowest and highest: on a shared host
+one do_bench median moves by about 0.5 us between runs.
+
+    python benchmarks/bench_triton_extras.py [--rounds 5] [--json OUT]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ def median_us(fn, args, mode, repeats=25):
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     kernels = default_registry.discover().kernels
     dev = "cuda"
@@ -51,6 +56,30 @@ def main() -> int:
     flag = torch.zeros(1, device=dev)
     empty = lambda x: _empty[(1,)](x)  # noqa: E731
     empty_pdl = lambda x: _empty[(1,)](x, launch_pdl=True)  # noqa: E731
+    rounds = [small_n_round(kernels, flag, empty, empty_pdl) for _ in range(args.rounds)]
+    rows = []
+    for i, first in enumerate(rounds[0]):
+        us = sorted(r[i]["us"] for r in rounds)
+        x = sorted(r[i]["x_empty"] for r in rounds)
+        rows.append(dict(first, us=statistics.median(us), us_low=us[0], us_high=us[-1],
+                         x_empty=statistics.median(x), x_low=x[0], x_high=x[-1], rounds=len(rounds)))
+    fused_fp8(kernels, out)
+    out["small_n"] = rows
+    for r in rows:
+        print(f"{r['mode']:8}  {r['what']:30} N={r['n']:<3} {r['us']:8.2f} us ({r['us_low']:.2f}-{r['us_high']:.2f})"
+              f"  {r['x_empty']:.2f}x empty ({r['x_low']:.2f}-{r['x_high']:.2f})")
+    f = out["fused_fp8"]
+    print(f"fused fp8 paged write N={f['n']}: {f['fused_us']:.1f} us; quantize K, quantize V, store: "
+          f"{f['quantize_then_store_us']:.1f} us; speed-up {f['speedup']:.2f}x")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+def small_n_round(kernels, flag, empty, empty_pdl) -> list[dict]:
+    """One round of the small-N table: every (mode, kernel, N) once."""
+    dev = "cuda"
     rows = []
     for mode in ("graph", "do_bench", "eager"):
         base = median_us(empty, (flag,), mode)
@@ -70,6 +99,12 @@ def main() -> int:
                     # a PDL launch against an empty PDL launch: the same launch mechanics
                     rows.append({"what": f"triton {name}{suffix}", "mode": mode, "n": n, "us": us,
                                  "x_empty": us / (base_pdl if suffix == ".pdl" else base)})
+    return rows
+
+
+def fused_fp8(kernels, out: dict) -> None:
+    """The fused fp8 paged write against quantize K, quantize V, then store, into out["fused_fp8"]."""
+    dev = "cuda"
     n, heads, dim, block = 16384, 8, 128, 16
     key, value = (torch.randn(n, heads, dim, device=dev, dtype=torch.bfloat16) for _ in range(2))
     kc, vc = (torch.zeros(2 * n // block, block, heads, dim, device=dev, dtype=torch.uint8) for _ in range(2))
@@ -88,15 +123,6 @@ def main() -> int:
     t_fused = median_us(lambda *a: fused(*a[:5], "e4m3fn", *a[5:]), (key, value, kc, vc, slots, ks, vs), "graph")
     t_two = median_us(two_step, (key, value, kc, vc, slots, ks, vs), "graph")
     out["fused_fp8"] = {"n": n, "fused_us": t_fused, "quantize_then_store_us": t_two, "speedup": t_two / t_fused}
-    out["small_n"] = rows
-    for r in rows:
-        print(f"{r['mode']:8}  {r['what']:30} N={r['n']:<3} {r['us']:8.2f} us  {r['x_empty']:.2f}x empty")
-    print(f"fused fp8 paged write N={n}: {t_fused:.1f} us; quantize K, quantize V, store: {t_two:.1f} us; "
-          f"speed-up {t_two / t_fused:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

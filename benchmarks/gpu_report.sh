@@ -17,6 +17,6 @@ export TARGET="${TARGET:-$(nvidia-smi --query-gpu=name --format=csv,noheader | h
   time timeout 200 oracle bench --backend triton,cuda --sizes 1,16,64,256,4096,16384,65536 \
       --json "$OUT/bench.json" --plot "$OUT/bench.png"
   echo "== sanitizer lane (quick profile, cuda + triton, one process under memcheck)"
-  time timeout 200 oracle run --sanitize "$OUT/san" --backend cuda,triton | tail -30
+  time timeout 300 oracle run --sanitize "$OUT/san" --backend cuda,triton | tail -30
 } > "$OUT/gpu_report.log" 2>&1
 tail -150 "$OUT/gpu_report.log"

@@ -12,6 +12,7 @@ TMA buffer cycling), fp8 special values, CUDA-graph capture, rejection of bad sl
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -41,8 +42,14 @@ def _registry(plugin) -> Registry:
 
 def test_register_declares_honest_contracts():
     registry = _registry(cuda_kernels.register)
-    kernels = {k.contract.op: k for k in registry.kernels.values()}
-    assert set(kernels) == {"store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash"}
+    ops = ("store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash")
+    assert set(registry.kernels) == {f"cuda.{op}{suffix}" for op in ops for suffix in ("", ".pdl")}
+    # the .pdl twin keeps every field of the contract but its name and notes
+    for op in ops:
+        plain, pdl = registry.kernels[f"cuda.{op}"].contract, registry.kernels[f"cuda.{op}.pdl"].contract
+        assert dataclasses.replace(pdl, name=plain.name, notes=plain.notes) == plain
+        assert "griddepcontrol.wait" in pdl.notes
+    kernels = {k.contract.op: k for name, k in registry.kernels.items() if not name.endswith(".pdl")}
     for op, kernel in kernels.items():
         c = kernel.contract
         assert c.name == f"cuda.{op}" and c.backend == "cuda" and c.device == "cuda"
@@ -671,6 +678,40 @@ def _opcheck(op, args):
 
 
 @gpu
+def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
+    """``pdl=True``: chained writes whose second reads what the first wrote see it, eagerly and from
+    a replayed graph (tests/pdl_chain.py), for the MLA writer and the paged copy kernel."""
+    import functools
+
+    from pdl_chain import check_chained_writes
+
+    check_chained_writes(functools.partial(cuda_kernels.set_mla_kv_buffer, pdl=True),
+                         functools.partial(cuda_kernels.store_cache, pdl=True))
+
+
+@gpu
+@pytest.mark.parametrize("fmt", ["e4m3fn", "auto"])
+def test_pdl_paged_write_matches_the_plain_launch(fmt):
+    """reshape_and_cache_flash launched with PDL writes exactly what the plain launch writes."""
+    torch.manual_seed(3)
+    n, blocks = 4099, 600
+    key, value = (torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16) * 50 for _ in range(2))
+    cache_dtype = torch.uint8 if fmt != "auto" else torch.bfloat16
+    slots = torch.randperm(blocks * 16, device="cuda")[:n]
+    slots[::97] = -1
+    scale = torch.tensor([0.37], device="cuda")
+    out = []
+    for pdl in (False, True):
+        caches = [torch.full((blocks, 16, 8, 128), 7, device="cuda", dtype=cache_dtype) for _ in range(2)]
+        cuda_kernels.reshape_and_cache_flash(key, value, *caches, slots, fmt, scale, scale, pdl=pdl)
+        out.append(caches)
+    torch.cuda.synchronize()
+    for plain, pdl in zip(*out):
+        assert torch.equal(plain.view(torch.uint8), pdl.view(torch.uint8))
+    assert not torch.equal(out[0][0].view(torch.uint8), torch.full_like(out[0][0], 7).view(torch.uint8))
+
+
+@gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8])
 def test_opcheck_store_cache(dtype):
     n, slots = 16, 40
@@ -680,13 +721,13 @@ def test_opcheck_store_cache(dtype):
 
 
 @gpu
-@pytest.mark.parametrize("path", ["auto", "direct"])
-def test_opcheck_set_mla_kv_buffer(path):
+@pytest.mark.parametrize("path,pdl", [("auto", False), ("direct", False), ("auto", True)])
+def test_opcheck_set_mla_kv_buffer(path, pdl):
     n, slots = 16, 40
     fused = _rand((n, 640), torch.bfloat16, 1)
     nope, rope = fused[:, :512], fused[:, 512:576]
     buf = _rand((slots, 576), torch.bfloat16, 2)
-    _opcheck(_ops().set_mla_kv_buffer.default, (buf, _slots(n, slots, 3, torch.int32), nope, rope, path, 16))
+    _opcheck(_ops().set_mla_kv_buffer.default, (buf, _slots(n, slots, 3, torch.int32), nope, rope, path, 16, pdl))
 
 
 @gpu

@@ -403,49 +403,14 @@ def test_compiled_launch_goes_through_the_jit_while_a_launch_hook_is_installed()
 @gpu
 def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
     """``pdl=True`` (programmatic dependent launch): back-to-back writes whose second reads what
-    the first wrote (its source is the first's cache row) still see it, eagerly and in a graph,
-    for both kernels (the MLA writer and the paged writer behind store_cache)."""
+    the first wrote still see it, eagerly and in a graph, for both kernels (the MLA writer and the
+    paged writer behind store_cache): tests/pdl_chain.py."""
+    import functools
     import torch
     from oracle.kernels.triton import ops
+    from pdl_chain import check_chained_writes
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90")
-    dev = "cuda"
-    n = 64
-    buf = torch.full((256, 576), 3.0, device=dev, dtype=torch.bfloat16)
-    nope = torch.randn(n, 512, device=dev, dtype=torch.bfloat16)
-    rope = torch.randn(n, 64, device=dev, dtype=torch.bfloat16)
-    k, v = (torch.randn(n, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    kc, vc = (torch.full((256, 8, 128), 5.0, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    first, second = torch.arange(0, n, device=dev), torch.arange(128, 128 + n, device=dev)
-
-    def step():
-        ops.set_mla_kv_buffer(buf, first, nope, rope, validate=False, pdl=True)
-        # rows 0..n-1 of buf, just written, are the sources of the second write
-        ops.set_mla_kv_buffer(buf, second, buf[:n, :512], buf[:n, 512:], validate=False, pdl=True)
-        ops.store_cache(k, v, kc, vc, first, validate=False, pdl=True)
-        ops.store_cache(kc[:n], vc[:n], kc, vc, second, validate=False, pdl=True)
-
-    def check():
-        want = torch.cat([nope, rope], 1)
-        assert torch.equal(buf[:n], want) and torch.equal(buf[128:128 + n], want)
-        assert torch.equal(kc[:n], k) and torch.equal(kc[128:128 + n], k)
-        assert torch.equal(vc[:n], v) and torch.equal(vc[128:128 + n], v)
-
-    step()
-    torch.cuda.synchronize()
-    check()
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        step()
-    for _ in range(3):
-        for source in (nope, rope, k, v):
-            source.copy_(torch.randn_like(source))
-        graph.replay()
-        torch.cuda.synchronize()
-        check()
+    fast = dict(validate=False, pdl=True)
+    check_chained_writes(functools.partial(ops.set_mla_kv_buffer, **fast), functools.partial(ops.store_cache, **fast))

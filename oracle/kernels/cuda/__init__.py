@@ -24,6 +24,7 @@ Entry point: ``oracle.kernels: cuda = "oracle.kernels.cuda:register"`` (or
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -48,20 +49,23 @@ def build_info() -> dict:
 
 # ---- the kernels, in the torch baseline's calling conventions -----------------------------------
 
-def store_cache(k, v, k_cache, v_cache, loc):
-    """``k_cache[loc] = k; v_cache[loc] = v`` (sglang's store_cache; every slot must be in range)."""
-    (_LIB.loaded or ops()).store_cache(k, v, k_cache, v_cache, loc)
+def store_cache(k, v, k_cache, v_cache, loc, *, pdl=False):
+    """``k_cache[loc] = k; v_cache[loc] = v`` (sglang's store_cache; every slot must be in range).
+    ``pdl``: launch with programmatic dependent launch (see :data:`PDL_NOTE`; every writer takes it)."""
+    (_LIB.loaded or ops()).store_cache(k, v, k_cache, v_cache, loc, pdl=pdl)
 
 
-def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope):
+def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, pdl=False):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang's SM90 TMA writer; every slot in
-    range)."""
-    (_LIB.loaded or ops()).set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope)
+    range). ``pdl``: launch with programmatic dependent launch."""
+    (_LIB.loaded or ops()).set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, pdl=pdl)
 
 
-def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
+                            pdl=False):
     """vLLM's paged K/V writer on any [num_blocks, block_size, H, D] cache view (NHD or HND);
-    fp8 e4m3fn / e5m2 with per-tensor [1] or per-head [H] scales; negative slots skipped."""
+    fp8 e4m3fn / e5m2 with per-tensor [1] or per-head [H] scales; negative slots skipped.
+    ``pdl``: launch with programmatic dependent launch."""
     if kv_cache_dtype == "auto":  # scales are ignored, as vLLM does; they need not be tensors
         k_scale = k_scale if isinstance(k_scale, torch.Tensor) else None
         v_scale = v_scale if isinstance(v_scale, torch.Tensor) else None
@@ -70,7 +74,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
             if not isinstance(scale, torch.Tensor):
                 raise TypeError(f"{name} must be a float32 tensor, got {type(scale).__name__}")
     (_LIB.loaded or ops()).reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                                   k_scale, v_scale)
+                                                   k_scale, v_scale, pdl=pdl)
 
 
 # ---- registration -------------------------------------------------------------------------------
@@ -83,16 +87,30 @@ LAYOUT = ("any source/cache row and head strides, only the last dim contiguous; 
           "width = the widest of 16/8/4/2/1 bytes dividing every pointer and stride")
 
 
+PDL_NOTE = ("pdl=True: launched with programmatic dependent launch (cudaLaunchKernelEx with programmatic "
+            "stream serialization), as a decode graph of PDL kernels would; every block runs "
+            "griddepcontrol.wait before any memory access, then griddepcontrol.launch_dependents")
+
+
+def _register(fn, **fields) -> None:
+    """Register ``fn`` and, as ``<name>.pdl``, the same kernel launched with PDL (same contract:
+    the checks stay, so the bad-input cases run on it too)."""
+    oracle.register(fn, **fields)
+    oracle.register(functools.partial(fn, pdl=True),
+                    **dict(fields, name=fields["name"] + ".pdl", notes=f"{PDL_NOTE}; {fields['notes']}"))
+
+
 def register() -> None:
-    """Register the CUDA kernels with :func:`oracle.register` (never builds: ``available()`` does)."""
+    """Register the CUDA kernels with :func:`oracle.register` (never builds: ``available()`` does),
+    each also as ``<name>.pdl``."""
     common = dict(backend="cuda", device="cuda", validates=True, available=available, duplicates="forbid",
                   row_bytes_multiple=1)
-    oracle.register(store_cache, op="store_cache", name="cuda.store_cache",
+    _register(store_cache, op="store_cache", name="cuda.store_cache",
                     dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none",
                     notes=f"one warp per (row, K/V), persistent grid; {LAYOUT}; sglang's policy without "
                           f"reserved_skip_index: every slot must be in range; {CHECKS}; duplicates forbidden "
                           "(a row is written by 32 lanes, so two colliding rows can tear)", **common)
-    oracle.register(set_mla_kv_buffer, op="set_mla_kv_buffer", name="cuda.set_mla_kv_buffer",
+    _register(set_mla_kv_buffer, op="set_mla_kv_buffer", name="cuda.set_mla_kv_buffer",
                     dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none",
                     notes="sm_90 TMA: a warp stages nope+rope in shared memory, one lane stores the row with "
                           "cp.async.bulk (fence.proxy.async first; bulk groups, wait_group.read before reuse); "
@@ -100,7 +118,7 @@ def register() -> None:
                           "aligned (rows up to 24 KiB), else direct global->global vector copies of the widest "
                           f"width that divides everything; every slot must be in range; {CHECKS}; duplicates "
                           "forbidden (bulk copies of one slot are unordered)", **common)
-    oracle.register(reshape_and_cache_flash, op="reshape_and_cache_flash", name="cuda.reshape_and_cache_flash",
+    _register(reshape_and_cache_flash, op="reshape_and_cache_flash", name="cuda.reshape_and_cache_flash",
                     dtypes=("float32", "float16", "bfloat16"), padding="negative", layouts=("NHD", "HND"),
                     fp8_formats=FP8_FORMATS, fp8_preset="cuda_satfinite", scales=("tensor", "head"),
                     notes="one warp per (token, K/V), (block, offset) from the slot on any cache view (NHD, HND, "
@@ -110,7 +128,7 @@ def register() -> None:
                           f"(NotImplementedError); negative slots skipped (vLLM); {CHECKS}", **common)
 
 
-__all__ = ["available", "ops", "build_info", "register", "store_cache", "set_mla_kv_buffer",
+__all__ = ["available", "ops", "build_info", "register", "PDL_NOTE", "store_cache", "set_mla_kv_buffer",
            "reshape_and_cache_flash", "FP8_FORMATS", "NAMESPACE"]
 
 if os.environ.get("KV_ORACLE_CUDA_EAGER"):  # build at import, e.g. to warm the cache in an image

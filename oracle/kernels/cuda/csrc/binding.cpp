@@ -9,13 +9,14 @@
 // capture) never writes outside a cache.
 //
 // Ops (all return nothing and write their caches in place):
-//   store_cache(k, v, k_cache, v_cache, loc, max_vec=16)
-//   set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, path="auto", max_vec=16)
+//   store_cache(k, v, k_cache, v_cache, loc, max_vec=16, pdl=False)
+//   set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, path="auto", max_vec=16, pdl=False)
 //   reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-//                           k_scale, v_scale, max_vec=16)
+//                           k_scale, v_scale, max_vec=16, pdl=False)
 //   mla_plan(...) / store_plan(...) / paged_plan(...) -> str: the path and width a call would take.
 // max_vec (16, 8, 4, 2 or 1) caps the vector width, so tests can run the narrow paths on aligned
-// data; path forces "tma" or "direct" for set_mla_kv_buffer.
+// data; path forces "tma" or "direct" for set_mla_kv_buffer; pdl launches the kernel with
+// programmatic dependent launch (kv_cuda.h says what that overlaps).
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
@@ -262,8 +263,9 @@ StorePlan plan_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, co
 }
 
 void store_cache(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache, const Tensor& loc,
-                 int64_t max_vec) {
+                 int64_t max_vec, bool pdl) {
   StorePlan plan = plan_store(k, v, k_cache, v_cache, loc, max_vec);
+  plan.args.pdl = pdl;
   c10::cuda::CUDAGuard guard(k_cache.device());
   check_slots("loc", loc, plan.args.num_slots, /*negative_is_padding=*/false);
   if (plan.empty) return;
@@ -357,8 +359,9 @@ MlaPlan plan_mla(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope,
 }
 
 void set_mla_kv_buffer(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope, const Tensor& rope,
-                       c10::string_view path, int64_t max_vec) {
+                       c10::string_view path, int64_t max_vec, bool pdl) {
   MlaPlan plan = plan_mla(kv_buffer, loc, nope, rope, std::string(path), max_vec);
+  plan.args.pdl = pdl;
   c10::cuda::CUDAGuard guard(kv_buffer.device());
   check_slots("loc", loc, plan.args.num_slots, /*negative_is_padding=*/false);
   if (plan.empty) return;
@@ -526,9 +529,10 @@ PagedPlan plan_paged(const Tensor& key, const Tensor& value, const Tensor& key_c
 void reshape_and_cache_flash(const Tensor& key, const Tensor& value, const Tensor& key_cache,
                              const Tensor& value_cache, const Tensor& slot_mapping, c10::string_view kv_cache_dtype,
                              const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale,
-                             int64_t max_vec) {
+                             int64_t max_vec, bool pdl) {
   PagedPlan plan = plan_paged(key, value, key_cache, value_cache, slot_mapping, std::string(kv_cache_dtype), k_scale,
                               v_scale, max_vec);
+  plan.args.pdl = pdl;
   c10::cuda::CUDAGuard guard(key_cache.device());
   check_slots("slot_mapping", slot_mapping, plan.args.num_slots, /*negative_is_padding=*/true);
   if (plan.empty) return;
@@ -578,11 +582,13 @@ int64_t tune(c10::string_view knob, int64_t value) {
 
 TORCH_LIBRARY(kv_oracle_cuda, m) {
   m.set_python_module("oracle.kernels.cuda._fake");
-  m.def("store_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor loc, int max_vec=16) -> ()");
+  m.def("store_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor loc, int max_vec=16, "
+        "bool pdl=False) -> ()");
   m.def("set_mla_kv_buffer(Tensor(a!) kv_buffer, Tensor loc, Tensor cache_k_nope, Tensor cache_k_rope, "
-        "str path=\"auto\", int max_vec=16) -> ()");
+        "str path=\"auto\", int max_vec=16, bool pdl=False) -> ()");
   m.def("reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
-        "Tensor slot_mapping, str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale, int max_vec=16) -> ()");
+        "Tensor slot_mapping, str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale, int max_vec=16, "
+        "bool pdl=False) -> ()");
   m.def("store_plan(Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor loc, int max_vec=16) -> str");
   m.def("mla_plan(Tensor kv_buffer, Tensor loc, Tensor cache_k_nope, Tensor cache_k_rope, str path=\"auto\", "
         "int max_vec=16) -> str");

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include <cuda_runtime.h>
 
@@ -129,6 +130,38 @@ __device__ __forceinline__ uint16_t cvt_fp8x2(float lo, float hi) {
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
   }
   return out;
+}
+
+// ---------------------------------------------------------------- programmatic dependent launch
+
+// First thing every kernel does when launched with PDL (`pdl` is uniform across the grid): wait
+// until the grids this one depends on have completed and their writes are visible, then allow the
+// next PDL launch on the stream to be scheduled (it waits in turn, so nothing it reads can be
+// stale). Without PDL nothing is waited for or allowed early: a later kernel launched with PDL but
+// without a wait of its own then still starts after this one ends.
+__device__ __forceinline__ void pdl_prologue(int32_t pdl) {
+  if (pdl) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
+}
+
+// kernel<<<grid, threads, smem, stream>>>(args...), with programmatic stream serialization when
+// `pdl` (the kernel must start with pdl_prologue(pdl)).
+template <typename... Params, typename... Args>
+inline cudaError_t launch_kernel(void (*kernel)(Params...), unsigned grid, int threads, size_t smem,
+                                 cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 // ---------------------------------------------------------------- launch sizing

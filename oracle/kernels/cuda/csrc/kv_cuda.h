@@ -44,8 +44,15 @@ struct PagedArgs {
   int64_t num_slots;         // slots outside [0, num_slots) are skipped by the kernel
   int64_t block_size;        // slots per block (1 for flat caches)
   int32_t dense;             // every side has one head: chunk c sits at c * chunk bytes (the fast path)
-  int32_t pad_;
+  int32_t pdl;               // launched with programmatic dependent launch (see launch_kernel)
 };
+
+// Every launcher honours args.pdl: when set, the kernel is launched with programmatic dependent
+// launch (cudaLaunchAttributeProgrammaticStreamSerialization), so it may be scheduled while the
+// previous kernel on the stream is still running; each block then waits (griddepcontrol.wait) for
+// that kernel to complete and its memory to be visible before it reads or writes anything, and at
+// once lets the next PDL launch be scheduled (griddepcontrol.launch_dependents). What overlaps is
+// launch and block scheduling, never data.
 
 // Bitwise copy of every row of every side; chunk = vec_bytes (16, 8, 4, 2 or 1), which must divide
 // every source/cache pointer, row/head/block/token stride and head size.
@@ -68,7 +75,7 @@ struct MlaArgs {
   int64_t dst_row;           // bytes between kv_buffer rows
   const void* index;
   int32_t index_type;
-  int32_t pad_;
+  int32_t pdl;               // launched with programmatic dependent launch (see launch_kernel)
   int64_t index_stride;
   int64_t n;
   int64_t num_slots;

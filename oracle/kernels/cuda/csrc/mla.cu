@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   const int64_t chunks = row_bytes / Load;
   const int64_t step = static_cast<int64_t>(gridDim.x) * warps * Rows;
   const uint64_t policy = evict_first ? evict_first_policy() : 0;
+  pdl_prologue(a.pdl);
   int set = 0;
   for (int64_t first = (static_cast<int64_t>(blockIdx.x) * warps + warp) * Rows; first < a.n; first += step) {
     int64_t slot[Rows];
@@ -113,6 +114,7 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t nope_chunks = a.nope_bytes / Vec;
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
+  pdl_prologue(a.pdl);
   for (int64_t row = first; row < a.n; row += step) {
     const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
     const unsigned char* nope = a.nope + row * a.nope_row;
@@ -154,8 +156,8 @@ cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t
   const size_t smem = static_cast<size_t>(warps * 2 * Rows * stage_bytes);
   auto kernel = mla_tma_kernel<IdxT, Load, Rows>;
   const unsigned grid = grid_for(kernel, (a.n + Rows - 1) / Rows, smem, threads, launch_tuning().mla_grid);
-  kernel<<<grid, threads, smem, stream>>>(a, stage_bytes, launch_tuning().mla_evict_first);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, threads, smem, stream, a.pdl != 0, a, stage_bytes,
+                       launch_tuning().mla_evict_first);
 }
 
 template <typename IdxT, int Vec>
@@ -163,8 +165,7 @@ cudaError_t launch_direct_typed(const MlaArgs& a, cudaStream_t stream) {
   auto kernel = mla_direct_kernel<IdxT, Vec>;
   const int threads = 32 * launch_tuning().mla_warps;
   const unsigned grid = grid_for(kernel, a.n, 0, threads, launch_tuning().mla_grid);
-  kernel<<<grid, threads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, threads, 0, stream, a.pdl != 0, a);
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t items = a.n * a.sides;
+  pdl_prologue(a.pdl);
   for (int64_t item = first; item < items; item += step) {
     const int s = item >= a.n ? 1 : 0;
     const int64_t row = item - (s ? a.n : 0);
@@ -92,8 +93,7 @@ template <typename IdxT, typename Chunk>
 cudaError_t launch_paged_rows(const PagedArgs& a, int per_sm, cudaStream_t stream) {
   auto kernel = a.dense ? paged_rows_kernel<IdxT, Chunk, true> : paged_rows_kernel<IdxT, Chunk, false>;
   const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, per_sm);
-  kernel<<<grid, kThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, kThreads, 0, stream, a.pdl != 0, a);
 }
 
 }  // namespace kvo_cuda
