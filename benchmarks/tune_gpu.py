@@ -10,8 +10,9 @@ compared byte for byte with the torch-on-CUDA baseline's ("check").
 - Triton: rows per program (``block_n``) x ``num_warps`` for the three kernels, through
   ``oracle.kernels.triton.ops.TUNING``.
 - CUDA: the ``kv_oracle_cuda::tune`` knobs: ``mla_rows`` (rows a warp stages per iteration on the
-  TMA path) x ``mla_warps`` (warps per block) x ``mla_evict_first`` (L2 evict-first bulk stores),
-  ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path for comparison, and
+  TMA path) x ``mla_warps`` (warps per block), ``mla_evict_first`` (L2 evict-first bulk stores),
+  ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path (``mla_direct_rows``: rows a
+  warp loads before storing) x ``mla_warps``, both paths launched plainly and with PDL, and
   ``copy_grid`` / ``fp8_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
 
 The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h``
@@ -23,6 +24,7 @@ The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import statistics
@@ -90,7 +92,7 @@ def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES):
     return rows
 
 
-def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES):
+def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False):
     from oracle.kernels.cuda import _build
 
     reason = _build.load()  # the registry loads the library lazily, on the first call
@@ -111,21 +113,26 @@ def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES):
     for n in sizes:
         w = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
         baseline = kernels["torch-cuda.set_mla_kv_buffer"].fn
-        for rows_, warps, evict in itertools.product((1, 2), (1, 2, 4, 8), (0, 2)):
-            run("cuda mla tma", {"mla_rows": rows_, "mla_warps": warps, "mla_evict_first": evict}, w, n,
-                kernels["cuda.set_mla_kv_buffer"].fn, baseline)
+        for evict in (0, 2):
+            run("cuda mla tma", {"mla_evict_first": evict}, w, n, kernels["cuda.set_mla_kv_buffer"].fn, baseline)
         for grid in (0, 4):
             run("cuda mla tma", {"mla_grid": grid}, w, n, kernels["cuda.set_mla_kv_buffer"].fn, baseline)
-        direct = lambda buf, loc, nope, rope: torch.ops.kv_oracle_cuda.set_mla_kv_buffer(buf, loc, nope, rope, "direct")  # noqa: E731
-        for warps in (1, 2, 4, 8):
-            run("cuda mla direct", {"mla_warps": warps}, w, n, direct, baseline)
+        for name in ("triton.set_mla_kv_buffer", "triton.set_mla_kv_buffer.pdl"):  # the bar, same run
+            run(name, {}, w, n, kernels[name].fn, baseline)
+        for pdl in (False, True):
+            for path in ("tma", "direct"):
+                mla = functools.partial(torch.ops.kv_oracle_cuda.set_mla_kv_buffer, path=path, pdl=pdl)
+                what = f"cuda mla {path}{' pdl' if pdl else ''}"
+                knob = "mla_rows" if path == "tma" else "mla_direct_rows"
+                for rows_, warps in itertools.product((1, 2, 4), (1, 2, 4)):
+                    run(what, {knob: rows_, "mla_warps": warps}, w, n, mla, baseline)
         # the same slots in ascending order: how much of the gap to the copy ceiling is the scatter
         ordered = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
         ordered.args[1].copy_(ordered.args[1].sort().values)
         for name in ("triton.set_mla_kv_buffer", "cuda.set_mla_kv_buffer"):
             run(f"{name.split('.')[0]} mla, sorted slots", {}, ordered, n, kernels[name].fn, baseline,
                 sorted_slots=True)
-        for op, variant in (("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn")):
+        for op, variant in () if mla_only else (("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn")):
             w = make_workload(op, variant, n, "cuda")
             for grid in (0, -1, 4):
                 knob = "fp8_grid" if variant == "e4m3fn" else "copy_grid"
@@ -138,6 +145,7 @@ def main() -> int:
     parser.add_argument("--json")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", choices=("triton", "cuda"))
+    parser.add_argument("--mla-only", action="store_true", help="CUDA: only the MLA sweep")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="comma-separated row counts (default %(default)s)")
     args = parser.parse_args()
@@ -149,7 +157,7 @@ def main() -> int:
     if args.only in (None, "triton"):
         out["rows"] += sweep_triton(kernels, copy["gbps"], args.repeats, sizes)
     if args.only in (None, "cuda"):
-        out["rows"] += sweep_cuda(kernels, copy["gbps"], args.repeats, sizes)
+        out["rows"] += sweep_cuda(kernels, copy["gbps"], args.repeats, sizes, args.mla_only)
     best = {}
     for r in out["rows"]:
         key = (r["kernel"], r["op"], r["variant"], r["n"])
