@@ -8,7 +8,7 @@ ceiling measured in the same run (a 1 GiB ``copy_``, bytes read + written). Each
 compared byte for byte with the torch-on-CUDA baseline's ("check").
 
 - Triton: rows per program (``block_n``) x ``num_warps`` for the three kernels, through
-  ``oracle.kernels.triton.ops.TUNING``.
+  ``oracle.kernels.triton.ops.TUNING`` (with ``--pdl`` also for the ``.pdl`` launches).
 - CUDA: the ``kv_oracle_cuda::tune`` knobs: ``mla_rows`` (rows a warp stages per iteration on the
   TMA path) x ``mla_warps`` (warps per block), ``mla_evict_first`` (L2 evict-first bulk stores),
   ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path (``mla_direct_rows``: rows a
@@ -74,19 +74,24 @@ def cell(what, config, workload, n, fn, baseline, copy_gbps, repeats, sorted_slo
     return row
 
 
-def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES):
+def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=("",)):
     from oracle.kernels.triton import ops
 
     rows = []
     for name, workloads in TRITON.items():
-        for (op, variant), n in itertools.product(workloads, sizes):
+        if only and name not in only:
+            continue
+        for (op, variant), n, suffix in itertools.product(workloads, sizes, suffixes):
             w = make_workload(op, variant, n, "cuda")
             baseline = kernels[f"torch-cuda.{op}"].fn
-            fn = kernels[f"triton.{op}"].fn
+            if f"triton.{op}{suffix}" not in kernels:  # quantize_fp8 has no .pdl twin
+                continue
+            fn = kernels[f"triton.{op}{suffix}"].fn
             for block_n, warps in itertools.product(BLOCK_N, WARPS):
                 ops.TUNING[name] = {"block_n": block_n, "num_warps": warps}
                 try:
-                    rows.append(cell(f"triton {name}", ops.TUNING[name], w, n, fn, baseline, copy_gbps, repeats))
+                    rows.append(cell(f"triton {name}{suffix}", ops.TUNING[name], w, n, fn, baseline, copy_gbps,
+                                     repeats))
                 finally:
                     ops.TUNING.clear()
     return rows
@@ -145,7 +150,8 @@ def main() -> int:
     parser.add_argument("--json")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", choices=("triton", "cuda"))
-    parser.add_argument("--mla-only", action="store_true", help="CUDA: only the MLA sweep")
+    parser.add_argument("--mla-only", action="store_true", help="only the MLA sweeps (Triton: mla_write)")
+    parser.add_argument("--pdl", action="store_true", help="Triton: sweep the .pdl variants too")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="comma-separated row counts (default %(default)s)")
     args = parser.parse_args()
@@ -155,7 +161,9 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}: copy ceiling {copy['gbps']:.1f} GB/s", flush=True)
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbps": copy["gbps"], "rows": []}
     if args.only in (None, "triton"):
-        out["rows"] += sweep_triton(kernels, copy["gbps"], args.repeats, sizes)
+        out["rows"] += sweep_triton(kernels, copy["gbps"], args.repeats, sizes,
+                                    only=("mla_write",) if args.mla_only else None,
+                                    suffixes=("", ".pdl") if args.pdl else ("",))
     if args.only in (None, "cuda"):
         out["rows"] += sweep_cuda(kernels, copy["gbps"], args.repeats, sizes, args.mla_only)
     best = {}
