@@ -74,7 +74,8 @@ def cell(what, config, workload, n, fn, baseline, copy_gbps, repeats, sorted_slo
     return row
 
 
-def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=("",)):
+def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=("",), block_ns=BLOCK_N,
+                 warps_=WARPS):
     from oracle.kernels.triton import ops
 
     rows = []
@@ -87,7 +88,7 @@ def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=(
             if f"triton.{op}{suffix}" not in kernels:  # quantize_fp8 has no .pdl twin
                 continue
             fn = kernels[f"triton.{op}{suffix}"].fn
-            for block_n, warps in itertools.product(BLOCK_N, WARPS):
+            for block_n, warps in itertools.product(block_ns, warps_):
                 ops.TUNING[name] = {"block_n": block_n, "num_warps": warps}
                 try:
                     rows.append(cell(f"triton {name}{suffix}", ops.TUNING[name], w, n, fn, baseline, copy_gbps,
@@ -152,6 +153,8 @@ def main() -> int:
     parser.add_argument("--only", choices=("triton", "cuda"))
     parser.add_argument("--mla-only", action="store_true", help="only the MLA sweeps (Triton: mla_write)")
     parser.add_argument("--pdl", action="store_true", help="Triton: sweep the .pdl variants too")
+    parser.add_argument("--block-n", default=",".join(map(str, BLOCK_N)), help="Triton rows per program to try")
+    parser.add_argument("--warps", default=",".join(map(str, WARPS)), help="Triton warps per program to try")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="comma-separated row counts (default %(default)s)")
     args = parser.parse_args()
@@ -163,7 +166,9 @@ def main() -> int:
     if args.only in (None, "triton"):
         out["rows"] += sweep_triton(kernels, copy["gbps"], args.repeats, sizes,
                                     only=("mla_write",) if args.mla_only else None,
-                                    suffixes=("", ".pdl") if args.pdl else ("",))
+                                    suffixes=("", ".pdl") if args.pdl else ("",),
+                                    block_ns=tuple(int(x) for x in args.block_n.split(",")),
+                                    warps_=tuple(int(x) for x in args.warps.split(",")))
     if args.only in (None, "cuda"):
         out["rows"] += sweep_cuda(kernels, copy["gbps"], args.repeats, sizes, args.mla_only)
     best = {}
