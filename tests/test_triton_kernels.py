@@ -287,6 +287,35 @@ def test_interpreter_tiles_are_large():
     assert out["one"][:2] == [1, 128]
 
 
+def test_mla_tile_fills_one_wave_where_it_fits(monkeypatch):
+    """On an sm_90 device (132 SMs here, 32 one-warp programs each) mla_write takes the one-wave
+    tile exactly where its programs fill 90-100% of one wave; elsewhere, on other kernels, without
+    a device or on an older GPU, the sweep's tile."""
+    import torch
+    from oracle.kernels.triton import ops
+
+    monkeypatch.setattr(ops, "interpreting", lambda: False)
+    slots = 132 * 32
+    monkeypatch.setattr(ops, "_one_warp_slots", lambda index: slots)
+    dev = torch.device("cuda", 0)
+
+    def shape(n, kernel="mla_write", device=dev):
+        t = ops.tile(n, 512, kernel, (512, 64) if kernel == "mla_write" else (), device)
+        return t.block_n, t.num_warps
+
+    rows = ops.ONE_WAVE_TILE[0]
+    first = int(ops.ONE_WAVE_FILL * slots) * rows + 1  # the first N whose programs pass the fill
+    for n in (first, 16384, slots * rows):
+        assert shape(n) == ops.ONE_WAVE_TILE, n
+    for n in (first - rows, 12288, slots * rows + 1, 65536):
+        assert shape(n) == ops.LARGE_N_TILES["mla_write"], n
+    assert shape(512) == (1, 4)
+    assert shape(16384, device=None) == ops.LARGE_N_TILES["mla_write"]
+    assert shape(16384, "paged_write") == ops.LARGE_N_TILES["paged_write"]
+    monkeypatch.setattr(ops, "_one_warp_slots", lambda index: 0)  # before sm_90
+    assert shape(16384) == ops.LARGE_N_TILES["mla_write"]
+
+
 def test_gpu_check_harness_catches_wrong_writes():
     """The GPU script's scenarios, reference and comparison, on the CPU: fp8 scenarios with a
     stand-in that writes what the reference expects (the interpreter's fp8 is wrong), and

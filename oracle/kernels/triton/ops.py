@@ -214,21 +214,35 @@ class Tile:
 # inputs rotated past the L2; docs/benchmarks.md), within a point or two of the fastest at both
 # N = 16384 and 65536 for each kernel.
 # Fewer rows per program keep more programs in flight; more warps than the tile needs starve it.
-LARGE_N_TILES = {"paged_write": (2, 4), "paged_write_fp8": (2, 2), "mla_write": (2, 1)}
+LARGE_N_TILES = {"paged_write": (2, 4), "paged_write_fp8": (2, 2), "mla_write": (2, 4)}
 SMALL_N = 1024
+# mla_write's tile when its one-warp programs of 4 rows fill more than ONE_WAVE_FILL of one wave
+# (32 resident programs per SM on sm_90) without passing it: every row is loaded at once and no
+# partial second wave trails. On the H100 that is 15207 < N <= 16896, where it beat (2, 4) by 2-3%
+# plainly and with PDL (N = 16384: 14.95 vs 15.35 us, .pdl 14.35 vs 14.65); at 12288 (a 73% fill)
+# it lost with PDL (13.1 vs 11.4 us) and at 20480 (two waves) both ways (docs/benchmarks.md).
+ONE_WAVE_TILE = (4, 1)
+ONE_WAVE_FILL = 0.9
 # Overrides for benchmarks/tune_gpu.py, by kernel ("paged_write", "paged_write_fp8", "mla_write"):
 # {"block_n": ..., "num_warps": ...}; empty in normal use.
 TUNING: dict = {}
 
 
-def tile(n_rows: int, row: int, kernel: str = "paged_write", parts: tuple = ()) -> Tile:
+def tile(n_rows: int, row: int, kernel: str = "paged_write", parts: tuple = (),
+         device: torch.device | None = None) -> Tile:
     """A whole row per program where it fits (the next power of two of the row, each MLA part
     in its own tile), several rows per program for large N on a GPU as measured fastest on the
-    H100 (docs/benchmarks.md), and few large programs under the interpreter, where each program
-    is one Python call."""
+    H100 (docs/benchmarks.md; for mla_write on an sm_90 ``device``, ONE_WAVE_TILE where it fills
+    one wave), and few large programs under the interpreter, where each program is one Python
+    call."""
     if interpreting():
         return _interpreter_tile(_next_pow2(n_rows), row, parts)
-    t = _gpu_tile(n_rows >= SMALL_N, row, kernel, parts)
+    shape = LARGE_N_TILES.get(kernel, (1, 4)) if n_rows >= SMALL_N else (1, 4)
+    if kernel == "mla_write" and device is not None and n_rows >= SMALL_N:
+        slots = _one_warp_slots(device.index if device.index is not None else torch.cuda.current_device())
+        if ONE_WAVE_FILL * slots < _cdiv(n_rows, ONE_WAVE_TILE[0]) <= slots:
+            shape = ONE_WAVE_TILE
+    t = _gpu_tile(shape, row, parts)
     override = TUNING.get(kernel)
     if override:
         t = Tile(override.get("block_n", t.block_n), t.block_r, override.get("num_warps", t.num_warps),
@@ -243,10 +257,18 @@ def _interpreter_tile(rows_pow2: int, row: int, parts: tuple) -> Tile:
     return Tile(block_n, block_r, 4, *(min(_next_pow2(w), block_r) for w in parts))
 
 
+@functools.lru_cache(maxsize=16)
+def _one_warp_slots(index: int) -> int:
+    """One-warp programs resident at once on CUDA device ``index`` if it is sm_90+ (32 per SM),
+    else 0: the one-wave tile is measured on the H100 only."""
+    props = torch.cuda.get_device_properties(index)
+    return props.multi_processor_count * 32 if props.major >= 9 else 0
+
+
 @functools.lru_cache(maxsize=256)
-def _gpu_tile(large: bool, row: int, kernel: str, parts: tuple) -> Tile:
+def _gpu_tile(shape: tuple, row: int, parts: tuple) -> Tile:
     block_r = min(_next_pow2(row), 1 << 12)
-    block_n, num_warps = LARGE_N_TILES.get(kernel, (1, 4)) if large else (1, 4)
+    block_n, num_warps = shape
     block_n = max(1, min(block_n, 4096 // block_r))  # wide rows: one per program (registers)
     return Tile(block_n, block_r, num_warps, *(min(_next_pow2(w), block_r) for w in parts))
 
@@ -365,7 +387,7 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
 def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, scale, device, pdl=False):
     cache, block_stride, token_stride, elem_stride = cache4
     width_a, width_b = a.shape[1], b.shape[1]
-    t = tile(n, max(width_a, width_b), "mla_write", (width_a, width_b))
+    t = tile(n, max(width_a, width_b), "mla_write", (width_a, width_b), device)
     grid = (_cdiv(n, t.block_n), max(_cdiv(width_a, t.block_a), _cdiv(width_b, t.block_b)))
     a0, a1 = a.stride()
     b0, b1 = b.stride()
