@@ -37,6 +37,7 @@ from oracle.registry import default_registry
 SIZES = (16384, 65536)
 TRITON = {  # triton kernel tuned -> (op, variant) workloads that launch it
     "mla_write": (("set_mla_kv_buffer", "bf16"),),
+    "concat_mla": (("concat_and_cache_mla", "auto"), ("concat_and_cache_mla", "e4m3fn")),
     "paged_write": (("store_cache", "bf16"),),
     "paged_write_fp8": (("reshape_and_cache_flash", "e4m3fn"), ("quantize_fp8", "e4m3fn")),
 }

@@ -300,7 +300,7 @@ def test_mla_tile_fills_one_wave_where_it_fits(monkeypatch):
     dev = torch.device("cuda", 0)
 
     def shape(n, kernel="mla_write", device=dev):
-        t = ops.tile(n, 512, kernel, (512, 64) if kernel == "mla_write" else (), device)
+        t = ops.tile(n, 512, kernel, (512, 64) if "mla" in kernel else (), device)
         return t.block_n, t.num_warps
 
     rows = ops.ONE_WAVE_TILE[0]
@@ -312,6 +312,7 @@ def test_mla_tile_fills_one_wave_where_it_fits(monkeypatch):
     assert shape(512) == (1, 4)
     assert shape(16384, device=None) == ops.LARGE_N_TILES["mla_write"]
     assert shape(16384, "paged_write") == ops.LARGE_N_TILES["paged_write"]
+    assert shape(16384, "concat_mla") == ops.LARGE_N_TILES["concat_mla"]  # the same kernel, paged
     monkeypatch.setattr(ops, "_one_warp_slots", lambda index: 0)  # before sm_90
     assert shape(16384) == ops.LARGE_N_TILES["mla_write"]
 

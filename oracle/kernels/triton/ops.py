@@ -214,7 +214,9 @@ class Tile:
 # inputs rotated past the L2; docs/benchmarks.md), within a point or two of the fastest at both
 # N = 16384 and 65536 for each kernel.
 # Fewer rows per program keep more programs in flight; more warps than the tile needs starve it.
-LARGE_N_TILES = {"paged_write": (2, 4), "paged_write_fp8": (2, 2), "mla_write": (2, 4)}
+# mla_write has two entries: behind set_mla_kv_buffer ("mla_write") and behind
+# concat_and_cache_mla ("concat_mla": paged, maybe fp8), which (2, 4) made 2-17% slower.
+LARGE_N_TILES = {"paged_write": (2, 4), "paged_write_fp8": (2, 2), "mla_write": (2, 4), "concat_mla": (2, 1)}
 SMALL_N = 1024
 # mla_write's tile when its one-warp programs of 4 rows fill more than ONE_WAVE_FILL of one wave
 # (32 resident programs per SM on sm_90) without passing it: every row is loaded at once and no
@@ -223,7 +225,7 @@ SMALL_N = 1024
 # it lost with PDL (13.1 vs 11.4 us) and at 20480 (two waves) both ways (docs/benchmarks.md).
 ONE_WAVE_TILE = (4, 1)
 ONE_WAVE_FILL = 0.9
-# Overrides for benchmarks/tune_gpu.py, by kernel ("paged_write", "paged_write_fp8", "mla_write"):
+# Overrides for benchmarks/tune_gpu.py, by LARGE_N_TILES key:
 # {"block_n": ..., "num_warps": ...}; empty in normal use.
 TUNING: dict = {}
 
@@ -384,10 +386,11 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
               kv_buffer.shape[0], pad, 0, None, device, pdl)
 
 
-def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, scale, device, pdl=False):
+def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, scale, device, pdl=False,
+              tiles="mla_write"):
     cache, block_stride, token_stride, elem_stride = cache4
     width_a, width_b = a.shape[1], b.shape[1]
-    t = tile(n, max(width_a, width_b), "mla_write", (width_a, width_b), device)
+    t = tile(n, max(width_a, width_b), tiles, (width_a, width_b), device)
     grid = (_cdiv(n, t.block_n), max(_cdiv(width_a, t.block_a), _cdiv(width_b, t.block_b)))
     a0, a1 = a.stride()
     b0, b1 = b.stride()
@@ -424,10 +427,10 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     s0, s1, s2 = kv_cache.stride()
     if code:
         _mla_rows(kv_c, k_pe, (kv_cache, s0, s1, s2), slot_mapping, num_tokens, block_size,
-                  num_slots, pad, code, scale, device, pdl)
+                  num_slots, pad, code, scale, device, pdl, tiles="concat_mla")
     else:
         _mla_rows(_as_bits(kv_c), _as_bits(k_pe), (_as_bits(kv_cache), s0, s1, s2), slot_mapping,
-                  num_tokens, block_size, num_slots, pad, 0, None, device, pdl)
+                  num_tokens, block_size, num_slots, pad, 0, None, device, pdl, tiles="concat_mla")
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
