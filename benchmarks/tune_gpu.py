@@ -133,6 +133,8 @@ def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False):
                 knob = "mla_rows" if path == "tma" else "mla_direct_rows"
                 for rows_, warps in itertools.product((1, 2, 4), (1, 2, 4)):
                     run(what, {knob: rows_, "mla_warps": warps}, w, n, mla, baseline)
+                if path == "direct":
+                    run(what, {"mla_one_wave": 1}, w, n, mla, baseline)
         # the same slots in ascending order: how much of the gap to the copy ceiling is the scatter
         ordered = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
         ordered.args[1].copy_(ordered.args[1].sort().values)

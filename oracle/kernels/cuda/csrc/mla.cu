@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   __syncwarp();
 }
 
-template <typename IdxT, int Vec, int Rows>
-__global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a) {
+template <typename IdxT, int Vec, int Rows, int Unroll>
+__device__ __forceinline__ void mla_direct_rows(const MlaArgs& a) {
   using V = typename VecOf<Vec>::type;
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -120,14 +120,14 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
     int64_t slot[Rows];
 #pragma unroll
     for (int j = 0; j < Rows; ++j) slot[j] = first + j < a.n ? load_slot<IdxT>(a.index, first + j, a.index_stride) : -1;
-    for (int64_t base = 0; base < chunks; base += 32 * kUnroll) {
-      V r[Rows][kUnroll];
+    for (int64_t base = 0; base < chunks; base += 32 * Unroll) {
+      V r[Rows][Unroll];
 #pragma unroll
       for (int j = 0; j < Rows; ++j) {
         const unsigned char* nope = a.nope + (first + j) * a.nope_row;
         const unsigned char* rope = a.rope + (first + j) * a.rope_row;
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
+        for (int u = 0; u < Unroll; ++u) {
           const int64_t c = base + u * 32 + lane;
           if (first + j < a.n && c < chunks) r[j][u] = load_ro<Vec>(part_chunk(nope, rope, c, nope_chunks, Vec));
         }
@@ -137,13 +137,26 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
         if (slot[j] < 0 || slot[j] >= a.num_slots) continue;  // padding, a row past n, or out of range
         unsigned char* dst = a.dst + slot[j] * a.dst_row;  // rope follows nope: chunk c lands at c * Vec
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
+        for (int u = 0; u < Unroll; ++u) {
           const int64_t c = base + u * 32 + lane;
           if (c < chunks) store_global<Vec>(dst + c * Vec, r[j][u]);
         }
       }
     }
   }
+}
+
+template <typename IdxT, int Vec, int Rows>
+__global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a) {
+  mla_direct_rows<IdxT, Vec, Rows, kUnroll>(a);
+}
+
+// One-wave direct path: one-warp blocks of 4 rows, registers capped so that 32 blocks (the most
+// an SM holds) are resident, 3 chunks per lane per row (a 1152-byte MLA row is 72 16-byte chunks):
+// sized so that a grid of up to 32 blocks per SM loads every row at once.
+template <typename IdxT, int Vec>
+__global__ void __launch_bounds__(32, 32) mla_one_wave_kernel(const __grid_constant__ MlaArgs a) {
+  mla_direct_rows<IdxT, Vec, 4, 3>(a);
 }
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -204,6 +217,11 @@ cudaError_t launch_mla_direct(const MlaArgs& args, int vec_bytes, cudaStream_t s
     return with_vec(vec_bytes, [&](auto vec) {
       using IdxT = decltype(idx);
       constexpr int Vec = decltype(vec)::value;
+      if (launch_tuning().mla_one_wave) {
+        auto kernel = mla_one_wave_kernel<IdxT, Vec>;
+        const unsigned grid = grid_for(kernel, (args.n + 3) / 4, 0, 32, -1);
+        return launch_kernel(kernel, grid, 32, 0, stream, args.pdl != 0, args);
+      }
       switch (rows) {
         case 4: return launch_direct_typed<IdxT, Vec, 4>(args, stream);
         case 2: return launch_direct_typed<IdxT, Vec, 2>(args, stream);
