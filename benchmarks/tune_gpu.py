@@ -11,8 +11,8 @@ compared byte for byte with the torch-on-CUDA baseline's ("check").
   ``oracle.kernels.triton.ops.TUNING`` (with ``--pdl`` also for the ``.pdl`` launches).
 - CUDA: the ``kv_oracle_cuda::tune`` knobs: ``mla_rows`` (rows a warp stages per iteration on the
   TMA path) x ``mla_warps`` (warps per block), ``mla_evict_first`` (L2 evict-first bulk stores),
-  ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path (``mla_direct_rows``: rows a
-  warp loads before storing) x ``mla_warps``, both paths launched plainly and with PDL, and
+  ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path x ``mla_warps``, both paths
+  launched plainly and with PDL, and
   ``copy_grid`` / ``fp8_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
 
 The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h``
@@ -130,11 +130,9 @@ def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False):
             for path in ("tma", "direct"):
                 mla = functools.partial(torch.ops.kv_oracle_cuda.set_mla_kv_buffer, path=path, pdl=pdl)
                 what = f"cuda mla {path}{' pdl' if pdl else ''}"
-                knob = "mla_rows" if path == "tma" else "mla_direct_rows"
-                for rows_, warps in itertools.product((1, 2, 4), (1, 2, 4)):
-                    run(what, {knob: rows_, "mla_warps": warps}, w, n, mla, baseline)
-                if path == "direct":
-                    run(what, {"mla_one_wave": 1}, w, n, mla, baseline)
+                for rows_, warps in itertools.product((1, 2, 4) if path == "tma" else (1,), (1, 2, 4)):
+                    knobs = {"mla_rows": rows_, "mla_warps": warps} if path == "tma" else {"mla_warps": warps}
+                    run(what, knobs, w, n, mla, baseline)
         # the same slots in ascending order: how much of the gap to the copy ceiling is the scatter
         ordered = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
         ordered.args[1].copy_(ordered.args[1].sort().values)

@@ -433,17 +433,16 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     blocks = (2 * n + 5 + 15) // 16
     scale = torch.tensor([0.25], device="cuda")
     fp8_caches = (torch.zeros((blocks, 16, 8, 128), dtype=torch.uint8, device="cuda"),) * 2
-    knobs = ("mla_rows", "mla_warps", "mla_direct_rows", "mla_one_wave", "mla_grid", "mla_evict_first", "copy_grid",
-             "fp8_grid")
-    defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps", "mla_direct_rows") else 0) for name in knobs}
+    knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "fp8_grid")
+    defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 0) for name in knobs}
     for name, value in defaults.items():
         tune(name, value)
     want_k8, want_v8 = (c.clone() for c in fp8_caches)
     ops.reshape_and_cache_flash(k, v, want_k8, want_v8, loc, "fp8_e4m3", scale, scale)
     try:
         for i, (rows, warps, grid) in enumerate(itertools.product((1, 2, 4), (1, 2, 4, 8), (-1, 0, 4))):
-            settings = {"mla_rows": rows, "mla_warps": warps, "mla_direct_rows": rows, "mla_one_wave": i // 2 % 2,
-                        "mla_grid": grid, "mla_evict_first": i % 4, "copy_grid": grid, "fp8_grid": grid}
+            settings = {"mla_rows": rows, "mla_warps": warps, "mla_grid": grid, "mla_evict_first": i % 4,
+                        "copy_grid": grid, "fp8_grid": grid}
             pdl = i % 2 == 1  # the PDL prologue under every launch shape too
             for name, value in settings.items():
                 tune(name, value)

@@ -561,8 +561,6 @@ int64_t tune(c10::string_view knob, int64_t value) {
   const std::string name(knob);
   struct Knob { const char* name; int* field; int64_t low, high; bool power_of_two; };
   const Knob knobs[] = {{"mla_rows", &t.mla_rows, 1, 4, true}, {"mla_warps", &t.mla_warps, 1, 8, true},
-                        {"mla_direct_rows", &t.mla_direct_rows, 1, 4, true},
-                        {"mla_one_wave", &t.mla_one_wave, 0, 1, false},
                         {"mla_grid", &t.mla_grid, -1, 64, false}, {"copy_grid", &t.copy_grid, -1, 64, false},
                         {"fp8_grid", &t.fp8_grid, -1, 64, false},
                         {"mla_evict_first", &t.mla_evict_first, 0, 3, false}};
@@ -575,7 +573,7 @@ int64_t tune(c10::string_view knob, int64_t value) {
     *k.field = static_cast<int>(value);
     return old;
   }
-  TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_direct_rows, mla_one_wave, mla_grid, copy_grid, fp8_grid, "
+  TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_grid, copy_grid, fp8_grid, "
                     "mla_evict_first");
   return 0;
 }

@@ -107,9 +107,6 @@ struct LaunchTuning {
                             // 0 as many as fit (a persistent grid whose warps loop), k > 0 at most k
   int copy_grid = -1;       // the same for the copy kernels (one warp per row and side)
   int fp8_grid = 0;         // the same for the fp8 kernels: a persistent grid, 4-5% faster than -1
-  int mla_direct_rows = 1;  // rows a warp loads before storing them on the direct path: 1, 2 or 4
-  int mla_one_wave = 0;     // direct path: one-warp blocks of 4 rows, 32 resident per SM (overrides
-                            // mla_direct_rows, mla_warps and mla_grid)
   int mla_evict_first = 0;  // TMA path: bit 0 source loads, bit 1 bulk stores marked L2 evict-first
                             // (with plain source loads, evict-first no longer helps: 0.5% slower)
 };

@@ -11,9 +11,8 @@
 // has (wait_group.read 0: the writes complete on their own; only the shared memory they read must
 // outlive the block). No block-wide barrier anywhere.
 //
-// Direct path (mla_direct_kernel): each warp loads the slots and chunks of Rows consecutive rows
-// (LaunchTuning::mla_direct_rows) before storing any, with global -> global vector copies; for rows
-// the bulk copy cannot take (row bytes not a multiple of 16, a destination or row stride
+// Direct path (mla_direct_kernel): the same warp-per-row loop with global -> global vector copies,
+// for rows the bulk copy cannot take (row bytes not a multiple of 16, a destination or row stride
 // that is not 16-byte aligned, or a row too large to stage).
 //
 // Slots outside [0, num_slots) are skipped; the binding rejects them before launching (except
@@ -107,56 +106,36 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   __syncwarp();
 }
 
-template <typename IdxT, int Vec, int Rows, int Unroll>
-__device__ __forceinline__ void mla_direct_rows(const MlaArgs& a) {
+template <typename IdxT, int Vec>
+__global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a) {
   using V = typename VecOf<Vec>::type;
   const int lane = threadIdx.x & 31;
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t step = ((static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5) * Rows;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t nope_chunks = a.nope_bytes / Vec;
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
   pdl_prologue(a.pdl);
-  for (int64_t first = warp * Rows; first < a.n; first += step) {
-    int64_t slot[Rows];
+  for (int64_t row = first; row < a.n; row += step) {
+    const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
+    const unsigned char* nope = a.nope + row * a.nope_row;
+    const unsigned char* rope = a.rope + row * a.rope_row;
+    const bool keep = slot >= 0 && slot < a.num_slots;
+    for (int64_t base = 0; base < chunks; base += 32 * kUnroll) {
+      V r[kUnroll];
 #pragma unroll
-    for (int j = 0; j < Rows; ++j) slot[j] = first + j < a.n ? load_slot<IdxT>(a.index, first + j, a.index_stride) : -1;
-    for (int64_t base = 0; base < chunks; base += 32 * Unroll) {
-      V r[Rows][Unroll];
-#pragma unroll
-      for (int j = 0; j < Rows; ++j) {
-        const unsigned char* nope = a.nope + (first + j) * a.nope_row;
-        const unsigned char* rope = a.rope + (first + j) * a.rope_row;
-#pragma unroll
-        for (int u = 0; u < Unroll; ++u) {
-          const int64_t c = base + u * 32 + lane;
-          if (first + j < a.n && c < chunks) r[j][u] = load_ro<Vec>(part_chunk(nope, rope, c, nope_chunks, Vec));
-        }
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = base + u * 32 + lane;
+        if (c < chunks) r[u] = load_ro<Vec>(part_chunk(nope, rope, c, nope_chunks, Vec));
       }
+      if (!keep) break;
+      unsigned char* dst = a.dst + slot * a.dst_row;  // rope follows nope: chunk c lands at c * Vec
 #pragma unroll
-      for (int j = 0; j < Rows; ++j) {
-        if (slot[j] < 0 || slot[j] >= a.num_slots) continue;  // padding, a row past n, or out of range
-        unsigned char* dst = a.dst + slot[j] * a.dst_row;  // rope follows nope: chunk c lands at c * Vec
-#pragma unroll
-        for (int u = 0; u < Unroll; ++u) {
-          const int64_t c = base + u * 32 + lane;
-          if (c < chunks) store_global<Vec>(dst + c * Vec, r[j][u]);
-        }
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = base + u * 32 + lane;
+        if (c < chunks) store_global<Vec>(dst + c * Vec, r[u]);
       }
     }
   }
-}
-
-template <typename IdxT, int Vec, int Rows>
-__global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a) {
-  mla_direct_rows<IdxT, Vec, Rows, kUnroll>(a);
-}
-
-// One-wave direct path: one-warp blocks of 4 rows, registers capped so that 32 blocks (the most
-// an SM holds) are resident, 3 chunks per lane per row (a 1152-byte MLA row is 72 16-byte chunks):
-// sized so that a grid of up to 32 blocks per SM loads every row at once.
-template <typename IdxT, int Vec>
-__global__ void __launch_bounds__(32, 32) mla_one_wave_kernel(const __grid_constant__ MlaArgs a) {
-  mla_direct_rows<IdxT, Vec, 4, 3>(a);
 }
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -181,11 +160,11 @@ cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t
                        launch_tuning().mla_evict_first);
 }
 
-template <typename IdxT, int Vec, int Rows>
+template <typename IdxT, int Vec>
 cudaError_t launch_direct_typed(const MlaArgs& a, cudaStream_t stream) {
-  auto kernel = mla_direct_kernel<IdxT, Vec, Rows>;
+  auto kernel = mla_direct_kernel<IdxT, Vec>;
   const int threads = 32 * launch_tuning().mla_warps;
-  const unsigned grid = grid_for(kernel, (a.n + Rows - 1) / Rows, 0, threads, launch_tuning().mla_grid);
+  const unsigned grid = grid_for(kernel, a.n, 0, threads, launch_tuning().mla_grid);
   return launch_kernel(kernel, grid, threads, 0, stream, a.pdl != 0, a);
 }
 
@@ -212,21 +191,9 @@ cudaError_t launch_mla_tma(const MlaArgs& args, int load_bytes, cudaStream_t str
 
 cudaError_t launch_mla_direct(const MlaArgs& args, int vec_bytes, cudaStream_t stream) {
   if (args.n <= 0) return cudaSuccess;
-  const int rows = launch_tuning().mla_direct_rows;
   return with_index(args.index_type, [&](auto idx) {
     return with_vec(vec_bytes, [&](auto vec) {
-      using IdxT = decltype(idx);
-      constexpr int Vec = decltype(vec)::value;
-      if (launch_tuning().mla_one_wave) {
-        auto kernel = mla_one_wave_kernel<IdxT, Vec>;
-        const unsigned grid = grid_for(kernel, (args.n + 3) / 4, 0, 32, -1);
-        return launch_kernel(kernel, grid, 32, 0, stream, args.pdl != 0, args);
-      }
-      switch (rows) {
-        case 4: return launch_direct_typed<IdxT, Vec, 4>(args, stream);
-        case 2: return launch_direct_typed<IdxT, Vec, 2>(args, stream);
-        default: return launch_direct_typed<IdxT, Vec, 1>(args, stream);
-      }
+      return launch_direct_typed<decltype(idx), decltype(vec)::value>(args, stream);
     });
   });
 }
