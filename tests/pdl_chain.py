@@ -59,7 +59,9 @@ def check_chained_writes(set_mla_kv_buffer, store_cache, n: int = 32768, replays
     with torch.cuda.graph(graph):
         step()
     for replay in range(replays):
-        buf.fill_(3.0), kc.fill_(5.0), vc.fill_(5.0)
+        buf.fill_(3.0)
+        kc.fill_(5.0)
+        vc.fill_(5.0)
         refill()
         graph.replay()
         torch.cuda.synchronize()

@@ -303,10 +303,10 @@ def test_mla_tile_fills_one_wave_where_it_fits(monkeypatch):
         t = ops.tile(n, 512, kernel, (512, 64) if "mla" in kernel else (), device)
         return t.block_n, t.num_warps
 
-    rows = ops.ONE_WAVE_TILE[0]
+    rows = ops.ONE_WAVE_TILES["mla_write"][0]
     first = int(ops.ONE_WAVE_FILL * slots) * rows + 1  # the first N whose programs pass the fill
     for n in (first, 16384, slots * rows):
-        assert shape(n) == ops.ONE_WAVE_TILE, n
+        assert shape(n) == ops.ONE_WAVE_TILES["mla_write"], n
     for n in (first - rows, 12288, slots * rows + 1, 65536):
         assert shape(n) == ops.LARGE_N_TILES["mla_write"], n
     assert shape(512) == (1, 4)

@@ -106,26 +106,26 @@ def register() -> None:
     common = dict(backend="cuda", device="cuda", validates=True, available=available, duplicates="forbid",
                   row_bytes_multiple=1)
     _register(store_cache, op="store_cache", name="cuda.store_cache",
-                    dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none",
-                    notes=f"one warp per (row, K/V), persistent grid; {LAYOUT}; sglang's policy without "
-                          f"reserved_skip_index: every slot must be in range; {CHECKS}; duplicates forbidden "
-                          "(a row is written by 32 lanes, so two colliding rows can tear)", **common)
+              dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none",
+              notes=f"one warp per (row, K/V), persistent grid; {LAYOUT}; sglang's policy without "
+                    f"reserved_skip_index: every slot must be in range; {CHECKS}; duplicates forbidden "
+                    "(a row is written by 32 lanes, so two colliding rows can tear)", **common)
     _register(set_mla_kv_buffer, op="set_mla_kv_buffer", name="cuda.set_mla_kv_buffer",
-                    dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none",
-                    notes="sm_90 TMA: a warp stages nope+rope in shared memory, one lane stores the row with "
-                          "cp.async.bulk (fence.proxy.async first; bulk groups, wait_group.read before reuse); "
-                          "taken when row bytes % 16 == 0 and kv_buffer's address and row stride are 16-byte "
-                          "aligned (rows up to 24 KiB), else direct global->global vector copies of the widest "
-                          f"width that divides everything; every slot must be in range; {CHECKS}; duplicates "
-                          "forbidden (bulk copies of one slot are unordered)", **common)
+              dtypes=("float32", "float16", "bfloat16", "uint8"), padding="none",
+              notes="sm_90 TMA: a warp stages nope+rope in shared memory, one lane stores the row with "
+                    "cp.async.bulk (fence.proxy.async first; bulk groups, wait_group.read before reuse); "
+                    "taken when row bytes % 16 == 0 and kv_buffer's address and row stride are 16-byte "
+                    "aligned (rows up to 24 KiB), else direct global->global vector copies of the widest "
+                    f"width that divides everything; every slot must be in range; {CHECKS}; duplicates "
+                    "forbidden (bulk copies of one slot are unordered)", **common)
     _register(reshape_and_cache_flash, op="reshape_and_cache_flash", name="cuda.reshape_and_cache_flash",
-                    dtypes=("float32", "float16", "bfloat16"), padding="negative", layouts=("NHD", "HND"),
-                    fp8_formats=FP8_FORMATS, fp8_preset="cuda_satfinite", scales=("tensor", "head"),
-                    notes="one warp per (token, K/V), (block, offset) from the slot on any cache view (NHD, HND, "
-                          f"padded); {LAYOUT}; fp8: x / scale in float32 (__fdiv_rn; skipped when the scale is "
-                          "1), then cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 (overflow and inf to +-max, NaN to "
-                          "0x7F without sign: preset cuda_satfinite), 16-byte loads; fnuz formats refused "
-                          f"(NotImplementedError); negative slots skipped (vLLM); {CHECKS}", **common)
+              dtypes=("float32", "float16", "bfloat16"), padding="negative", layouts=("NHD", "HND"),
+              fp8_formats=FP8_FORMATS, fp8_preset="cuda_satfinite", scales=("tensor", "head"),
+              notes="one warp per (token, K/V), (block, offset) from the slot on any cache view (NHD, HND, "
+                    f"padded); {LAYOUT}; fp8: x / scale in float32 (__fdiv_rn; skipped when the scale is "
+                    "1), then cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 (overflow and inf to +-max, NaN to "
+                    "0x7F without sign: preset cuda_satfinite), 16-byte loads; fnuz formats refused "
+                    f"(NotImplementedError); negative slots skipped (vLLM); {CHECKS}", **common)
 
 
 __all__ = ["available", "ops", "build_info", "register", "PDL_NOTE", "store_cache", "set_mla_kv_buffer",

@@ -218,12 +218,13 @@ class Tile:
 # concat_and_cache_mla ("concat_mla": paged, maybe fp8), which (2, 4) made 2-17% slower.
 LARGE_N_TILES = {"paged_write": (2, 4), "paged_write_fp8": (2, 2), "mla_write": (2, 4), "concat_mla": (2, 1)}
 SMALL_N = 1024
-# mla_write's tile when its one-warp programs of 4 rows fill more than ONE_WAVE_FILL of one wave
-# (32 resident programs per SM on sm_90) without passing it: every row is loaded at once and no
-# partial second wave trails. On the H100 that is 15207 < N <= 16896, where it beat (2, 4) by 2-3%
-# plainly and with PDL (N = 16384: 14.95 vs 15.35 us, .pdl 14.35 vs 14.65); at 12288 (a 73% fill)
-# it lost with PDL (13.1 vs 11.4 us) and at 20480 (two waves) both ways (docs/benchmarks.md).
-ONE_WAVE_TILE = (4, 1)
+# One-wave tiles, by LARGE_N_TILES key: one-warp programs taken where they fill more than
+# ONE_WAVE_FILL of one wave (32 resident programs per SM on sm_90) without passing it, so every row
+# is loaded at once and no partial second wave trails. mla_write's (4 rows, 1 warp): on the H100
+# 15207 < N <= 16896, where it beat (2, 4) by 2-3% plainly and with PDL (N = 16384: 14.95 vs 15.35
+# us, .pdl 14.35 vs 14.65); at 12288 (a 73% fill) it lost with PDL (13.1 vs 11.4 us) and at 20480
+# (two waves) both ways (docs/benchmarks.md). Only measured there: the other kernels have none.
+ONE_WAVE_TILES = {"mla_write": (4, 1)}
 ONE_WAVE_FILL = 0.9
 # Overrides for benchmarks/tune_gpu.py, by LARGE_N_TILES key:
 # {"block_n": ..., "num_warps": ...}; empty in normal use.
@@ -234,16 +235,19 @@ def tile(n_rows: int, row: int, kernel: str = "paged_write", parts: tuple = (),
          device: torch.device | None = None) -> Tile:
     """A whole row per program where it fits (the next power of two of the row, each MLA part
     in its own tile), several rows per program for large N on a GPU as measured fastest on the
-    H100 (docs/benchmarks.md; for mla_write on an sm_90 ``device``, ONE_WAVE_TILE where it fills
-    one wave), and few large programs under the interpreter, where each program is one Python
-    call."""
+    H100 (docs/benchmarks.md; on an sm_90 ``device``, the kernel's ONE_WAVE_TILES entry where it
+    fills one wave), and few large programs under the interpreter, where each program is one
+    Python call."""
     if interpreting():
         return _interpreter_tile(_next_pow2(n_rows), row, parts)
-    shape = LARGE_N_TILES.get(kernel, (1, 4)) if n_rows >= SMALL_N else (1, 4)
-    if kernel == "mla_write" and device is not None and n_rows >= SMALL_N:
-        slots = _one_warp_slots(device.index if device.index is not None else torch.cuda.current_device())
-        if ONE_WAVE_FILL * slots < _cdiv(n_rows, ONE_WAVE_TILE[0]) <= slots:
-            shape = ONE_WAVE_TILE
+    shape = (1, 4)
+    if n_rows >= SMALL_N:
+        shape = LARGE_N_TILES.get(kernel, shape)
+        one_wave = ONE_WAVE_TILES.get(kernel)
+        if one_wave and device is not None:
+            slots = _one_warp_slots(device.index if device.index is not None else torch.cuda.current_device())
+            if ONE_WAVE_FILL * slots < _cdiv(n_rows, one_wave[0]) <= slots:
+                shape = one_wave
     t = _gpu_tile(shape, row, parts)
     override = TUNING.get(kernel)
     if override:
