@@ -14,6 +14,8 @@ compared byte for byte with the torch-on-CUDA baseline's ("check").
   ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path x ``mla_warps``, both paths
   launched plainly and with PDL, and
   ``copy_grid`` / ``fp8_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
+  ``--knobs 'prefetch=0,2;mla_grid=-1,0'`` instead sweeps exactly those combinations on every CUDA
+  writer (both MLA paths), plainly and with PDL, next to Triton's plain and ``.pdl`` launches.
 
 The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h``
 (``LaunchTuning``) come from this sweep; docs/benchmarks.md records the run.
@@ -99,7 +101,15 @@ def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=(
     return rows
 
 
-def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False):
+def knob_grid(spec: str) -> list[dict]:
+    """``"prefetch=0,2;mla_grid=-1,0"`` -> every combination, as ``{knob: value}`` dicts."""
+    pairs = [part.split("=") for part in spec.split(";") if part]
+    names = [name for name, _ in pairs]
+    values = [[int(v) for v in vals.split(",")] for _, vals in pairs]
+    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+
+
+def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False, knobs=None):
     from oracle.kernels.cuda import _build
 
     reason = _build.load()  # the registry loads the library lazily, on the first call
@@ -116,6 +126,22 @@ def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False):
         finally:
             for k, v in old.items():
                 tune(k, v)
+
+    if knobs:  # the given knob combinations on every kernel, plainly and with PDL, Triton as the bar
+        for n in sizes:
+            for op, variant in (("set_mla_kv_buffer", "bf16"),) + (
+                    () if mla_only else (("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn"))):
+                w = make_workload(op, variant, n, "cuda")
+                baseline = kernels[f"torch-cuda.{op}"].fn
+                for name in (f"triton.{op}", f"triton.{op}.pdl"):
+                    run(name, {}, w, n, kernels[name].fn, baseline)
+                paths = ("tma", "direct") if op == "set_mla_kv_buffer" else (None,)
+                for pdl, path, combo in itertools.product((False, True), paths, knob_grid(knobs)):
+                    fn = kernels[f"cuda.{op}{'.pdl' if pdl else ''}"].fn
+                    if path:
+                        fn = functools.partial(getattr(torch.ops.kv_oracle_cuda, op), path=path, pdl=pdl)
+                    run(f"cuda.{op} {path or ''}{' pdl' if pdl else ''}", combo, w, n, fn, baseline)
+        return rows
 
     for n in sizes:
         w = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
@@ -154,6 +180,8 @@ def main() -> int:
     parser.add_argument("--only", choices=("triton", "cuda"))
     parser.add_argument("--mla-only", action="store_true", help="only the MLA sweeps (Triton: mla_write)")
     parser.add_argument("--pdl", action="store_true", help="Triton: sweep the .pdl variants too")
+    parser.add_argument("--knobs", help="CUDA: sweep only these tune knobs, e.g. 'prefetch=0,2;mla_grid=-1,0', "
+                        "on every CUDA writer, plainly and with PDL")
     parser.add_argument("--block-n", default=",".join(map(str, BLOCK_N)), help="Triton rows per program to try")
     parser.add_argument("--warps", default=",".join(map(str, WARPS)), help="Triton warps per program to try")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
@@ -171,7 +199,7 @@ def main() -> int:
                                     block_ns=tuple(int(x) for x in args.block_n.split(",")),
                                     warps_=tuple(int(x) for x in args.warps.split(",")))
     if args.only in (None, "cuda"):
-        out["rows"] += sweep_cuda(kernels, copy["gbps"], args.repeats, sizes, args.mla_only)
+        out["rows"] += sweep_cuda(kernels, copy["gbps"], args.repeats, sizes, args.mla_only, args.knobs)
     best = {}
     for r in out["rows"]:
         key = (r["kernel"], r["op"], r["variant"], r["n"])

@@ -416,7 +416,8 @@ def _same_bytes(a, b):
 @gpu
 @pytest.mark.parametrize("n", [7, 4097])
 def test_every_launch_tuning_writes_the_same_bytes(n):
-    """The tuning knobs change only the launch (rows per warp, warps per block, grids, L2 policy):
+    """The tuning knobs change only the launch (rows per warp, warps per block, grids, L2 policy,
+    L2 prefetches before the PDL wait):
     every combination writes exactly what the default does (MLA, copies and fp8 writes), including
     a partial last row group."""
     import itertools
@@ -433,7 +434,7 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     blocks = (2 * n + 5 + 15) // 16
     scale = torch.tensor([0.25], device="cuda")
     fp8_caches = (torch.zeros((blocks, 16, 8, 128), dtype=torch.uint8, device="cuda"),) * 2
-    knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "fp8_grid")
+    knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "fp8_grid", "prefetch")
     defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 0) for name in knobs}
     for name, value in defaults.items():
         tune(name, value)
@@ -442,8 +443,8 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     try:
         for i, (rows, warps, grid) in enumerate(itertools.product((1, 2, 4), (1, 2, 4, 8), (-1, 0, 4))):
             settings = {"mla_rows": rows, "mla_warps": warps, "mla_grid": grid, "mla_evict_first": i % 4,
-                        "copy_grid": grid, "fp8_grid": grid}
-            pdl = i % 2 == 1  # the PDL prologue under every launch shape too
+                        "copy_grid": grid, "fp8_grid": grid, "prefetch": i % 3}
+            pdl = i % 2 == 1  # the PDL prologue under every launch shape too, with every prefetch mode
             for name, value in settings.items():
                 tune(name, value)
             got_tma, got_direct, got_k, got_v = buf.clone(), buf.clone(), kc.clone(), kc.clone()

@@ -563,7 +563,8 @@ int64_t tune(c10::string_view knob, int64_t value) {
   const Knob knobs[] = {{"mla_rows", &t.mla_rows, 1, 4, true}, {"mla_warps", &t.mla_warps, 1, 8, true},
                         {"mla_grid", &t.mla_grid, -1, 64, false}, {"copy_grid", &t.copy_grid, -1, 64, false},
                         {"fp8_grid", &t.fp8_grid, -1, 64, false},
-                        {"mla_evict_first", &t.mla_evict_first, 0, 3, false}};
+                        {"mla_evict_first", &t.mla_evict_first, 0, 3, false},
+                        {"prefetch", &t.prefetch, 0, 2, false}};
   for (const Knob& k : knobs) {
     if (name != k.name) continue;
     TORCH_CHECK_VALUE(value >= k.low && value <= k.high && (!k.power_of_two || (value & (value - 1)) == 0),
@@ -574,7 +575,7 @@ int64_t tune(c10::string_view knob, int64_t value) {
     return old;
   }
   TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_grid, copy_grid, fp8_grid, "
-                    "mla_evict_first");
+                    "mla_evict_first, prefetch");
   return 0;
 }
 

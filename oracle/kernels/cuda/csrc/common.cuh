@@ -146,6 +146,23 @@ __device__ __forceinline__ void pdl_prologue(int32_t pdl) {
   }
 }
 
+// Ask the L2 for bytes [p, p + bytes): one prefetch per 32-byte sector, spread over the warp's
+// lanes. A hint with no effect on what any load returns, so it may run before griddepcontrol.wait:
+// the L2 is the device's point of coherence, and a line the previous grid writes after being
+// prefetched is simply updated there.
+__device__ __forceinline__ void prefetch_l2(const unsigned char* p, int64_t bytes, int lane) {
+  const uint64_t start = static_cast<uint64_t>(__cvta_generic_to_global(p));
+  const uint64_t end = start + static_cast<uint64_t>(bytes);
+  for (uint64_t q = (start & ~uint64_t{31}) + 32u * lane; q < end; q += 32u * 32u)
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(q));
+}
+
+// Whether a launch prefetches its sources into the L2 first (LaunchTuning::prefetch).
+inline int prefetch_for(bool pdl) {
+  const int mode = launch_tuning().prefetch;
+  return mode == 2 || (mode == 1 && pdl) ? 1 : 0;
+}
+
 // kernel<<<grid, threads, smem, stream>>>(args...), with programmatic stream serialization when
 // `pdl` (the kernel must start with pdl_prologue(pdl)).
 template <typename... Params, typename... Args>

@@ -30,9 +30,18 @@ __device__ __forceinline__ const unsigned char* part_chunk(const unsigned char* 
   return c < nope_chunks ? nope + c * bytes : rope + (c - nope_chunks) * bytes;
 }
 
+// Ask the L2 for row `row`'s nope and rope bytes and its slot (see prefetch_l2).
+template <typename IdxT>
+__device__ __forceinline__ void prefetch_row(const MlaArgs& a, int64_t row, int lane) {
+  prefetch_l2(a.nope + row * a.nope_row, a.nope_bytes, lane);
+  prefetch_l2(a.rope + row * a.rope_row, a.rope_bytes, lane);
+  if (lane == 0)
+    prefetch_l2(static_cast<const unsigned char*>(a.index) + row * a.index_stride * sizeof(IdxT), sizeof(IdxT), 0);
+}
+
 template <typename IdxT, int Load, int Rows>
 __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant__ MlaArgs a,
-                                                           int64_t stage_bytes, int evict_first) {
+                                                           int64_t stage_bytes, int evict_first, int prefetch) {
   using V = typename VecOf<Load>::type;
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31;
@@ -44,6 +53,9 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   const int64_t chunks = row_bytes / Load;
   const int64_t step = static_cast<int64_t>(gridDim.x) * warps * Rows;
   const uint64_t policy = evict_first ? evict_first_policy() : 0;
+  if (prefetch)
+    for (int64_t row = (static_cast<int64_t>(blockIdx.x) * warps + warp) * Rows; row < a.n; row += step)
+      for (int j = 0; j < Rows && row + j < a.n; ++j) prefetch_row<IdxT>(a, row + j, lane);
   pdl_prologue(a.pdl);
   int set = 0;
   for (int64_t first = (static_cast<int64_t>(blockIdx.x) * warps + warp) * Rows; first < a.n; first += step) {
@@ -107,13 +119,15 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
 }
 
 template <typename IdxT, int Vec>
-__global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a) {
+__global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a, int prefetch) {
   using V = typename VecOf<Vec>::type;
   const int lane = threadIdx.x & 31;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t nope_chunks = a.nope_bytes / Vec;
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
+  if (prefetch)
+    for (int64_t row = first; row < a.n; row += step) prefetch_row<IdxT>(a, row, lane);
   pdl_prologue(a.pdl);
   for (int64_t row = first; row < a.n; row += step) {
     const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
@@ -157,7 +171,7 @@ cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t
   auto kernel = mla_tma_kernel<IdxT, Load, Rows>;
   const unsigned grid = grid_for(kernel, (a.n + Rows - 1) / Rows, smem, threads, launch_tuning().mla_grid);
   return launch_kernel(kernel, grid, threads, smem, stream, a.pdl != 0, a, stage_bytes,
-                       launch_tuning().mla_evict_first);
+                       launch_tuning().mla_evict_first, prefetch_for(a.pdl != 0));
 }
 
 template <typename IdxT, int Vec>
@@ -165,7 +179,7 @@ cudaError_t launch_direct_typed(const MlaArgs& a, cudaStream_t stream) {
   auto kernel = mla_direct_kernel<IdxT, Vec>;
   const int threads = 32 * launch_tuning().mla_warps;
   const unsigned grid = grid_for(kernel, a.n, 0, threads, launch_tuning().mla_grid);
-  return launch_kernel(kernel, grid, threads, 0, stream, a.pdl != 0, a);
+  return launch_kernel(kernel, grid, threads, 0, stream, a.pdl != 0, a, prefetch_for(a.pdl != 0));
 }
 
 }  // namespace

@@ -24,13 +24,30 @@ namespace kvo_cuda {
 
 constexpr int kRowUnroll = 4;
 
+// Ask the L2 for work item `item`'s source row (head by head) and its slot (see prefetch_l2).
+template <typename IdxT, int In>
+__device__ __forceinline__ void prefetch_item(const PagedArgs& a, int64_t item, int lane) {
+  const int s = item >= a.n ? 1 : 0;
+  const int64_t row = item - (s ? a.n : 0);
+  const Side& d = a.side[s];
+  if (a.dense || d.src_head == d.head_chunks * In) {
+    prefetch_l2(d.src + row * d.src_row, d.heads * d.head_chunks * In, lane);
+  } else {
+    for (int64_t h = 0; h < d.heads; ++h) prefetch_l2(d.src + row * d.src_row + h * d.src_head, d.head_chunks * In, lane);
+  }
+  if (lane == 0 && s == 0)
+    prefetch_l2(static_cast<const unsigned char*>(a.index) + row * a.index_stride * sizeof(IdxT), sizeof(IdxT), 0);
+}
+
 template <typename IdxT, typename Chunk, bool Dense>
-__global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_constant__ PagedArgs a) {
+__global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_constant__ PagedArgs a, int prefetch) {
   using In = typename VecOf<Chunk::kIn>::type;
   const int lane = threadIdx.x & 31;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t items = a.n * a.sides;
+  if (prefetch)
+    for (int64_t item = first; item < items; item += step) prefetch_item<IdxT, Chunk::kIn>(a, item, lane);
   pdl_prologue(a.pdl);
   for (int64_t item = first; item < items; item += step) {
     const int s = item >= a.n ? 1 : 0;
@@ -93,7 +110,7 @@ template <typename IdxT, typename Chunk>
 cudaError_t launch_paged_rows(const PagedArgs& a, int per_sm, cudaStream_t stream) {
   auto kernel = a.dense ? paged_rows_kernel<IdxT, Chunk, true> : paged_rows_kernel<IdxT, Chunk, false>;
   const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, per_sm);
-  return launch_kernel(kernel, grid, kThreads, 0, stream, a.pdl != 0, a);
+  return launch_kernel(kernel, grid, kThreads, 0, stream, a.pdl != 0, a, prefetch_for(a.pdl != 0));
 }
 
 }  // namespace kvo_cuda
