@@ -15,7 +15,8 @@ compared byte for byte with the torch-on-CUDA baseline's ("check").
   launched plainly and with PDL, and
   ``copy_grid`` / ``fp8_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
   ``--knobs 'prefetch=0,2;mla_grid=-1,0'`` instead sweeps exactly those combinations on every CUDA
-  writer (both MLA paths), plainly and with PDL, next to Triton's plain and ``.pdl`` launches.
+  writer (both MLA paths), plainly and with PDL, next to Triton's plain and ``.pdl`` launches with
+  and without their L2 prefetches (``ops.PREFETCH``).
 
 The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h``
 (``LaunchTuning``) come from this sweep; docs/benchmarks.md records the run.
@@ -111,6 +112,7 @@ def knob_grid(spec: str) -> list[dict]:
 
 def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False, knobs=None):
     from oracle.kernels.cuda import _build
+    from oracle.kernels.triton import ops
 
     reason = _build.load()  # the registry loads the library lazily, on the first call
     if reason:
@@ -133,8 +135,13 @@ def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False, knobs=N
                     () if mla_only else (("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn"))):
                 w = make_workload(op, variant, n, "cuda")
                 baseline = kernels[f"torch-cuda.{op}"].fn
-                for name in (f"triton.{op}", f"triton.{op}.pdl"):
-                    run(name, {}, w, n, kernels[name].fn, baseline)
+                for name, mode in itertools.product((f"triton.{op}", f"triton.{op}.pdl"), ("never", "always")):
+                    old, ops.PREFETCH = ops.PREFETCH, mode
+                    try:
+                        rows.append(cell(name, {"PREFETCH": mode}, w, n, kernels[name].fn, baseline, copy_gbps,
+                                         repeats))
+                    finally:
+                        ops.PREFETCH = old
                 paths = ("tma", "direct") if op == "set_mla_kv_buffer" else (None,)
                 for pdl, path, combo in itertools.product((False, True), paths, knob_grid(knobs)):
                     fn = kernels[f"cuda.{op}{'.pdl' if pdl else ''}"].fn

@@ -317,6 +317,44 @@ def test_mla_tile_fills_one_wave_where_it_fits(monkeypatch):
     assert shape(16384) == ops.LARGE_N_TILES["mla_write"]
 
 
+def test_l2_prefetch_is_asked_for_by_mode_and_off_under_the_interpreter():
+    """ops.PREFETCH decides which launches first ask the L2 for their source rows (PF_* sectors
+    per tile row; none for a strided part). The interpreter cannot run the inline PTX, so there the
+    launch turns the prefetches off and the write is still right."""
+    out = run("""
+    seen = []
+    real = ops._launch
+    ops._launch = lambda kernel, grid, *a, **k: (seen.append({m: v for m, v in k.items() if m.startswith("PF_")}),
+                                                 real(kernel, grid, *a, **k))
+    buf = torch.full((8, 12), 7.0, dtype=torch.bfloat16)
+    nope, rope = torch.randn(3, 8).to(torch.bfloat16), torch.randn(3, 4).to(torch.bfloat16)
+    loc = torch.tensor([5, 0, 2])
+    results = {}
+    for mode in ("never", "pdl", "always"):
+        ops.PREFETCH = mode
+        got = buf.clone()
+        ops.set_mla_kv_buffer(got, loc, nope, rope, pdl=True)
+        results[mode] = seen[-1]
+        want = buf.clone()
+        want[loc] = torch.cat([nope, rope], 1)
+        results[mode + " right"] = bool(torch.equal(got, want))
+    ops.set_mla_kv_buffer(buf.clone(), loc, nope, rope)  # "always", plain launch
+    results["plain"] = seen[-1]
+    ops.set_mla_kv_buffer(buf.clone(), loc, torch.randn(3, 16).to(torch.bfloat16)[:, ::2], rope)
+    results["strided nope"] = seen[-1]
+    k = torch.randn(3, 2, 8)
+    ops.store_cache(k, k, torch.zeros(8, 2, 8), torch.zeros(8, 2, 8), loc)
+    results["store_cache"] = seen[-1]
+    emit(results)
+    """)
+    assert out["never"] == {"PF_SECTOR": 16, "PF_A": 0, "PF_B": 0}
+    assert out["pdl"] == out["always"] == {"PF_SECTOR": 16, "PF_A": 1, "PF_B": 1}  # 8- and 4-wide tiles
+    assert out["never right"] and out["pdl right"] and out["always right"]
+    assert out["plain"] == out["always"]
+    assert out["strided nope"] == {"PF_SECTOR": 16, "PF_A": 0, "PF_B": 1}
+    assert out["store_cache"] == {"PF_SECTOR": 8, "PF_R": 2}  # float32 rows of 16 elements
+
+
 def test_gpu_check_harness_catches_wrong_writes():
     """The GPU script's scenarios, reference and comparison, on the CPU: fp8 scenarios with a
     stand-in that writes what the reference expects (the interpreter's fp8 is wrong), and
@@ -443,4 +481,50 @@ def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90")
     fast = dict(validate=False, pdl=True)
-    check_chained_writes(functools.partial(ops.set_mla_kv_buffer, **fast), functools.partial(ops.store_cache, **fast))
+    for mode in ("pdl", "never"):  # the second write's L2 prefetches run before its wait, or not at all
+        ops.PREFETCH = mode
+        try:
+            check_chained_writes(functools.partial(ops.set_mla_kv_buffer, **fast),
+                                 functools.partial(ops.store_cache, **fast))
+        finally:
+            ops.PREFETCH = "pdl"
+
+
+@gpu
+@pytest.mark.parametrize("n", [1, 7, 4097])
+def test_every_l2_prefetch_mode_writes_the_same_bytes(n):
+    """ops.PREFETCH changes only which launches ask the L2 for their rows first: every mode, plain
+    and PDL launches, contiguous and strided sources, MLA, paged and fp8 writers write what torch
+    indexing does (fp8: what the mode "never" writes)."""
+    import torch
+    from oracle.kernels.triton import ops
+
+    pdls = (False, True) if torch.cuda.get_device_capability() >= (9, 0) else (False,)
+    g = torch.Generator().manual_seed(n)
+    nope_wide = torch.randn(n, 1024, generator=g).to(torch.bfloat16).cuda()
+    rope = torch.randn(n, 64, generator=g).to(torch.bfloat16).cuda()
+    k = torch.randn(n, 8, 128, generator=g).to(torch.bfloat16).cuda()
+    loc = torch.randperm(2 * n + 3, generator=g)[:n].cuda()
+    buf = torch.randn(2 * n + 3, 576, generator=g).to(torch.bfloat16).cuda()
+    cache = torch.randn(2 * n + 3, 8, 128, generator=g).to(torch.bfloat16).cuda()
+    fp8 = torch.zeros(((2 * n + 3 + 15) // 16, 16, 8, 128), dtype=torch.uint8, device="cuda")
+    scale = torch.tensor([0.5], device="cuda")
+    try:
+        fp8_want = None
+        for mode, pdl, nope in ((m, p, x) for m in ("never", "pdl", "always") for p in pdls
+                                for x in (nope_wide[:, :512], nope_wide[:, ::2])):
+            ops.PREFETCH = mode
+            got, want = buf.clone(), buf.clone()
+            ops.set_mla_kv_buffer(got, loc, nope, rope, pdl=pdl)
+            want[loc] = torch.cat([nope, rope], 1)
+            assert torch.equal(got, want), (mode, pdl, nope.stride())
+            got_k, got_v, want_k = cache.clone(), cache.clone(), cache.clone()
+            ops.store_cache(k, k, got_k, got_v, loc, pdl=pdl)
+            want_k[loc] = k
+            assert torch.equal(got_k, want_k) and torch.equal(got_v, want_k), (mode, pdl)
+            got8 = (fp8.clone(), fp8.clone())
+            ops.reshape_and_cache_flash(k, k, *got8, loc, "fp8_e4m3", scale, scale, pdl=pdl)
+            fp8_want = got8[0] if fp8_want is None else fp8_want
+            assert torch.equal(got8[0], fp8_want) and torch.equal(got8[1], fp8_want), (mode, pdl)
+    finally:
+        ops.PREFETCH = "pdl"

@@ -58,6 +58,20 @@ def _pdl_prologue(PDL: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(ptr, row_stride, rows, row_mask, col0, width, COUNT: tl.constexpr, SECTOR: tl.constexpr):
+    """Ask the L2 for columns ``[col0, col0 + COUNT * SECTOR)`` (unit column stride, ``SECTOR``
+    elements = 32 bytes) of ``rows``: one ``prefetch.global.L2`` per sector. A hint that changes
+    no value any load returns, so it may run before the PDL wait (the L2 is the device's point of
+    coherence). Rows past ``n`` and columns past ``width`` ask for row 0, column 0 instead."""
+    cols = col0 + tl.arange(0, COUNT) * SECTOR
+    cols = tl.where(cols < width, cols, 0)
+    rows = tl.where(row_mask, rows, 0).to(tl.int64)
+    ptrs = ptr + rows[:, None] * row_stride + cols[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _fp8_codes(x, scale, FP8: tl.constexpr):
     """uint8 codes of ``x / scale``: the quotient in float32 with IEEE round-to-nearest division
     (``div_rn``; plain ``/`` is the approximate ``div.full.f32`` on NVIDIA), then Triton's fp8
@@ -77,7 +91,8 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
                 n, heads, dim, block_size, num_slots, pad_slot,
                 src2_ptr, dst2_ptr, scale2_ptr,
                 HAS_INDEX: tl.constexpr, HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
-                FLAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
+                FLAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr,
+                PF_R: tl.constexpr = 0, PF_SECTOR: tl.constexpr = 1):
     """Grid axis 2 is the side: programs ``(i, j, 1)`` write ``src2`` into ``dst2`` with
     ``scale2`` (V next to K in one launch; the host passes both sides' shared strides).
 
@@ -85,14 +100,20 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
     element stride) and one scale serves the row, so row element ``e`` sits at ``e`` x element
     stride: no per-element division, and unit strides vectorize.
 
-    ``PDL`` (launched with programmatic dependent launch): see :func:`_pdl_prologue`."""
-    _pdl_prologue(PDL)
+    ``PDL`` (launched with programmatic dependent launch): see :func:`_pdl_prologue`. ``PF_R``
+    (FLAT rows with unit element stride only): first ask the L2 for the tile's source rows, ``PF_R``
+    sectors each (:func:`_prefetch_l2`), before the PDL wait."""
     if tl.program_id(2) == 1:
         src_ptr = src2_ptr
         dst_ptr = dst2_ptr
         scale_ptr = scale2_ptr
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
+    if PF_R != 0:
+        _prefetch_l2(src_ptr, src_s0, rows, row_mask, tl.program_id(1) * BLOCK_R, heads * dim, PF_R, PF_SECTOR)
+        if HAS_INDEX:
+            _prefetch_l2(idx_ptr, idx_stride, rows, row_mask, 0, 1, 1, 1)
+    _pdl_prologue(PDL)
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         HAS_INDEX, HAS_PAD_SLOT)
     # a row has fewer than 2**31 elements: 32-bit element numbers, widened before any stride product
@@ -129,14 +150,22 @@ def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
               idx_ptr, idx_stride, scale_ptr,
               n, width_a, width_b, block_size, num_slots, pad_slot,
               HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr):
+              BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr,
+              PF_A: tl.constexpr = 0, PF_B: tl.constexpr = 0, PF_SECTOR: tl.constexpr = 1):
     """Columns ``[j * BLOCK_A, (j + 1) * BLOCK_A)`` of part a and ``[j * BLOCK_B, ...)`` of part
     b for program ``(i, j)``: each part in its own power-of-two tile, so no lane is spent on the
     padding of one tile over the whole ``a | b`` row, and both copies vectorize. ``PDL``: see
-    :func:`_pdl_prologue`."""
-    _pdl_prologue(PDL)
+    :func:`_pdl_prologue`. ``PF_A``, ``PF_B`` (unit column strides only): first ask the L2 for the
+    tile's source rows, that many sectors of each part (:func:`_prefetch_l2`), before the PDL wait."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
+    if PF_A != 0:
+        _prefetch_l2(a_ptr, a_s0, rows, row_mask, tl.program_id(1) * BLOCK_A, width_a, PF_A, PF_SECTOR)
+    if PF_B != 0:
+        _prefetch_l2(b_ptr, b_s0, rows, row_mask, tl.program_id(1) * BLOCK_B, width_b, PF_B, PF_SECTOR)
+    if PF_A != 0 or PF_B != 0:
+        _prefetch_l2(idx_ptr, idx_stride, rows, row_mask, 0, 1, 1, 1)
+    _pdl_prologue(PDL)
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         True, HAS_PAD_SLOT)
     rows64 = rows.to(tl.int64)[:, None]

@@ -279,14 +279,36 @@ def _gpu_tile(shape: tuple, row: int, parts: tuple) -> Tile:
     return Tile(block_n, block_r, num_warps, *(min(_next_pow2(w), block_r) for w in parts))
 
 
+# When the writers first ask the L2 for their source rows (``_prefetch_l2``, before the PDL wait):
+# "pdl" for launches with programmatic dependent launch, where the reads then start while the
+# previous kernel is still finishing; "always"; or "never". benchmarks/tune_gpu.py sweeps it.
+PREFETCH = "pdl"
+
+
+def _prefetch_counts(pdl: bool, element_size: int, blocks_and_widths) -> dict:
+    """``{"PF_SECTOR": elements per 32-byte sector, "PF_*": sectors per tile row}`` for the given
+    ``(name, block, width, unit_stride)`` parts, zero (no prefetch) where ``PREFETCH`` says no,
+    for an empty part or a strided one."""
+    on = PREFETCH == "always" or (PREFETCH == "pdl" and pdl)
+    sector = max(1, 32 // element_size)
+    meta = {"PF_SECTOR": sector}
+    for name, block, width, unit in blocks_and_widths:
+        meta[name] = max(1, block // sector) if on and unit and width > 0 else 0
+    return meta
+
+
 def _launch(kernel, grid, device: torch.device, *args, **meta) -> None:
     """``kernel[grid](*args, **meta)`` on ``device``: on a GPU through the cached compiled kernel
     (:mod:`._launch`), which costs about half the JIT's host time per call. A true ``PDL``
     constexpr also asks for programmatic dependent launch (sm_90+); the interpreter has no
-    launches to overlap, so there it is turned off."""
+    launches to overlap, so there it is turned off, and so are the L2 prefetches (``PF_*``: inline
+    PTX, which it cannot run)."""
     if interpreting():  # CPU tensors, or CUDA tensors the interpreter copies to the host
         if meta.get("PDL"):
             meta["PDL"] = False
+        for name in meta:
+            if name.startswith("PF_") and name != "PF_SECTOR":
+                meta[name] = 0
         kernel[grid](*args, **meta)
         return
     if meta.get("PDL"):
@@ -329,7 +351,8 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, 
             padding.reserved if padding.reserved is not None else 0,
             src2, cache2, scale2 if scale2 is not None else scale_t,
             HAS_INDEX=index is not None, HAS_PAD_SLOT=padding.reserved is not None, FP8=fp8, FLAT=flat,
-            BLOCK_N=t.block_n, BLOCK_R=t.block_r, PDL=pdl, num_warps=t.num_warps)
+            BLOCK_N=t.block_n, BLOCK_R=t.block_r, PDL=pdl, num_warps=t.num_warps,
+            **_prefetch_counts(pdl, src.element_size(), (("PF_R", t.block_r, heads * dim, flat and s2 == 1),)))
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -405,7 +428,9 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, 
             n, width_a, width_b, block_size, num_slots,
             pad.reserved if pad.reserved is not None else 0,
             HAS_PAD_SLOT=pad.reserved is not None, FP8=fp8, BLOCK_N=t.block_n, BLOCK_A=t.block_a,
-            BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps)
+            BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps,
+            **_prefetch_counts(pdl, a.element_size(), (("PF_A", t.block_a, width_a, a1 == 1),
+                                                       ("PF_B", t.block_b, width_b, b1 == 1))))
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
