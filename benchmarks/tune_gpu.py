@@ -79,7 +79,7 @@ def cell(what, config, workload, n, fn, baseline, copy_gbps, repeats, sorted_slo
 
 
 def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=("",), block_ns=BLOCK_N,
-                 warps_=WARPS):
+                 warps_=WARPS, prefetch=("pdl",)):
     from oracle.kernels.triton import ops
 
     rows = []
@@ -92,13 +92,15 @@ def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=(
             if f"triton.{op}{suffix}" not in kernels:  # quantize_fp8 has no .pdl twin
                 continue
             fn = kernels[f"triton.{op}{suffix}"].fn
-            for block_n, warps in itertools.product(block_ns, warps_):
+            for block_n, warps, mode in itertools.product(block_ns, warps_, prefetch):
                 ops.TUNING[name] = {"block_n": block_n, "num_warps": warps}
+                ops.PREFETCH = mode
                 try:
-                    rows.append(cell(f"triton {name}{suffix}", ops.TUNING[name], w, n, fn, baseline, copy_gbps,
-                                     repeats))
+                    rows.append(cell(f"triton {name}{suffix}", dict(ops.TUNING[name], prefetch=mode), w, n, fn,
+                                     baseline, copy_gbps, repeats))
                 finally:
                     ops.TUNING.clear()
+                    ops.PREFETCH = "pdl"
     return rows
 
 
@@ -191,6 +193,7 @@ def main() -> int:
                         "on every CUDA writer, plainly and with PDL")
     parser.add_argument("--block-n", default=",".join(map(str, BLOCK_N)), help="Triton rows per program to try")
     parser.add_argument("--warps", default=",".join(map(str, WARPS)), help="Triton warps per program to try")
+    parser.add_argument("--prefetch", default="pdl", help="Triton L2 prefetch modes to try (ops.PREFETCH)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="comma-separated row counts (default %(default)s)")
     args = parser.parse_args()
@@ -204,7 +207,8 @@ def main() -> int:
                                     only=("mla_write",) if args.mla_only else None,
                                     suffixes=("", ".pdl") if args.pdl else ("",),
                                     block_ns=tuple(int(x) for x in args.block_n.split(",")),
-                                    warps_=tuple(int(x) for x in args.warps.split(",")))
+                                    warps_=tuple(int(x) for x in args.warps.split(",")),
+                                    prefetch=tuple(args.prefetch.split(",")))
     if args.only in (None, "cuda"):
         out["rows"] += sweep_cuda(kernels, copy["gbps"], args.repeats, sizes, args.mla_only, args.knobs)
     best = {}

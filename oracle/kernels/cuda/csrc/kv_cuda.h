@@ -109,9 +109,10 @@ struct LaunchTuning {
   int fp8_grid = 0;         // the same for the fp8 kernels: a persistent grid, 4-5% faster than -1
   int mla_evict_first = 0;  // TMA path: bit 0 source loads, bit 1 bulk stores marked L2 evict-first
                             // (with plain source loads, evict-first no longer helps: 0.5% slower)
-  int prefetch = 1;         // every kernel: 0 never, 1 before griddepcontrol.wait under PDL, 2 always:
-                            // each warp first asks the L2 for all its source rows and slots, so under
-                            // PDL the reads start while the previous grid is still finishing
+  int prefetch = 2;         // every kernel: 0 never, 1 before griddepcontrol.wait under PDL, 2 always:
+                            // each warp first asks the L2 for its first rows' sources and slots (under
+                            // PDL while the previous grid is still finishing). Only the first: a
+                            // persistent warp that asked for all its rows made fp8 writes 19-20% slower
 };
 LaunchTuning& launch_tuning();
 

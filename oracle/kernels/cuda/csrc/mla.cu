@@ -53,9 +53,10 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   const int64_t chunks = row_bytes / Load;
   const int64_t step = static_cast<int64_t>(gridDim.x) * warps * Rows;
   const uint64_t policy = evict_first ? evict_first_policy() : 0;
-  if (prefetch)
-    for (int64_t row = (static_cast<int64_t>(blockIdx.x) * warps + warp) * Rows; row < a.n; row += step)
-      for (int j = 0; j < Rows && row + j < a.n; ++j) prefetch_row<IdxT>(a, row + j, lane);
+  if (prefetch) {
+    const int64_t row = (static_cast<int64_t>(blockIdx.x) * warps + warp) * Rows;
+    for (int j = 0; j < Rows && row + j < a.n; ++j) prefetch_row<IdxT>(a, row + j, lane);
+  }
   pdl_prologue(a.pdl);
   int set = 0;
   for (int64_t first = (static_cast<int64_t>(blockIdx.x) * warps + warp) * Rows; first < a.n; first += step) {
@@ -126,8 +127,7 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t nope_chunks = a.nope_bytes / Vec;
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
-  if (prefetch)
-    for (int64_t row = first; row < a.n; row += step) prefetch_row<IdxT>(a, row, lane);
+  if (prefetch && first < a.n) prefetch_row<IdxT>(a, first, lane);
   pdl_prologue(a.pdl);
   for (int64_t row = first; row < a.n; row += step) {
     const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);

@@ -46,8 +46,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t items = a.n * a.sides;
-  if (prefetch)
-    for (int64_t item = first; item < items; item += step) prefetch_item<IdxT, Chunk::kIn>(a, item, lane);
+  if (prefetch && first < items) prefetch_item<IdxT, Chunk::kIn>(a, first, lane);
   pdl_prologue(a.pdl);
   for (int64_t item = first; item < items; item += step) {
     const int s = item >= a.n ? 1 : 0;
