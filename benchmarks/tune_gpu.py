@@ -14,7 +14,7 @@ compared byte for byte with the torch-on-CUDA baseline's ("check").
   ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path x ``mla_warps``, both paths
   launched plainly and with PDL, and
   ``copy_grid`` / ``fp8_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
-  ``--knobs 'prefetch=0,2;mla_grid=-1,0'`` instead sweeps exactly those combinations on every CUDA
+  ``--knobs 'mla_prefetch=0,2;mla_grid=-1,0'`` instead sweeps exactly those combinations on every CUDA
   writer (both MLA paths), plainly and with PDL, next to Triton's plain and ``.pdl`` launches with
   and without their L2 prefetches (``ops.PREFETCH``).
 
@@ -105,7 +105,7 @@ def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=(
 
 
 def knob_grid(spec: str) -> list[dict]:
-    """``"prefetch=0,2;mla_grid=-1,0"`` -> every combination, as ``{knob: value}`` dicts."""
+    """``"mla_prefetch=0,2;mla_grid=-1,0"`` -> every combination, as ``{knob: value}`` dicts."""
     pairs = [part.split("=") for part in spec.split(";") if part]
     names = [name for name, _ in pairs]
     values = [[int(v) for v in vals.split(",")] for _, vals in pairs]
@@ -189,7 +189,7 @@ def main() -> int:
     parser.add_argument("--only", choices=("triton", "cuda"))
     parser.add_argument("--mla-only", action="store_true", help="only the MLA sweeps (Triton: mla_write)")
     parser.add_argument("--pdl", action="store_true", help="Triton: sweep the .pdl variants too")
-    parser.add_argument("--knobs", help="CUDA: sweep only these tune knobs, e.g. 'prefetch=0,2;mla_grid=-1,0', "
+    parser.add_argument("--knobs", help="CUDA: sweep only these tune knobs, e.g. 'mla_prefetch=0,2;mla_grid=-1,0', "
                         "on every CUDA writer, plainly and with PDL")
     parser.add_argument("--block-n", default=",".join(map(str, BLOCK_N)), help="Triton rows per program to try")
     parser.add_argument("--warps", default=",".join(map(str, WARPS)), help="Triton warps per program to try")

@@ -434,7 +434,8 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     blocks = (2 * n + 5 + 15) // 16
     scale = torch.tensor([0.25], device="cuda")
     fp8_caches = (torch.zeros((blocks, 16, 8, 128), dtype=torch.uint8, device="cuda"),) * 2
-    knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "fp8_grid", "prefetch")
+    knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "fp8_grid", "mla_prefetch",
+             "copy_prefetch", "fp8_prefetch")
     defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 0) for name in knobs}
     for name, value in defaults.items():
         tune(name, value)
@@ -443,7 +444,8 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     try:
         for i, (rows, warps, grid) in enumerate(itertools.product((1, 2, 4), (1, 2, 4, 8), (-1, 0, 4))):
             settings = {"mla_rows": rows, "mla_warps": warps, "mla_grid": grid, "mla_evict_first": i % 4,
-                        "copy_grid": grid, "fp8_grid": grid, "prefetch": i % 3}
+                        "copy_grid": grid, "fp8_grid": grid, "mla_prefetch": i % 3, "copy_prefetch": i % 3,
+                        "fp8_prefetch": (i + 1) % 3}
             pdl = i % 2 == 1  # the PDL prologue under every launch shape too, with every prefetch mode
             for name, value in settings.items():
                 tune(name, value)
@@ -502,11 +504,20 @@ def test_mla_every_path_and_width(n, shape, dtype):
 
 
 @gpu
-def test_mla_bench_workload_takes_the_tma_path():
+def test_mla_auto_path_is_direct_at_16_bytes_else_the_bulk_copy_where_it_fits():
+    """auto: the direct path where it moves 16-byte vectors (the bench workload), the TMA bulk copy
+    where only the sources are less aligned (the stores stay whole rows), direct where neither."""
     n = 16384
+    ops = _ops()
     buf = torch.zeros((2 * n, 576), dtype=torch.bfloat16, device="cuda")
     nope, rope = _rand((n, 512), torch.bfloat16, 1), _rand((n, 64), torch.bfloat16, 2)
-    assert _ops().mla_plan(buf, _slots(n, 2 * n, 3), nope, rope, "auto", 16) == "tma load=16"
+    loc = _slots(n, 2 * n, 3)
+    assert ops.mla_plan(buf, loc, nope, rope, "auto", 16) == "direct vec=16"
+    shifted = _rand((n, 4 + 512), torch.bfloat16, 4)[:, 4:]  # rows start 8 bytes into 16
+    assert ops.mla_plan(buf, loc, shifted, rope, "auto", 16) == "tma load=8"
+    assert ops.mla_plan(buf, loc, nope, rope, "auto", 8) == "direct vec=8"  # capped: nothing to gain
+    odd = torch.zeros((2 * n, 577), dtype=torch.bfloat16, device="cuda")  # rows 1154 bytes apart
+    assert ops.mla_plan(odd, loc, nope, rope, "auto", 16) == "direct vec=2"
 
 
 @gpu

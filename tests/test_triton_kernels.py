@@ -315,6 +315,12 @@ def test_mla_tile_fills_one_wave_where_it_fits(monkeypatch):
     assert shape(16384, "concat_mla") == ops.LARGE_N_TILES["concat_mla"]  # the same kernel, paged
     monkeypatch.setattr(ops, "_one_warp_slots", lambda index: 0)  # before sm_90
     assert shape(16384) == ops.LARGE_N_TILES["mla_write"]
+    monkeypatch.setattr(ops, "_one_warp_slots", lambda index: slots)
+    for n in (4096, 16384, 65536):  # a PDL launch that prefetches takes its own tile, one wave or not
+        t = ops.tile(n, 512, "mla_write", (512, 64), dev, pdl_prefetch=True)
+        assert (t.block_n, t.num_warps) == ops.PDL_TILES["mla_write"], n
+    t = ops.tile(16384, 512, "concat_mla", (512, 64), dev, pdl_prefetch=True)
+    assert (t.block_n, t.num_warps) == ops.LARGE_N_TILES["concat_mla"]  # not measured: unchanged
 
 
 def test_l2_prefetch_is_asked_for_by_mode_and_off_under_the_interpreter():

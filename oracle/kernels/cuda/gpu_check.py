@@ -9,7 +9,7 @@ Steps (a table printed last; everything in ``OUT/gpu_check.json``):
    pytest plug-in and entry points exist, else ``-p oracle.pytest_plugin``;
 1. ``env``: torch / CUDA / GPU / nvcc / compute-sanitizer versions;
 2. ``build``: builds (or loads from the cache) the extension, timed; stops here if it fails;
-3. ``plans``: the path and vector width each bench workload takes (MLA must say ``tma load=16``);
+3. ``plans``: the path and vector width each bench workload takes (MLA must say ``direct vec=16``);
 4. ``unit``: ``pytest tests/test_cuda_kernels.py`` (opcheck, every width and MLA path against a
    reference, many rows per warp, fp8 specials, graph capture), when the tests directory exists;
 5. ``conformance`` (and ``conformance-full`` with ``--profiles quick,full``): the suite's quick
@@ -214,7 +214,7 @@ def step_plans() -> dict:
         plans[f"{op}/{variant}"] = fn(*w.args)
     torch.cuda.synchronize()
     print("\n=== plans: " + json.dumps(plans, indent=2), flush=True)
-    ok = plans["set_mla_kv_buffer/bf16"] == "tma load=16" and plans["store_cache/bf16"].startswith("copy vec=16")
+    ok = plans["set_mla_kv_buffer/bf16"] == "direct vec=16" and plans["store_cache/bf16"].startswith("copy vec=16")
     return {"status": "pass" if ok else "fail", "plans": plans}
 
 

@@ -226,25 +226,32 @@ SMALL_N = 1024
 # (two waves) both ways (docs/benchmarks.md). Only measured there: the other kernels have none.
 ONE_WAVE_TILES = {"mla_write": (4, 1)}
 ONE_WAVE_FILL = 0.9
+# Tiles for PDL launches that prefetch (PREFETCH), by LARGE_N_TILES key, in place of both tables
+# above: for mla_write (4 rows, 4 warps) was the fastest of six tiles at N = 4096, 16384 and 65536
+# (3.89, 13.91, 54.09 us against 4.15, 16.78, 54.49 for the plain launches' tiles; one-warp
+# programs of 4 rows lose 17% when they prefetch: docs/benchmarks.md).
+PDL_TILES = {"mla_write": (4, 4)}
 # Overrides for benchmarks/tune_gpu.py, by LARGE_N_TILES key:
 # {"block_n": ..., "num_warps": ...}; empty in normal use.
 TUNING: dict = {}
 
 
 def tile(n_rows: int, row: int, kernel: str = "paged_write", parts: tuple = (),
-         device: torch.device | None = None) -> Tile:
+         device: torch.device | None = None, pdl_prefetch: bool = False) -> Tile:
     """A whole row per program where it fits (the next power of two of the row, each MLA part
     in its own tile), several rows per program for large N on a GPU as measured fastest on the
-    H100 (docs/benchmarks.md; on an sm_90 ``device``, the kernel's ONE_WAVE_TILES entry where it
-    fills one wave), and few large programs under the interpreter, where each program is one
-    Python call."""
+    H100 (docs/benchmarks.md; for a PDL launch that prefetches, the kernel's PDL_TILES entry; else
+    on an sm_90 ``device`` its ONE_WAVE_TILES entry where it fills one wave), and few large
+    programs under the interpreter, where each program is one Python call."""
     if interpreting():
         return _interpreter_tile(_next_pow2(n_rows), row, parts)
     shape = (1, 4)
     if n_rows >= SMALL_N:
         shape = LARGE_N_TILES.get(kernel, shape)
         one_wave = ONE_WAVE_TILES.get(kernel)
-        if one_wave and device is not None:
+        if pdl_prefetch and kernel in PDL_TILES:
+            shape = PDL_TILES[kernel]
+        elif one_wave and device is not None:
             slots = _one_warp_slots(device.index if device.index is not None else torch.cuda.current_device())
             if ONE_WAVE_FILL * slots < _cdiv(n_rows, one_wave[0]) <= slots:
                 shape = one_wave
@@ -285,11 +292,16 @@ def _gpu_tile(shape: tuple, row: int, parts: tuple) -> Tile:
 PREFETCH = "pdl"
 
 
+def _prefetching(pdl: bool) -> bool:
+    """Whether a launch (with programmatic dependent launch or not) prefetches, by PREFETCH."""
+    return PREFETCH == "always" or (PREFETCH == "pdl" and pdl)
+
+
 def _prefetch_counts(pdl: bool, element_size: int, blocks_and_widths) -> dict:
     """``{"PF_SECTOR": elements per 32-byte sector, "PF_*": sectors per tile row}`` for the given
     ``(name, block, width, unit_stride)`` parts, zero (no prefetch) where ``PREFETCH`` says no,
     for an empty part or a strided one."""
-    on = PREFETCH == "always" or (PREFETCH == "pdl" and pdl)
+    on = _prefetching(pdl)
     sector = max(1, 32 // element_size)
     meta = {"PF_SECTOR": sector}
     for name, block, width, unit in blocks_and_widths:
@@ -417,7 +429,7 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, 
               tiles="mla_write"):
     cache, block_stride, token_stride, elem_stride = cache4
     width_a, width_b = a.shape[1], b.shape[1]
-    t = tile(n, max(width_a, width_b), tiles, (width_a, width_b), device)
+    t = tile(n, max(width_a, width_b), tiles, (width_a, width_b), device, pdl and _prefetching(pdl))
     grid = (_cdiv(n, t.block_n), max(_cdiv(width_a, t.block_a), _cdiv(width_b, t.block_b)))
     a0, a1 = a.stride()
     b0, b1 = b.stride()

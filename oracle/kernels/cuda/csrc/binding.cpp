@@ -347,14 +347,14 @@ MlaPlan plan_mla(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope,
                       ") a multiple of 16 and at most ", kvo_cuda::kMlaMaxTmaRowBytes,
                       ", and kv_buffer's address and row stride (", a.dst_row, " bytes) 16-byte aligned");
   }
-  plan.tma = path == "tma" || (path == "auto" && tma_ok);
-  if (plan.tma) {
-    plan.width = widest(src_values, cap);
-  } else {
-    std::vector<int64_t> values = src_values;
-    values.insert(values.end(), {addr(kv_buffer), a.dst_row});
-    plan.width = widest(values, cap);
-  }
+  std::vector<int64_t> direct_values = src_values;
+  direct_values.insert(direct_values.end(), {addr(kv_buffer), a.dst_row});
+  const int direct_width = widest(direct_values, cap);
+  // auto: the direct path wherever it moves vectors as wide as max_vec allows (at 16 bytes 2-3%
+  // faster than the bulk copy on the H100 once each warp prefetches its row, docs/benchmarks.md);
+  // else the bulk copy, whose stores stay whole-row copies whatever the sources' alignment.
+  plan.tma = path == "tma" || (path == "auto" && direct_width < cap && tma_ok);
+  plan.width = plan.tma ? widest(src_values, cap) : direct_width;
   return plan;
 }
 
@@ -564,7 +564,9 @@ int64_t tune(c10::string_view knob, int64_t value) {
                         {"mla_grid", &t.mla_grid, -1, 64, false}, {"copy_grid", &t.copy_grid, -1, 64, false},
                         {"fp8_grid", &t.fp8_grid, -1, 64, false},
                         {"mla_evict_first", &t.mla_evict_first, 0, 3, false},
-                        {"prefetch", &t.prefetch, 0, 2, false}};
+                        {"mla_prefetch", &t.mla_prefetch, 0, 2, false},
+                        {"copy_prefetch", &t.copy_prefetch, 0, 2, false},
+                        {"fp8_prefetch", &t.fp8_prefetch, 0, 2, false}};
   for (const Knob& k : knobs) {
     if (name != k.name) continue;
     TORCH_CHECK_VALUE(value >= k.low && value <= k.high && (!k.power_of_two || (value & (value - 1)) == 0),
@@ -575,7 +577,7 @@ int64_t tune(c10::string_view knob, int64_t value) {
     return old;
   }
   TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_grid, copy_grid, fp8_grid, "
-                    "mla_evict_first, prefetch");
+                    "mla_evict_first, mla_prefetch, copy_prefetch, fp8_prefetch");
   return 0;
 }
 

@@ -157,11 +157,8 @@ __device__ __forceinline__ void prefetch_l2(const unsigned char* p, int64_t byte
     asm volatile("prefetch.global.L2 [%0];" :: "l"(q));
 }
 
-// Whether a launch prefetches its sources into the L2 first (LaunchTuning::prefetch).
-inline int prefetch_for(bool pdl) {
-  const int mode = launch_tuning().prefetch;
-  return mode == 2 || (mode == 1 && pdl) ? 1 : 0;
-}
+// Whether a launch prefetches its sources into the L2 first, by a LaunchTuning *_prefetch mode.
+inline int prefetch_for(int mode, bool pdl) { return mode == 2 || (mode == 1 && pdl) ? 1 : 0; }
 
 // kernel<<<grid, threads, smem, stream>>>(args...), with programmatic stream serialization when
 // `pdl` (the kernel must start with pdl_prologue(pdl)).

@@ -27,7 +27,8 @@ cudaError_t launch_paged_copy(const PagedArgs& args, int vec_bytes, cudaStream_t
   if (args.n <= 0) return cudaSuccess;
   return with_index(args.index_type, [&](auto idx) {
     return with_vec(vec_bytes, [&](auto vec) {
-      return launch_paged_rows<decltype(idx), CopyChunk<decltype(vec)::value>>(args, launch_tuning().copy_grid, stream);
+      return launch_paged_rows<decltype(idx), CopyChunk<decltype(vec)::value>>(args, launch_tuning().copy_grid,
+                                                                              launch_tuning().copy_prefetch, stream);
     });
   });
 }

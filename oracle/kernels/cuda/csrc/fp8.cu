@@ -79,9 +79,9 @@ struct Fp8Chunk {
 template <typename IdxT, int Src, int Fmt>
 cudaError_t launch_elems(const PagedArgs& a, int elems, cudaStream_t stream) {
   constexpr int Wide = 16 / SrcInfo<Src>::bytes;
-  const int per_sm = launch_tuning().fp8_grid;
-  if (elems == Wide) return launch_paged_rows<IdxT, Fp8Chunk<Src, Fmt, Wide>>(a, per_sm, stream);
-  if (elems == 1) return launch_paged_rows<IdxT, Fp8Chunk<Src, Fmt, 1>>(a, per_sm, stream);
+  const int per_sm = launch_tuning().fp8_grid, prefetch = launch_tuning().fp8_prefetch;
+  if (elems == Wide) return launch_paged_rows<IdxT, Fp8Chunk<Src, Fmt, Wide>>(a, per_sm, prefetch, stream);
+  if (elems == 1) return launch_paged_rows<IdxT, Fp8Chunk<Src, Fmt, 1>>(a, per_sm, prefetch, stream);
   return cudaErrorInvalidValue;
 }
 

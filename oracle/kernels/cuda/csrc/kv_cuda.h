@@ -109,10 +109,14 @@ struct LaunchTuning {
   int fp8_grid = 0;         // the same for the fp8 kernels: a persistent grid, 4-5% faster than -1
   int mla_evict_first = 0;  // TMA path: bit 0 source loads, bit 1 bulk stores marked L2 evict-first
                             // (with plain source loads, evict-first no longer helps: 0.5% slower)
-  int prefetch = 2;         // every kernel: 0 never, 1 before griddepcontrol.wait under PDL, 2 always:
-                            // each warp first asks the L2 for its first rows' sources and slots (under
-                            // PDL while the previous grid is still finishing). Only the first: a
-                            // persistent warp that asked for all its rows made fp8 writes 19-20% slower
+  // L2 prefetch, per kernel family: 0 never, 1 under PDL (before griddepcontrol.wait, so the reads
+  // start while the previous grid is still finishing), 2 always. Each warp asks for its first rows'
+  // sources and slots only: a persistent warp asking for all its rows made fp8 writes 19-20% slower.
+  // Measured (docs/benchmarks.md): MLA and copies gain plainly and with PDL (N = 16384: MLA direct
+  // 15.9 -> 15.2 us, with PDL 15.1 -> 13.6); fp8 gains with PDL only (plainly 1-5% slower).
+  int mla_prefetch = 2;
+  int copy_prefetch = 2;
+  int fp8_prefetch = 1;
 };
 LaunchTuning& launch_tuning();
 

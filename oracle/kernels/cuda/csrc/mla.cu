@@ -171,7 +171,7 @@ cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t
   auto kernel = mla_tma_kernel<IdxT, Load, Rows>;
   const unsigned grid = grid_for(kernel, (a.n + Rows - 1) / Rows, smem, threads, launch_tuning().mla_grid);
   return launch_kernel(kernel, grid, threads, smem, stream, a.pdl != 0, a, stage_bytes,
-                       launch_tuning().mla_evict_first, prefetch_for(a.pdl != 0));
+                       launch_tuning().mla_evict_first, prefetch_for(launch_tuning().mla_prefetch, a.pdl != 0));
 }
 
 template <typename IdxT, int Vec>
@@ -179,7 +179,8 @@ cudaError_t launch_direct_typed(const MlaArgs& a, cudaStream_t stream) {
   auto kernel = mla_direct_kernel<IdxT, Vec>;
   const int threads = 32 * launch_tuning().mla_warps;
   const unsigned grid = grid_for(kernel, a.n, 0, threads, launch_tuning().mla_grid);
-  return launch_kernel(kernel, grid, threads, 0, stream, a.pdl != 0, a, prefetch_for(a.pdl != 0));
+  return launch_kernel(kernel, grid, threads, 0, stream, a.pdl != 0, a,
+                       prefetch_for(launch_tuning().mla_prefetch, a.pdl != 0));
 }
 
 }  // namespace

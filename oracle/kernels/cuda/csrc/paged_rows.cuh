@@ -104,12 +104,13 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
 }
 
 // One launch of paged_rows_kernel over every (row, side), with at most `per_sm` blocks per SM
-// (see grid_for; LaunchTuning::copy_grid or fp8_grid).
+// (see grid_for; LaunchTuning::copy_grid or fp8_grid) and L2 prefetch mode `prefetch`
+// (LaunchTuning::copy_prefetch or fp8_prefetch).
 template <typename IdxT, typename Chunk>
-cudaError_t launch_paged_rows(const PagedArgs& a, int per_sm, cudaStream_t stream) {
+cudaError_t launch_paged_rows(const PagedArgs& a, int per_sm, int prefetch, cudaStream_t stream) {
   auto kernel = a.dense ? paged_rows_kernel<IdxT, Chunk, true> : paged_rows_kernel<IdxT, Chunk, false>;
   const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, per_sm);
-  return launch_kernel(kernel, grid, kThreads, 0, stream, a.pdl != 0, a, prefetch_for(a.pdl != 0));
+  return launch_kernel(kernel, grid, kThreads, 0, stream, a.pdl != 0, a, prefetch_for(prefetch, a.pdl != 0));
 }
 
 }  // namespace kvo_cuda
