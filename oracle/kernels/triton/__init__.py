@@ -114,7 +114,8 @@ WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_
 
 
 PDL_NOTE = ("pdl=True, validate=False: launched with programmatic dependent launch (sm_90+), as a "
-            "decode graph would; griddepcontrol.wait before any memory access")
+            "decode graph would; each program first asks the L2 for its source rows (prefetch.global.L2, "
+            "a hint), then griddepcontrol.wait before any load or store")
 
 
 def _register(fn, pdl: bool = False, **fields) -> None:
