@@ -51,7 +51,9 @@ def _pdl_prologue(PDL: tl.constexpr):
     """Under programmatic dependent launch (``launch_pdl=True``, sm_90+) this grid may be launched
     while the previous kernel on the stream still runs: wait for it to complete (its writes, and
     its reads of the cache we are about to write) before touching memory, then let the next
-    kernel launch early in turn. What overlaps is only the launch and the scheduling of programs."""
+    kernel launch early in turn. What overlaps is the launch, the scheduling of programs and the L2
+    prefetches a kernel issues before calling this (:func:`_prefetch_l2`, hints), never a load or
+    store."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()

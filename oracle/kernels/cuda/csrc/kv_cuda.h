@@ -52,7 +52,8 @@ struct PagedArgs {
 // previous kernel on the stream is still running; each block then waits (griddepcontrol.wait) for
 // that kernel to complete and its memory to be visible before it reads or writes anything, and at
 // once lets the next PDL launch be scheduled (griddepcontrol.launch_dependents). What overlaps is
-// launch and block scheduling, never data.
+// launch, block scheduling and the L2 prefetches (LaunchTuning::*_prefetch, hints), never a load
+// or store.
 
 // Bitwise copy of every row of every side; chunk = vec_bytes (16, 8, 4, 2 or 1), which must divide
 // every source/cache pointer, row/head/block/token stride and head size.

@@ -11,9 +11,13 @@
 // has (wait_group.read 0: the writes complete on their own; only the shared memory they read must
 // outlive the block). No block-wide barrier anywhere.
 //
-// Direct path (mla_direct_kernel): the same warp-per-row loop with global -> global vector copies,
-// for rows the bulk copy cannot take (row bytes not a multiple of 16, a destination or row stride
-// that is not 16-byte aligned, or a row too large to stage).
+// Direct path (mla_direct_kernel): the same warp-per-row loop with global -> global vector copies.
+// The binding's `auto` takes it wherever it moves full-width vectors (faster on the H100) and for
+// rows the bulk copy cannot take (row bytes not a multiple of 16, a destination or row stride that
+// is not 16-byte aligned, or a row too large to stage); TMA where only the sources are less aligned.
+//
+// Both paths take `prefetch`: each warp first asks the L2 for its first rows' nope, rope and slot
+// (under PDL before griddepcontrol.wait; see prefetch_l2).
 //
 // Slots outside [0, num_slots) are skipped; the binding rejects them before launching (except
 // under CUDA-graph capture), so that is only a guard against writing outside the buffer.

@@ -11,7 +11,8 @@
 //
 // Work item w in [0, sides * n): side w / n, row w % n. A warp loads the row's slot and its first
 // U chunks per lane together (the data loads do not wait for the slot), then stores them, so each
-// warp keeps 32 * U * kIn bytes in flight. Slots outside [0, num_slots) are skipped (the binding
+// warp keeps 32 * U * kIn bytes in flight. With `prefetch` set, each warp first asks the L2 for
+// its first item's source row and slot (under PDL before the wait; see prefetch_l2). Slots outside [0, num_slots) are skipped (the binding
 // rejects them before launching unless a CUDA graph is being captured; the kernel never writes
 // outside a cache). Dense: every side's row is one head (with one scale), so chunk c sits at
 // c * kIn of the source row and c * kOut of the cache row: no head split, no per-chunk offsets
@@ -33,7 +34,8 @@ __device__ __forceinline__ void prefetch_item(const PagedArgs& a, int64_t item, 
   if (a.dense || d.src_head == d.head_chunks * In) {
     prefetch_l2(d.src + row * d.src_row, d.heads * d.head_chunks * In, lane);
   } else {
-    for (int64_t h = 0; h < d.heads; ++h) prefetch_l2(d.src + row * d.src_row + h * d.src_head, d.head_chunks * In, lane);
+    for (int64_t h = 0; h < d.heads; ++h)
+      prefetch_l2(d.src + row * d.src_row + h * d.src_head, d.head_chunks * In, lane);
   }
   if (lane == 0 && s == 0)
     prefetch_l2(static_cast<const unsigned char*>(a.index) + row * a.index_stride * sizeof(IdxT), sizeof(IdxT), 0);
