@@ -228,7 +228,7 @@ ONE_WAVE_TILES = {"mla_write": (4, 1)}
 ONE_WAVE_FILL = 0.9
 # Tiles for PDL launches that prefetch (PREFETCH), by LARGE_N_TILES key, in place of both tables
 # above: for mla_write (4 rows, 4 warps) was the fastest of six tiles at N = 4096, 16384 and 65536
-# (3.89, 13.91, 54.09 us against 4.15, 16.78, 54.49 for the plain launches' tiles; one-warp
+# (3.89, 13.91, 54.09 us against 4.15, 16.78, 54.61 for the plain launches' tiles; one-warp
 # programs of 4 rows lose 17% when they prefetch: docs/benchmarks.md).
 PDL_TILES = {"mla_write": (4, 4)}
 # Overrides for benchmarks/tune_gpu.py, by LARGE_N_TILES key:
