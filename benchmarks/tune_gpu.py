@@ -31,6 +31,7 @@ import functools
 import itertools
 import json
 import statistics
+from unittest import mock
 
 import torch
 
@@ -93,14 +94,10 @@ def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=(
                 continue
             fn = kernels[f"triton.{op}{suffix}"].fn
             for block_n, warps, mode in itertools.product(block_ns, warps_, prefetch):
-                ops.TUNING[name] = {"block_n": block_n, "num_warps": warps}
-                ops.PREFETCH = mode
-                try:
-                    rows.append(cell(f"triton {name}{suffix}", dict(ops.TUNING[name], prefetch=mode), w, n, fn,
-                                     baseline, copy_gbps, repeats))
-                finally:
-                    ops.TUNING.clear()
-                    ops.PREFETCH = "pdl"
+                tuning = {"block_n": block_n, "num_warps": warps}
+                with mock.patch.dict(ops.TUNING, {name: tuning}), mock.patch.object(ops, "PREFETCH", mode):
+                    rows.append(cell(f"triton {name}{suffix}", dict(tuning, prefetch=mode), w, n, fn, baseline,
+                                     copy_gbps, repeats))
     return rows
 
 
@@ -138,12 +135,9 @@ def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False, knobs=N
                 w = make_workload(op, variant, n, "cuda")
                 baseline = kernels[f"torch-cuda.{op}"].fn
                 for name, mode in itertools.product((f"triton.{op}", f"triton.{op}.pdl"), ("never", "always")):
-                    old, ops.PREFETCH = ops.PREFETCH, mode
-                    try:
+                    with mock.patch.object(ops, "PREFETCH", mode):
                         rows.append(cell(name, {"PREFETCH": mode}, w, n, kernels[name].fn, baseline, copy_gbps,
                                          repeats))
-                    finally:
-                        ops.PREFETCH = old
                 paths = ("tma", "direct") if op == "set_mla_kv_buffer" else (None,)
                 for pdl, path, combo in itertools.product((False, True), paths, knob_grid(knobs)):
                     fn = kernels[f"cuda.{op}{'.pdl' if pdl else ''}"].fn

@@ -475,7 +475,7 @@ def test_compiled_launch_goes_through_the_jit_while_a_launch_hook_is_installed()
 
 
 @gpu
-def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
+def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph(monkeypatch):
     """``pdl=True`` (programmatic dependent launch): back-to-back writes whose second reads what
     the first wrote still see it, eagerly and in a graph, for both kernels (the MLA writer and the
     paged writer behind store_cache): tests/pdl_chain.py."""
@@ -488,20 +488,18 @@ def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
         pytest.skip("programmatic dependent launch needs sm_90")
     fast = dict(validate=False, pdl=True)
     for mode in ("pdl", "never"):  # the second write's L2 prefetches run before its wait, or not at all
-        ops.PREFETCH = mode
-        try:
-            check_chained_writes(functools.partial(ops.set_mla_kv_buffer, **fast),
-                                 functools.partial(ops.store_cache, **fast))
-        finally:
-            ops.PREFETCH = "pdl"
+        monkeypatch.setattr(ops, "PREFETCH", mode)
+        check_chained_writes(functools.partial(ops.set_mla_kv_buffer, **fast),
+                             functools.partial(ops.store_cache, **fast))
 
 
 @gpu
 @pytest.mark.parametrize("n", [1, 7, 4097])
-def test_every_l2_prefetch_mode_writes_the_same_bytes(n):
+def test_every_l2_prefetch_mode_writes_the_same_bytes(n, monkeypatch):
     """ops.PREFETCH changes only which launches ask the L2 for their rows first: every mode, plain
     and PDL launches, contiguous and strided sources, MLA, paged and fp8 writers write what torch
     indexing does (fp8: what the mode "never" writes)."""
+    import itertools
     import torch
     from oracle.kernels.triton import ops
 
@@ -515,22 +513,19 @@ def test_every_l2_prefetch_mode_writes_the_same_bytes(n):
     cache = torch.randn(2 * n + 3, 8, 128, generator=g).to(torch.bfloat16).cuda()
     fp8 = torch.zeros(((2 * n + 3 + 15) // 16, 16, 8, 128), dtype=torch.uint8, device="cuda")
     scale = torch.tensor([0.5], device="cuda")
-    try:
-        fp8_want = None
-        for mode, pdl, nope in ((m, p, x) for m in ("never", "pdl", "always") for p in pdls
-                                for x in (nope_wide[:, :512], nope_wide[:, ::2])):
-            ops.PREFETCH = mode
-            got, want = buf.clone(), buf.clone()
-            ops.set_mla_kv_buffer(got, loc, nope, rope, pdl=pdl)
-            want[loc] = torch.cat([nope, rope], 1)
-            assert torch.equal(got, want), (mode, pdl, nope.stride())
-            got_k, got_v, want_k = cache.clone(), cache.clone(), cache.clone()
-            ops.store_cache(k, k, got_k, got_v, loc, pdl=pdl)
-            want_k[loc] = k
-            assert torch.equal(got_k, want_k) and torch.equal(got_v, want_k), (mode, pdl)
-            got8 = (fp8.clone(), fp8.clone())
-            ops.reshape_and_cache_flash(k, k, *got8, loc, "fp8_e4m3", scale, scale, pdl=pdl)
-            fp8_want = got8[0] if fp8_want is None else fp8_want
-            assert torch.equal(got8[0], fp8_want) and torch.equal(got8[1], fp8_want), (mode, pdl)
-    finally:
-        ops.PREFETCH = "pdl"
+    fp8_want = None
+    for mode, pdl, nope in itertools.product(("never", "pdl", "always"), pdls,
+                                             (nope_wide[:, :512], nope_wide[:, ::2])):
+        monkeypatch.setattr(ops, "PREFETCH", mode)
+        got, want = buf.clone(), buf.clone()
+        ops.set_mla_kv_buffer(got, loc, nope, rope, pdl=pdl)
+        want[loc] = torch.cat([nope, rope], 1)
+        assert torch.equal(got, want), (mode, pdl, nope.stride())
+        got_k, got_v, want_k = cache.clone(), cache.clone(), cache.clone()
+        ops.store_cache(k, k, got_k, got_v, loc, pdl=pdl)
+        want_k[loc] = k
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_k), (mode, pdl)
+        got8 = (fp8.clone(), fp8.clone())
+        ops.reshape_and_cache_flash(k, k, *got8, loc, "fp8_e4m3", scale, scale, pdl=pdl)
+        fp8_want = got8[0] if fp8_want is None else fp8_want
+        assert torch.equal(got8[0], fp8_want) and torch.equal(got8[1], fp8_want), (mode, pdl)

@@ -157,6 +157,12 @@ __device__ __forceinline__ void prefetch_l2(const unsigned char* p, int64_t byte
     asm volatile("prefetch.global.L2 [%0];" :: "l"(q));
 }
 
+// prefetch_l2 of the index entry load_slot reads for `row` (one lane's worth: call it from one).
+template <typename IdxT>
+__device__ __forceinline__ void prefetch_slot(const void* index, int64_t row, int64_t stride) {
+  prefetch_l2(reinterpret_cast<const unsigned char*>(static_cast<const IdxT*>(index) + row * stride), sizeof(IdxT), 0);
+}
+
 // Whether a launch prefetches its sources into the L2 first, by a LaunchTuning *_prefetch mode.
 inline int prefetch_for(int mode, bool pdl) { return mode == 2 || (mode == 1 && pdl) ? 1 : 0; }
 

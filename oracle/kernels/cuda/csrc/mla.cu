@@ -39,8 +39,7 @@ template <typename IdxT>
 __device__ __forceinline__ void prefetch_row(const MlaArgs& a, int64_t row, int lane) {
   prefetch_l2(a.nope + row * a.nope_row, a.nope_bytes, lane);
   prefetch_l2(a.rope + row * a.rope_row, a.rope_bytes, lane);
-  if (lane == 0)
-    prefetch_l2(static_cast<const unsigned char*>(a.index) + row * a.index_stride * sizeof(IdxT), sizeof(IdxT), 0);
+  if (lane == 0) prefetch_slot<IdxT>(a.index, row, a.index_stride);
 }
 
 template <typename IdxT, int Load, int Rows>

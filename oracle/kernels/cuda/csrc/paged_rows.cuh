@@ -37,8 +37,7 @@ __device__ __forceinline__ void prefetch_item(const PagedArgs& a, int64_t item, 
     for (int64_t h = 0; h < d.heads; ++h)
       prefetch_l2(d.src + row * d.src_row + h * d.src_head, d.head_chunks * In, lane);
   }
-  if (lane == 0 && s == 0)
-    prefetch_l2(static_cast<const unsigned char*>(a.index) + row * a.index_stride * sizeof(IdxT), sizeof(IdxT), 0);
+  if (lane == 0 && s == 0) prefetch_slot<IdxT>(a.index, row, a.index_stride);
 }
 
 template <typename IdxT, typename Chunk, bool Dense>
