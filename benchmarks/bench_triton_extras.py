@@ -7,7 +7,11 @@
    timed the same three ways: ``graph`` (CUDA events over a CUDA graph of many calls: GPU time
    alone), ``do_bench`` (triton.testing.do_bench, median: one call between two events after an L2
    flush, so the host runs ahead unless the call synchronizes) and ``eager`` (CUDA events around
-   back-to-back calls: the host's cost per call);
+   back-to-back calls: the host's cost per call). Next to each write, in ``graph`` and
+   ``do_bench``: the floor for its bytes, a Triton copy of the same bytes with the same launch
+   (rows of the same width, as many rows per program and warps as the writer's tile, each side
+   its own rows; ``.pdl`` waits on the previous kernel like the writers) but no slot to look up
+   (``x_copy``), and an empty PDL kernel that waits the same way (the cost of the wait itself);
 2. the fused fp8 paged write against quantize-then-store: reshape_and_cache_flash(e4m3fn) in one
    launch versus quantize_fp8 of K and of V followed by a store_cache of the codes (three launches)
    at N = 16384, bf16 8 x 128 heads, block size 16.
@@ -29,6 +33,9 @@ import torch
 import triton
 import triton.testing
 
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from oracle.bench import CudaTimer
 from oracle.registry import default_registry
 
@@ -36,6 +43,42 @@ from oracle.registry import default_registry
 @triton.jit
 def _empty(x_ptr):
     pass
+
+
+@triton.jit
+def _empty_waits(x_ptr):
+    gdc_wait()
+    gdc_launch_dependents()
+
+
+@triton.jit
+def _copy_rows(src_ptr, dst_ptr, rows, width, BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Rows ``[program_id(0) * BLOCK_N, ...)`` of side ``program_id(1)`` of ``src`` to ``dst``
+    (both contiguous ``[sides, rows, width]``): the writers' bytes and launch without the slot
+    lookup."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK)
+    offs = (tl.program_id(1).to(tl.int64) * rows + r)[:, None] * width + cols[None, :]
+    mask = (r < rows)[:, None] & (cols < width)[None, :]
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
+
+
+def copy_floor(n: int, sides: int, width: int, kernel: str, pdl: bool):
+    """A launch of :func:`_copy_rows` over ``sides`` x ``n`` bf16 rows of ``width``, tiled like
+    the Triton ``kernel`` at N = ``n``, and its arguments."""
+    from oracle.kernels.triton import ops
+
+    t = ops.tile(n, width, kernel)
+    src = torch.randn(sides, n, width, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    grid = (triton.cdiv(n, t.block_n), sides)
+    block = triton.next_power_of_2(width)
+    return (lambda s, d: _copy_rows[grid](s, d, n, width, BLOCK_N=t.block_n, BLOCK=block, PDL=pdl,
+                                          num_warps=t.num_warps, launch_pdl=pdl),
+            (src, dst))
 
 
 def median_us(fn, args, mode, repeats=25):
@@ -56,18 +99,22 @@ def main() -> int:
     flag = torch.zeros(1, device=dev)
     empty = lambda x: _empty[(1,)](x)  # noqa: E731
     empty_pdl = lambda x: _empty[(1,)](x, launch_pdl=True)  # noqa: E731
-    rounds = [small_n_round(kernels, flag, empty, empty_pdl) for _ in range(args.rounds)]
+    empty_waits = lambda x: _empty_waits[(1,)](x, launch_pdl=True)  # noqa: E731
+    rounds = [small_n_round(kernels, flag, empty, empty_pdl, empty_waits) for _ in range(args.rounds)]
     rows = []
     for i, first in enumerate(rounds[0]):
         us = sorted(r[i]["us"] for r in rounds)
         x = sorted(r[i]["x_empty"] for r in rounds)
         rows.append(dict(first, us=statistics.median(us), us_low=us[0], us_high=us[-1],
                          x_empty=statistics.median(x), x_low=x[0], x_high=x[-1], rounds=len(rounds)))
+        if "x_copy" in first:
+            rows[-1]["x_copy"] = statistics.median(r[i]["x_copy"] for r in rounds)
     fused_fp8(kernels, out)
     out["small_n"] = rows
     for r in rows:
-        print(f"{r['mode']:8}  {r['what']:30} N={r['n']:<3} {r['us']:8.2f} us ({r['us_low']:.2f}-{r['us_high']:.2f})"
-              f"  {r['x_empty']:.2f}x empty ({r['x_low']:.2f}-{r['x_high']:.2f})")
+        floor = f"  {r['x_copy']:.2f}x copy" if "x_copy" in r else ""
+        print(f"{r['mode']:8}  {r['what']:32} N={r['n']:<3} {r['us']:8.2f} us ({r['us_low']:.2f}-{r['us_high']:.2f})"
+              f"  {r['x_empty']:.2f}x empty ({r['x_low']:.2f}-{r['x_high']:.2f}){floor}")
     f = out["fused_fp8"]
     print(f"fused fp8 paged write N={f['n']}: {f['fused_us']:.1f} us; quantize K, quantize V, store: "
           f"{f['quantize_then_store_us']:.1f} us; speed-up {f['speedup']:.2f}x")
@@ -77,7 +124,7 @@ def main() -> int:
     return 0
 
 
-def small_n_round(kernels, flag, empty, empty_pdl) -> list[dict]:
+def small_n_round(kernels, flag, empty, empty_pdl, empty_waits) -> list[dict]:
     """One round of the small-N table: every (mode, kernel, N) once."""
     dev = "cuda"
     rows = []
@@ -86,19 +133,34 @@ def small_n_round(kernels, flag, empty, empty_pdl) -> list[dict]:
         base_pdl = median_us(empty_pdl, (flag,), mode)
         rows.append({"what": "empty triton launch", "mode": mode, "n": 0, "us": base, "x_empty": 1.0})
         rows.append({"what": "empty triton launch, pdl", "mode": mode, "n": 0, "us": base_pdl, "x_empty": 1.0})
+        rows.append({"what": "empty triton launch, pdl, waits", "mode": mode, "n": 0,
+                     "us": median_us(empty_waits, (flag,), mode), "x_empty": 1.0})
         for n in (1, 16, 64):
             loc = torch.randperm(4096, device=dev)[:n]
             nope, rope = torch.randn(n, 512, device=dev, dtype=torch.bfloat16), torch.randn(n, 64, device=dev, dtype=torch.bfloat16)
             buf = torch.zeros(4096, 576, device=dev, dtype=torch.bfloat16)
             k, v = (torch.randn(n, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
             kc, vc = (torch.zeros(4096, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+            # the floor for each write's bytes (MLA: N rows of 576; MHA: K and V, 2N rows of 1024),
+            # launched plainly and with PDL; the JIT launcher's host cost makes eager timings moot
+            floors = {} if mode == "eager" else {
+                (name, pdl): median_us(*copy_floor(n, sides, width, kernel, pdl), mode)
+                for name, sides, width, kernel in (("MLA 512+64", 1, 576, "mla_write"),
+                                                   ("MHA 2 KiB", 2, 1024, "paged_write"))
+                for pdl in (False, True)}
+            for (name, pdl), us in floors.items():
+                rows.append({"what": f"copy, {name} bytes{', pdl' if pdl else ''}", "mode": mode, "n": n, "us": us,
+                             "x_empty": us / (base_pdl if pdl else base)})
             for suffix in ("", ".unchecked", ".pdl"):
                 for name, op, fargs in (("MLA 512+64", "set_mla_kv_buffer", (buf, loc, nope, rope)),
                                         ("MHA 2 KiB", "store_cache", (k, v, kc, vc, loc))):
                     us = median_us(kernels[f"triton.{op}{suffix}"].fn, fargs, mode)
                     # a PDL launch against an empty PDL launch: the same launch mechanics
-                    rows.append({"what": f"triton {name}{suffix}", "mode": mode, "n": n, "us": us,
-                                 "x_empty": us / (base_pdl if suffix == ".pdl" else base)})
+                    row = {"what": f"triton {name}{suffix}", "mode": mode, "n": n, "us": us,
+                           "x_empty": us / (base_pdl if suffix == ".pdl" else base)}
+                    if floors:
+                        row["x_copy"] = us / floors[name, suffix == ".pdl"]
+                    rows.append(row)
     return rows
 
 

@@ -183,6 +183,7 @@ def main() -> int:
     parser.add_argument("--only", choices=("triton", "cuda"))
     parser.add_argument("--mla-only", action="store_true", help="only the MLA sweeps (Triton: mla_write)")
     parser.add_argument("--pdl", action="store_true", help="Triton: sweep the .pdl variants too")
+    parser.add_argument("--triton-kernels", help=f"Triton: only these kernels (comma-separated, of {', '.join(TRITON)})")
     parser.add_argument("--knobs", help="CUDA: sweep only these tune knobs, e.g. 'mla_prefetch=0,2;mla_grid=-1,0', "
                         "on every CUDA writer, plainly and with PDL")
     parser.add_argument("--block-n", default=",".join(map(str, BLOCK_N)), help="Triton rows per program to try")
@@ -198,7 +199,8 @@ def main() -> int:
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gbps": copy["gbps"], "rows": []}
     if args.only in (None, "triton"):
         out["rows"] += sweep_triton(kernels, copy["gbps"], args.repeats, sizes,
-                                    only=("mla_write",) if args.mla_only else None,
+                                    only=("mla_write",) if args.mla_only else
+                                    args.triton_kernels and tuple(args.triton_kernels.split(",")),
                                     suffixes=("", ".pdl") if args.pdl else ("",),
                                     block_ns=tuple(int(x) for x in args.block_n.split(",")),
                                     warps_=tuple(int(x) for x in args.warps.split(",")),

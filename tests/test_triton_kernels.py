@@ -309,7 +309,9 @@ def test_mla_tile_fills_one_wave_where_it_fits(monkeypatch):
         assert shape(n) == ops.ONE_WAVE_TILES["mla_write"], n
     for n in (first - rows, 12288, slots * rows + 1, 65536):
         assert shape(n) == ops.LARGE_N_TILES["mla_write"], n
-    assert shape(512) == (1, 4)
+    assert shape(512) == ops.SMALL_N_TILES["mla_write"]
+    assert shape(64, "paged_write") == ops.SMALL_N_TILES["paged_write"]
+    assert shape(64, "concat_mla") == (1, 4)  # not measured at small N: one row, 4 warps
     assert shape(16384, device=None) == ops.LARGE_N_TILES["mla_write"]
     assert shape(16384, "paged_write") == ops.LARGE_N_TILES["paged_write"]
     assert shape(16384, "concat_mla") == ops.LARGE_N_TILES["concat_mla"]  # the same kernel, paged

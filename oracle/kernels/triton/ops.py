@@ -218,6 +218,11 @@ class Tile:
 # concat_and_cache_mla ("concat_mla": paged, maybe fp8), which (2, 4) made 2-17% slower.
 LARGE_N_TILES = {"paged_write": (2, 4), "paged_write_fp8": (2, 2), "mla_write": (2, 4), "concat_mla": (2, 1)}
 SMALL_N = 1024
+# (rows per program, warps) below SMALL_N rows, by LARGE_N_TILES key; else one row, 4 warps. On
+# the H100 at N = 64 (graphs, benchmarks/tune_gpu.py --sizes 1,16,64) two rows per program took the
+# MLA writer from 1.34 to 1.24 us (.pdl 0.81 -> 0.77) and store_cache from 1.42 to 1.38 (.pdl 0.89
+# -> 0.83), with N = 1 and 16 unchanged within noise; the other kernels were not measured there.
+SMALL_N_TILES = {"paged_write": (2, 4), "mla_write": (2, 4)}
 # One-wave tiles, by LARGE_N_TILES key: one-warp programs taken where they fill more than
 # ONE_WAVE_FILL of one wave (32 resident programs per SM on sm_90) without passing it, so every row
 # is loaded at once and no partial second wave trails. mla_write's (4 rows, 1 warp): on the H100
@@ -239,15 +244,15 @@ TUNING: dict = {}
 def tile(n_rows: int, row: int, kernel: str = "paged_write", parts: tuple = (),
          device: torch.device | None = None, pdl_prefetch: bool = False) -> Tile:
     """A whole row per program where it fits (the next power of two of the row, each MLA part
-    in its own tile), several rows per program for large N on a GPU as measured fastest on the
-    H100 (docs/benchmarks.md; for a PDL launch that prefetches, the kernel's PDL_TILES entry; else
+    in its own tile), and on a GPU the rows per program measured fastest on the H100 (by N:
+    SMALL_N_TILES, LARGE_N_TILES; docs/benchmarks.md; for a PDL launch that prefetches, the kernel's PDL_TILES entry; else
     on an sm_90 ``device`` its ONE_WAVE_TILES entry where it fills one wave), and few large
     programs under the interpreter, where each program is one Python call."""
     if interpreting():
         return _interpreter_tile(_next_pow2(n_rows), row, parts)
-    shape = (1, 4)
+    shape = SMALL_N_TILES.get(kernel, (1, 4))
     if n_rows >= SMALL_N:
-        shape = LARGE_N_TILES.get(kernel, shape)
+        shape = LARGE_N_TILES.get(kernel, (1, 4))
         one_wave = ONE_WAVE_TILES.get(kernel)
         if pdl_prefetch and kernel in PDL_TILES:
             shape = PDL_TILES[kernel]
