@@ -219,9 +219,10 @@ class Tile:
 LARGE_N_TILES = {"paged_write": (2, 4), "paged_write_fp8": (2, 2), "mla_write": (2, 4), "concat_mla": (2, 1)}
 SMALL_N = 1024
 # (rows per program, warps) below SMALL_N rows, by LARGE_N_TILES key; else one row, 4 warps. On
-# the H100 at N = 64 (graphs, benchmarks/tune_gpu.py --sizes 1,16,64) two rows per program took the
-# MLA writer from 1.34 to 1.24 us (.pdl 0.81 -> 0.77) and store_cache from 1.42 to 1.38 (.pdl 0.89
-# -> 0.83), with N = 1 and 16 unchanged within noise; the other kernels were not measured there.
+# the H100 (graphs, benchmarks/tune_gpu.py --sizes 1,16,64 and 64,256,512) two rows per program
+# against one: equal at N = 1 and 16, faster from 64 (MLA 1.32 -> 1.23 us, .pdl 0.81 -> 0.77;
+# store_cache 1.42 -> 1.36, .pdl 0.89 -> 0.82) to 512 (store_cache.pdl 1.96 -> 1.63, MLA .pdl
+# 1.12 -> 0.93). The other kernels were not measured below SMALL_N.
 SMALL_N_TILES = {"paged_write": (2, 4), "mla_write": (2, 4)}
 # One-wave tiles, by LARGE_N_TILES key: one-warp programs taken where they fill more than
 # ONE_WAVE_FILL of one wave (32 resident programs per SM on sm_90) without passing it, so every row
