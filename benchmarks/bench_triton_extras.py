@@ -66,13 +66,13 @@ def _copy_rows(src_ptr, dst_ptr, rows, width, BLOCK_N: tl.constexpr, BLOCK: tl.c
     tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
 
 
-def copy_floor(n: int, sides: int, width: int, kernel: str, pdl: bool):
+def copy_floor(n: int, sides: int, width: int, kernel: str, pdl: bool, device: str = "cuda"):
     """A launch of :func:`_copy_rows` over ``sides`` x ``n`` bf16 rows of ``width``, tiled like
     the Triton ``kernel`` at N = ``n``, and its arguments."""
     from oracle.kernels.triton import ops
 
     t = ops.tile(n, width, kernel)
-    src = torch.randn(sides, n, width, device="cuda", dtype=torch.bfloat16)
+    src = torch.randn(sides, n, width, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     grid = (triton.cdiv(n, t.block_n), sides)
     block = triton.next_power_of_2(width)

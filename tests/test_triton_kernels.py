@@ -531,3 +531,27 @@ def test_every_l2_prefetch_mode_writes_the_same_bytes(n, monkeypatch):
         ops.reshape_and_cache_flash(k, k, *got8, loc, "fp8_e4m3", scale, scale, pdl=pdl)
         fp8_want = got8[0] if fp8_want is None else fp8_want
         assert torch.equal(got8[0], fp8_want) and torch.equal(got8[1], fp8_want), (mode, pdl)
+
+
+def test_small_n_floor_copies_exactly_the_writers_bytes():
+    """benchmarks/bench_triton_extras.py times each small-N write against an index-free copy of
+    its bytes: that copy must move every row of every side, and nothing past them, or the floor
+    it reports is too low. Under the interpreter (tiled as there), every N the table uses."""
+    benchmarks = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks")
+    out = run(f"""
+    sys.path.insert(0, {benchmarks!r})
+    import bench_triton_extras as extras
+    seen = []
+    for n in (1, 16, 64):
+        for sides, width, kernel in ((1, 576, "mla_write"), (2, 1024, "paged_write")):
+            launch, (src, dst) = extras.copy_floor(n, sides, width, kernel, pdl=False, device="cpu")
+            guard = torch.full((sides * n * width + 64,), -7.0, dtype=torch.bfloat16)
+            dst = guard[:sides * n * width].view(sides, n, width)
+            launch(src, dst)
+            seen.append([n, sides, bool(torch.equal(dst, src)), bool((guard[sides * n * width:] == -7.0).all())])
+    emit({{"seen": seen}})
+    """)
+    assert len(out["seen"]) == 6
+    for n, sides, copied, guard_intact in out["seen"]:
+        assert copied, (n, sides)
+        assert guard_intact, (n, sides)
