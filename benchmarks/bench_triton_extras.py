@@ -17,8 +17,9 @@
    at N = 16384, bf16 8 x 128 heads, block size 16.
 
 The small-N table is taken ``--rounds`` times, interleaved (all kernels of a round, then the next
-round), and each row reports the median over rounds with the lowest and highest: on a shared host
-one do_bench median moves by about 0.5 us between runs.
+round), and each row reports the median over rounds with the lowest and highest: one do_bench
+median moves by about 0.5 us between runs, the resolution of a CUDA event pair (so the graph
+column is the one that can tell 1.2x from 1.3x at 4 us).
 
     python benchmarks/bench_triton_extras.py [--rounds 5] [--json OUT]
 """
