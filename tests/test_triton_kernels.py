@@ -555,3 +555,54 @@ def test_small_n_floor_copies_exactly_the_writers_bytes():
     for n, sides, copied, guard_intact in out["seen"]:
         assert copied, (n, sides)
         assert guard_intact, (n, sides)
+
+
+@pytest.mark.parametrize("variant", ["unchecked", "pdl"])
+def test_gpu_check_calls_each_registered_variant(tmp_path, variant):
+    """gpu_check --variant replays the ops as their .unchecked / .pdl registrations call them; an
+    op without that keyword is recorded as skipped with the reason, never silently run as the
+    default. On the CPU interpreter (eager, copies) the scenarios still pass."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "oracle.kernels.triton.gpu_check", "--out", str(tmp_path),
+                           "--cpu-dry-run", "--variant", variant], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert summary["variant"] == variant and summary["counts"]["fail"] == 0
+    by_name = {r["scenario"]: r for r in summary["results"]}
+    assert by_name["quantize_fp8/e4m3fn/head/special"]["status"] == "skipped"
+    assert "no " + variant + " variant" in by_name["quantize_fp8/e4m3fn/head/special"]["reason"]
+    translate = by_name["translate_full_to_swa/int64/1d"]
+    assert translate["status"] == ("skipped" if variant == "pdl" else "pass"), translate
+    assert by_name["store_cache/bf16/fused/int64"]["status"] == "pass"
+    assert by_name["set_mla_kv_buffer/bf16/512+64/int32"]["status"] == "pass"
+
+
+def test_gpu_check_scenarios_pass_the_variant_keywords_to_the_op():
+    """Every scenario whose op takes the variant's keywords calls it with exactly them."""
+    out = run("""
+    import inspect
+    from oracle.kernels.triton import gpu_check as gc
+    seen = {}
+    for variant, kw in gc.VARIANTS.items():
+        for name, (build, params, _) in gc.SCENARIOS.items():
+            op = name.split("/")[0]
+            if any(k not in inspect.signature(getattr(ops, op)).parameters for k in kw):
+                continue
+            real = getattr(ops, op)
+            calls = []
+            setattr(ops, op, lambda *a, **k: calls.append(k))
+            try:
+                build(torch.device("cpu"), np.random.default_rng(0), **params,
+                      **({"call_kw": kw} if kw else {})).call()
+            finally:
+                setattr(ops, op, real)
+            seen[variant + " " + name] = calls
+    emit(seen)
+    """)
+    assert len(out) >= 30
+    for key, calls in out.items():
+        variant = key.split(" ")[0]
+        expected = {"default": {}, "unchecked": {"validate": False}, "pdl": {"validate": False, "pdl": True}}[variant]
+        assert calls and all({k: v for k, v in c.items() if k in ("validate", "pdl")} == expected for c in calls), key

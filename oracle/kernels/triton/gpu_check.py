@@ -1,6 +1,6 @@
 """CUDA-graph replay check of the Triton kernels, for a machine with a GPU.
 
-    python -m oracle.kernels.triton.gpu_check --out DIR [--replays 4] [--seed 0]
+    python -m oracle.kernels.triton.gpu_check --out DIR [--replays 4] [--seed 0] [--variant pdl]
 
 For every scenario (each op, copy and fp8 paths, NHD and HND caches, fused sources, strided
 indices, -1 padding, per-head scales, int32 and int64 indices):
@@ -14,6 +14,12 @@ indices, -1 padding, per-head scales, int32 and int64 indices):
    is compared bit for bit with the reference computed from the state just before the replay,
    the inputs must be unchanged and every guard band intact.
 
+``--variant`` calls every op the way one of its registrations does: ``default`` (validated, as
+``triton.<op>``), ``unchecked`` (``validate=False``, ``triton.<op>.unchecked``: the path a decode
+graph captures) or ``pdl`` (``validate=False, pdl=True``, ``triton.<op>.pdl``: launched with
+programmatic dependent launch, L2 prefetch first; sm_90 and newer). Ops without that keyword
+(``quantize_fp8`` has neither; ``translate_full_to_swa`` has no ``pdl``) are recorded as skipped.
+
 fp8 scenarios run on sm_90 and newer only (preset ``triton_sm90``; elsewhere they are recorded
 as skipped). Results go to ``DIR/gpu_check.json`` and a table on stdout. Exit status: 0 when every
 check passed, 1 when any failed (each failure also printed to stderr), 2 when the check could not
@@ -26,6 +32,7 @@ interpreter: it checks the scenario builders and the comparison, not the graphs.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -44,6 +51,7 @@ from ...ops import _build, _fp8cases
 from . import ops
 
 PRESET = "triton_sm90"
+VARIANTS = {"default": {}, "unchecked": {"validate": False}, "pdl": {"validate": False, "pdl": True}}
 GUARD = 4096  # bytes of poison on each side of every allocation
 
 
@@ -120,7 +128,7 @@ def _alloc(regions, name, shape, dtype, device, rng, strides=None, lead=0) -> to
 # --- scenarios ------------------------------------------------------------------------------
 
 def store_cache_setup(device, rng, *, dtype="bfloat16", heads=8, dim=128, n=48, index="int64",
-                      index_layout="contig") -> Setup:
+                      index_layout="contig", call_kw=None) -> Setup:
     regions = []
     slots = 256
     row = heads * dim
@@ -142,13 +150,13 @@ def store_cache_setup(device, rng, *, dtype="bfloat16", heads=8, dim=128, n=48, 
         return {name: reference.store_cache(s[name], s["loc"], s[src], padding="none")
                 for name, src in (("k_cache", "k"), ("v_cache", "v"))}
 
-    return Setup(lambda: ops.store_cache(k, v, k_cache, v_cache, loc), refresh, expected,
+    return Setup(lambda: ops.store_cache(k, v, k_cache, v_cache, loc, **(call_kw or {})), refresh, expected,
                  {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "loc": loc},
                  ("k_cache", "v_cache"), regions)
 
 
 def set_mla_setup(device, rng, *, dtype="bfloat16", nope=512, rope=64, width=None, n=40,
-                  index="int32") -> Setup:
+                  index="int32", call_kw=None) -> Setup:
     regions = []
     slots = 200
     width = width or nope + rope
@@ -165,7 +173,7 @@ def set_mla_setup(device, rng, *, dtype="bfloat16", nope=512, rope=64, width=Non
         return {"kv_buffer": reference.set_mla_kv_buffer(s["kv_buffer"], s["loc"], s["nope"], s["rope"],
                                                          padding="none")}
 
-    return Setup(lambda: ops.set_mla_kv_buffer(buf, loc, nope_t, rope_t), refresh, expected,
+    return Setup(lambda: ops.set_mla_kv_buffer(buf, loc, nope_t, rope_t, **(call_kw or {})), refresh, expected,
                  {"kv_buffer": buf, "loc": loc, "nope": nope_t, "rope": rope_t}, ("kv_buffer",),
                  regions)
 
@@ -177,7 +185,7 @@ def _fp8_sources(rng, values, fmt, shape, dtype, scale, head_axis=-2):
 
 
 def concat_mla_setup(device, rng, *, fmt=None, dtype="bfloat16", rank=512, rope=64, block_size=16,
-                     n=40, values="special", index="int64") -> Setup:
+                     n=40, values="special", index="int64", call_kw=None) -> Setup:
     regions = []
     num_blocks = 12
     kv_c = _alloc(regions, "kv_c", (n, rank), dtype if not fmt else "float32", device, rng,
@@ -202,14 +210,15 @@ def concat_mla_setup(device, rng, *, fmt=None, dtype="bfloat16", rank=512, rope=
             return {"kv_cache": reference.concat_and_cache_mla(s["kv_cache"], s["slot_mapping"], s["kv_c"],
                                                                s["k_pe"], padding="negative", **fp8)}
 
-    return Setup(lambda: ops.concat_and_cache_mla(kv_c, k_pe, cache, slots, fmt or "auto", scale),
+    return Setup(lambda: ops.concat_and_cache_mla(kv_c, k_pe, cache, slots, fmt or "auto", scale,
+                                                   **(call_kw or {})),
                  refresh, expected,
                  {"kv_c": kv_c, "k_pe": k_pe, "kv_cache": cache, "slot_mapping": slots, "scale": scale},
                  ("kv_cache",), regions)
 
 
 def flash_setup(device, rng, *, fmt=None, dtype="bfloat16", layout="NHD", scale_kind="tensor",
-                heads=8, dim=128, n=48, values="special", index="int64") -> Setup:
+                heads=8, dim=128, n=48, values="special", index="int64", call_kw=None) -> Setup:
     regions = []
     num_blocks, block_size = 10, 16
     src_dtype = "float32" if fmt and values != "random" else dtype
@@ -260,7 +269,7 @@ def flash_setup(device, rng, *, fmt=None, dtype="bfloat16", layout="NHD", scale_
         return {"key_cache": k, "value_cache": v}
 
     return Setup(lambda: ops.reshape_and_cache_flash(key, value, key_cache, value_cache, slots, fmt or "auto",
-                                                     k_scale, v_scale),
+                                                     k_scale, v_scale, **(call_kw or {})),
                  refresh, expected,
                  {"key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
                   "slot_mapping": slots, "k_scale": k_scale, "v_scale": v_scale},
@@ -291,7 +300,7 @@ def quantize_setup(device, rng, *, fmt="e4m3fn", scale_kind="head", heads=8, dim
 
 
 def translate_setup(device, rng, *, dtype="int64", index="int64", shape=(64,), size_full=1024,
-                    page_size=16) -> Setup:
+                    page_size=16, call_kw=None) -> Setup:
     regions = []
     length = size_full + page_size + 1
     mapping = _alloc(regions, "mapping", (length,), dtype, device, rng, lead=5)  # at an offset
@@ -310,7 +319,7 @@ def translate_setup(device, rng, *, dtype="int64", index="int64", shape=(64,), s
     def expected(s):
         return {"returned": reference.translate_full_to_swa(s["mapping"], s["loc"])}
 
-    return Setup(lambda: ops.translate_full_to_swa(mapping, loc), refresh, expected,
+    return Setup(lambda: ops.translate_full_to_swa(mapping, loc, **(call_kw or {})), refresh, expected,
                  {"mapping": mapping, "loc": loc}, (), regions, returns=True)
 
 
@@ -482,6 +491,8 @@ def main(argv=None) -> int:
     parser.add_argument("--replays", type=int, default=4, help="graph replays per scenario (default 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default=None, help="run scenarios whose name contains this text")
+    parser.add_argument("--variant", choices=tuple(VARIANTS), default="default",
+                        help="call the ops as triton.<op> (default), .unchecked or .pdl (sm_90+)")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="TRITON_INTERPRET=1 without a GPU: eager copy scenarios only, no graphs")
     args = parser.parse_args(argv)
@@ -511,11 +522,20 @@ def main(argv=None) -> int:
             return fatal("no CUDA device")
         device, graphs = torch.device("cuda", torch.cuda.current_device()), True
         fp8 = torch.cuda.get_device_capability(device) >= (9, 0)
+        if args.variant == "pdl" and not fp8:
+            return fatal("--variant pdl needs sm_90 or newer (programmatic dependent launch)")
+    call_kw = VARIANTS[args.variant]
     rng = np.random.default_rng(args.seed)
     results = []
     start = time.perf_counter()
     for name, (build, params, needs_fp8) in SCENARIOS.items():
         if args.only and args.only not in name:
+            continue
+        op = name.split("/")[0]
+        missing = [k for k in call_kw if k not in inspect.signature(getattr(ops, op)).parameters]
+        if missing:
+            results.append({"scenario": name, "status": "skipped",
+                            "reason": f"{op} has no {args.variant} variant (it takes no {', '.join(missing)})"})
             continue
         if needs_fp8 and not fp8:
             why = ("the interpreter's fp8 conversion is wrong" if args.cpu_dry_run
@@ -523,7 +543,7 @@ def main(argv=None) -> int:
             results.append({"scenario": name, "status": "skipped", "reason": why})
             continue
         try:
-            setup = build(device, rng, **params)
+            setup = build(device, rng, **params, **({"call_kw": call_kw} if call_kw else {}))
         except Exception as exc:
             results.append({"scenario": name, "status": "fail", "error": f"setup: {type(exc).__name__}: {exc}",
                             "traceback": traceback.format_exc()})
@@ -547,7 +567,7 @@ def main(argv=None) -> int:
     passed = [r for r in results if r["status"] == "pass"]
     summary = {"status": "fail" if failed or not passed else "pass",
                "mode": "cpu dry run (eager, interpreter)" if args.cpu_dry_run else "cuda graph replay",
-               "replays": 0 if args.cpu_dry_run else args.replays, "seed": args.seed,
+               "replays": 0 if args.cpu_dry_run else args.replays, "seed": args.seed, "variant": args.variant,
                "seconds": round(time.perf_counter() - start, 3), "environment": environment(device),
                "counts": {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skipped")},
                "results": results}
