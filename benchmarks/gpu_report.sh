@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU report in one call (run on the H100 through the device tool, results under $OUT):
-# the conformance matrix of every GPU backend (full profile), oracle bench on the GPU, and the
-# compute-sanitizer lane over the CUDA and Triton kernels. Commit what lands in $OUT under reports/.
+# the conformance matrix of every GPU backend (full profile), the CUDA-graph replay check of the
+# Triton kernels (each registered variant), oracle bench on the GPU, and the compute-sanitizer lane
+# over the CUDA and Triton kernels. Eight files land in $OUT; commit them under reports/.
 set -uo pipefail
 OUT=${OUT:-reports/gpu}
-mkdir -p "$OUT/san"
+mkdir -p "$OUT"
+san=$(mktemp -d)  # the lane's own conformance report stays behind: eight files come back at most
 python3 -m pip install -q --no-build-isolation --no-deps -e . >/dev/null 2>&1
 export TARGET="${TARGET:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)}"
 {
@@ -13,10 +15,20 @@ export TARGET="${TARGET:-$(nvidia-smi --query-gpu=name --format=csv,noheader | h
   time timeout 330 oracle run --backend torch,triton,cuda --kernel "${KERNELS:-}" --profile full -n 8 \
       --target "$TARGET" --report "$OUT/h100.json" --markdown "$OUT/h100.md" -- -q -p no:warnings \
       | tail -80
+  echo "== CUDA-graph replay of the Triton kernels, as triton.<op>, .unchecked and .pdl"
+  # one file for the three runs: the device tool brings back at most eight files
+  graphs=$(mktemp -d)
+  for variant in default unchecked pdl; do
+    python3 -m oracle.kernels.triton.gpu_check --out "$graphs/$variant" --variant "$variant" | tail -1
+  done
+  python3 -c 'import json, sys; json.dump({v: json.load(open(f"{sys.argv[1]}/{v}/gpu_check.json"))
+                for v in ("default", "unchecked", "pdl")}, open(sys.argv[2], "w"), indent=1)' "$graphs" "$OUT/graphs.json"
   echo "== oracle bench (GPU kernels vs torch on CUDA vs the copy ceiling)"
   time timeout 200 oracle bench --backend triton,cuda --sizes 1,16,64,256,4096,16384,65536 \
       --json "$OUT/bench.json" --plot "$OUT/bench.png"
   echo "== sanitizer lane (quick profile, cuda + triton, one process under memcheck)"
-  time timeout 300 oracle run --sanitize "$OUT/san" --backend cuda,triton | tail -30
+  time timeout 300 oracle run --sanitize "$san" --backend cuda,triton | tail -30
+  cp "$san/summary.json" "$OUT/sanitize.json"
+  cp "$san/sanitizer.log" "$OUT/sanitizer.log"
 } > "$OUT/gpu_report.log" 2>&1
 tail -150 "$OUT/gpu_report.log"
