@@ -246,14 +246,14 @@ def tile(n_rows: int, row: int, kernel: str = "paged_write", parts: tuple = (),
          device: torch.device | None = None, pdl_prefetch: bool = False) -> Tile:
     """A whole row per program where it fits (the next power of two of the row, each MLA part
     in its own tile), and on a GPU the rows per program measured fastest on the H100 (by N:
-    SMALL_N_TILES, LARGE_N_TILES; docs/benchmarks.md; for a PDL launch that prefetches, the kernel's PDL_TILES entry; else
-    on an sm_90 ``device`` its ONE_WAVE_TILES entry where it fills one wave), and few large
-    programs under the interpreter, where each program is one Python call."""
+    SMALL_N_TILES, LARGE_N_TILES; docs/benchmarks.md; for a PDL launch that prefetches, the
+    kernel's PDL_TILES entry; else on an sm_90 ``device`` its ONE_WAVE_TILES entry where it fills
+    one wave), and few large programs under the interpreter, where each program is one Python
+    call."""
     if interpreting():
         return _interpreter_tile(_next_pow2(n_rows), row, parts)
-    shape = SMALL_N_TILES.get(kernel, (1, 4))
+    shape = (LARGE_N_TILES if n_rows >= SMALL_N else SMALL_N_TILES).get(kernel, (1, 4))
     if n_rows >= SMALL_N:
-        shape = LARGE_N_TILES.get(kernel, (1, 4))
         one_wave = ONE_WAVE_TILES.get(kernel)
         if pdl_prefetch and kernel in PDL_TILES:
             shape = PDL_TILES[kernel]
