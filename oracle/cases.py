@@ -11,8 +11,8 @@ from .ops.base import Case, OpSpec
 from .reference.fp8 import FORMATS
 
 PROFILES = ("quick", "full", "exhaustive")
-CASE_CLASSES = ("dtypes", "sizes", "strides", "aliasing", "padding", "duplicates", "large", "fp8",
-                "bad_input")
+CASE_CLASSES = ("dtypes", "sizes", "strides", "aliasing", "padding", "duplicates", "dcp", "large",
+                "fp8", "bad_input")
 
 
 def _dtypes(spec: OpSpec, profile: str):
@@ -58,6 +58,12 @@ def _duplicates(spec: OpSpec, profile: str):
         yield {"dups": True}
 
 
+def _dcp(spec: OpSpec, profile: str):
+    if spec.dcp:
+        for n in (133, 4096):
+            yield {"dcp": True, "n": n}
+
+
 def _large(spec: OpSpec, profile: str):
     if spec.large_case and (profile != "quick" or spec.large_in_quick):
         yield dict(spec.large_case, large=True)
@@ -79,7 +85,7 @@ def _bad_input(spec: OpSpec, profile: str):
 
 
 GENERATORS = {"dtypes": _dtypes, "sizes": _sizes, "strides": _strides, "aliasing": _aliasing,
-              "padding": _padding, "duplicates": _duplicates, "large": _large, "fp8": _fp8,
+              "padding": _padding, "duplicates": _duplicates, "dcp": _dcp, "large": _large, "fp8": _fp8,
               "bad_input": _bad_input}
 
 

@@ -20,10 +20,21 @@ DTYPES = ("float32", "float16", "bfloat16", "uint8")
 INDEX_DTYPES = ("int32", "int64")
 SCALES = ("tensor", "head")
 LAYOUTS = ("NHD", "HND")
+SOURCE_ROWS = ("index", "equal")
+# Each op's own convention for the token count: vLLM's writers take it from slot_mapping.size(0)
+# and accept sources with extra rows (padded for CUDA-graph capture); sglang's take equal lengths.
+SOURCE_ROWS_BY_OP = {"reshape_and_cache_flash": "index", "concat_and_cache_mla": "index"}
+DCP_MODULI = ("truncate", "floor")
+FP8_DIVISIONS = ("ieee", "approx")
 
 
 def always_available() -> str | None:
     return None
+
+
+GAP_KEYS = ("dtype", "index_dtype", "fp8_format", "scale", "layout", "padding", "duplicates",
+            "strided_source", "longer_source", "strided_index", "aliased_caches", "large_cache",
+            "row_bytes", "dcp", "bad_input")
 
 
 @dataclass(frozen=True)
@@ -54,10 +65,19 @@ class Contract:
     duplicates: str = "forbid"  # forbid (never tested) or any (whole rows, no torn rows)
     layouts: tuple = LAYOUTS  # paged cache layouts
     strided_sources: bool = True  # honours any source row stride (K, V sliced from fused qkv)
+    source_rows: str | None = None  # "index": the index's length is the token count and sources
+    # may hold extra rows it must not read (vLLM); "equal": sources have exactly that many rows
+    # (sglang). None: the op's own convention (SOURCE_ROWS_BY_OP, else "equal").
     strided_index: bool = True  # honours the index tensor's stride and storage offset
     aliased_caches: bool = True  # caches may be views of one tensor or at a storage offset
     row_bytes_multiple: int = 1  # rows whose byte width is not a multiple are out of contract
     large_caches: bool = True  # offsets past 2**31 elements (64-bit offset arithmetic)
+    dcp_world: int = 1  # set_mla_kv_buffer under decode-context parallelism: this rank keeps the
+    dcp_rank: int = 0  # locs with loc % dcp_world == dcp_rank and writes row loc // dcp_world
+    dcp_modulo: str = "truncate"  # how % and // treat negative locs: "truncate" (C, Triton) or "floor" (torch)
+    fp8_division: str = "ieee"  # "approx": x / scale may be off by up to 2 float32 ulps (Triton's
+    # default float32 division), so a code may be the neighbouring one where the exact quotient
+    # lies that close to a rounding boundary
     validates: bool = False  # rejects bad input with an error, writing nothing
     tolerance: Tolerance | None = None
     available: Callable[[], str | None] = field(default=always_available, compare=False)
@@ -65,6 +85,8 @@ class Contract:
     reasons: tuple = ()  # (gap key, why) pairs: why a capability is left out, shown with "not supported"
 
     def __post_init__(self):
+        if self.source_rows is None:  # frozen: resolve the op's convention once, here
+            object.__setattr__(self, "source_rows", SOURCE_ROWS_BY_OP.get(self.op, "equal"))
         problems = self.problems()
         if problems:
             raise ValueError(f"contract {self.name!r}: " + "; ".join(problems))
@@ -92,14 +114,22 @@ class Contract:
             out.append(str(exc))
         if self.duplicates not in ("forbid", "any"):
             out.append(f"duplicates={self.duplicates!r} is not 'forbid' or 'any'")
+        for attr, allowed in (("source_rows", SOURCE_ROWS), ("dcp_modulo", DCP_MODULI),
+                              ("fp8_division", FP8_DIVISIONS)):
+            if getattr(self, attr) not in allowed:
+                out.append(f"{attr}={getattr(self, attr)!r} is not one of {', '.join(allowed)}")
+        world, rank = self.dcp_world, self.dcp_rank
+        if not (isinstance(world, int) and isinstance(rank, int) and world >= 1 and 0 <= rank < world):
+            out.append(f"dcp_world={world!r}, dcp_rank={rank!r}: need integers with 0 <= dcp_rank < dcp_world")
+        elif world > 1 and self.op != "set_mla_kv_buffer":
+            out.append(f"dcp_world={world}: only set_mla_kv_buffer has a DCP-sharded form")
         if self.fp8_formats:
             try:
                 for fmt in self.fp8_formats:
                     self.knobs(fmt)
             except (TypeError, ValueError) as exc:
                 out.append(f"fp8: {exc}")
-        keys = ("dtype", "index_dtype", "fp8_format", "scale", "layout", "padding", "duplicates",
-                "strided_source", "strided_index", "aliased_caches", "large_cache", "row_bytes", "bad_input")
+        keys = GAP_KEYS
         if not isinstance(self.reasons, tuple) or any(
                 not (isinstance(r, tuple) and len(r) == 2 and r[0] in keys) for r in self.reasons):
             out.append(f"reasons must be (key, why) pairs with keys among {', '.join(keys)}, got {self.reasons!r}")
@@ -118,6 +148,12 @@ class Contract:
             knobs = ",".join(f"{k}={v}" for k, v in self.fp8_knobs)
             parts.append("fp8 " + "/".join(self.fp8_formats) + f" ({self.fp8_preset}{',' + knobs if knobs else ''})")
         parts += [f"padding={self.padding}", f"duplicates={self.duplicates}"]
+        if self.source_rows == "index":
+            parts.append("sources may be longer than the index")
+        if self.dcp_world > 1:
+            parts.append(f"DCP rank {self.dcp_rank} of {self.dcp_world} ({self.dcp_modulo} modulo)")
+        if self.fp8_division != "ieee":
+            parts.append(f"fp8 division {self.fp8_division}")
         if self.op in ("reshape_and_cache_flash",):
             parts.append("layouts " + "/".join(self.layouts))
         if self.row_bytes_multiple > 1:
@@ -168,6 +204,11 @@ def gaps(contract: Contract, needs: dict) -> list[Gap]:
                             ("large_cache", "large_caches", "offsets past 2**31 elements")):
         if needs.get(key) and not getattr(contract, attr):
             out.append(Gap(key, f"{text}; the kernel declares {attr}=False", key != "large_cache"))
+    if needs.get("longer_source") and contract.source_rows != "index":
+        out.append(Gap("longer_source", "sources with more rows than the index; the kernel declares "
+                                        f"source_rows={contract.source_rows!r}", False))
+    if needs.get("dcp") and contract.dcp_world == 1:
+        out.append(Gap("dcp", "DCP-widened locs; the kernel declares dcp_world=1 (not DCP-sharded)", False))
     row_bytes = needs.get("row_bytes")
     if row_bytes and row_bytes % contract.row_bytes_multiple:
         out.append(Gap("row_bytes", f"rows of {row_bytes} bytes; the kernel needs a multiple of "

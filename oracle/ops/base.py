@@ -16,7 +16,7 @@ from ..buffers import Arena, SHORT_NAMES
 from ..contract import Contract
 
 PARAM_ORDER = ("dtype", "fp8", "index", "shape", "layout", "src", "index_layout", "cache",
-               "padding", "dups", "scale", "values", "bad", "large", "n")
+               "padding", "dups", "dcp", "scale", "values", "bad", "large", "n")
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Case:
                 parts.append(f"N{value}")
             elif key == "shape":
                 parts.append("x".join(map(str, value)))
-            elif key in ("dups", "large"):
+            elif key in ("dups", "large", "dcp"):
                 parts.append(key)
             elif key == "padding":
                 parts.append("pad_" + str(value).replace(":", ""))
@@ -97,6 +97,7 @@ class OpSpec:
     shapes: tuple = ()  # shape variants for the "sizes" case class
     sizes: tuple = (0, 1, 7, 133, 4096)
     sources: tuple = ()  # sources that can be non-contiguous slices of one tensor
+    dcp: bool = False  # has a DCP-sharded form (contract fields dcp_world, dcp_rank, dcp_modulo)
     aliasing: tuple = ("aliased", "offset")  # cache variants
     layouts: tuple = ()  # paged cache layouts
     returns: bool = False  # the op returns a tensor instead of writing a cache
@@ -134,6 +135,7 @@ class OpSpec:
                ("tensor" if p.get("fp8") else None),
                "layout": p.get("layout"), "padding": p.get("padding"),
                "duplicates": bool(p.get("dups")), "strided_source": p.get("src") == "fused",
+               "longer_source": p.get("src") == "longer", "dcp": bool(p.get("dcp")),
                "strided_index": p.get("index_layout") in ("strided", "offset"),
                "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted") or bool(p.get("large")),
                "large_cache": bool(p.get("large")), "bad_input": p.get("bad") is not None,
