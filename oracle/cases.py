@@ -21,6 +21,23 @@ def _dtypes(spec: OpSpec, profile: str):
             yield {"dtype": dtype, "index": index}
 
 
+LARGE_N = 4096  # past the size gates real kernels switch paths at (about N = 1024 upwards)
+
+
+def _at_large_n(spec: OpSpec, params: dict) -> dict:
+    """``params`` again at N = LARGE_N, in the spec's narrower row for that size when it has one
+    (the rows per program, vector widths and grids that change with N are what this reaches)."""
+    out = dict(params, n=LARGE_N)
+    if spec.large_n_shape:
+        out["shape"] = spec.large_n_shape
+    return out
+
+
+def _with_large_n(spec: OpSpec, params: dict):
+    yield params
+    yield _at_large_n(spec, params)
+
+
 def _sizes(spec: OpSpec, profile: str):
     for n in spec.sizes:
         for index in (spec.index_dtypes if profile != "quick" else spec.index_dtypes[:1]) or (None,):
@@ -28,21 +45,26 @@ def _sizes(spec: OpSpec, profile: str):
     for shape in spec.shapes:
         for dtype in (spec.dtypes if profile != "quick" else spec.dtypes[:1]) or (None,):
             yield {"shape": shape, "n": 7 if profile == "quick" else 133, "dtype": dtype}
+    if spec.sources and spec.index_dtypes and not spec.returns:  # key/value padded past the index
+        for n in (0, 133):
+            yield {"src": "longer", "n": n}
+        yield _at_large_n(spec, {"src": "longer"})
 
 
 def _strides(spec: OpSpec, profile: str):
     if spec.sources:
-        yield {"src": "fused"}
+        yield from _with_large_n(spec, {"src": "fused"})
     for layout in ("strided", "offset") if spec.index_dtypes else ():
         for index in spec.index_dtypes:
             yield {"index_layout": layout, "index": index}
+        yield _at_large_n(spec, {"index_layout": layout, "index": spec.index_dtypes[0]})
 
 
 def _aliasing(spec: OpSpec, profile: str):
     for cache in spec.aliasing:
-        yield {"cache": cache}
+        yield from _with_large_n(spec, {"cache": cache})
     for layout in spec.layouts[1:]:
-        yield {"layout": layout}
+        yield from _with_large_n(spec, {"layout": layout})
         yield {"layout": layout, "src": "fused"}
 
 
@@ -51,6 +73,7 @@ def _padding(spec: OpSpec, profile: str):
         for policy in ("negative", "reserved:0"):
             for index in spec.index_dtypes:
                 yield {"padding": policy, "index": index}
+            yield _at_large_n(spec, {"padding": policy, "index": spec.index_dtypes[0]})
 
 
 def _duplicates(spec: OpSpec, profile: str):

@@ -13,14 +13,18 @@ from .ops import get_spec
 from .ops.base import Case
 
 MAX_ROWS = 300
+LARGE_ROWS = (1024, 1500, 4096, 4099)  # past the size gates of real kernels' fast paths
+LARGE_ONE_IN = 8  # how often a case draws one of LARGE_ROWS instead of up to MAX_ROWS
 
 
 @st.composite
 def cases(draw, op: str, contract: Contract) -> Case:
     """A case of ``op`` that ``contract`` declares: its dtypes, index dtypes, layouts, padding,
-    duplicates and fp8 formats only, with random sizes, shapes and strides."""
+    duplicates and fp8 formats only, with random sizes, shapes and strides; one case in
+    LARGE_ONE_IN has a large N, and sources longer than the index where the contract allows."""
     spec = get_spec(op)
-    params = {"n": draw(st.integers(0, MAX_ROWS))}
+    large = draw(st.integers(0, LARGE_ONE_IN - 1)) == 0
+    params = {"n": draw(st.sampled_from(LARGE_ROWS) if large else st.integers(0, MAX_ROWS))}
     dtypes = [d for d in spec.dtypes if d in contract.dtypes]
     if dtypes:
         params["dtype"] = draw(st.sampled_from(dtypes))
@@ -33,8 +37,11 @@ def cases(draw, op: str, contract: Contract) -> Case:
         if not spec.returns and contract.duplicates == "any":
             params["dups"] = draw(st.booleans()) or None
     params["shape"] = draw(spec.shape_strategy())
-    if spec.sources and contract.strided_sources:
-        params["src"] = draw(st.sampled_from(["contig", "fused"]))
+    sources = ["contig"] + ["fused"] * contract.strided_sources
+    if spec.index_dtypes and not spec.returns and contract.source_rows == "index":
+        sources.append("longer")
+    if spec.sources and len(sources) > 1:
+        params["src"] = draw(st.sampled_from(sources))
     if spec.aliasing and contract.aliased_caches:
         params["cache"] = draw(st.sampled_from(("plain",) + tuple(spec.aliasing)))
     layouts = [l for l in spec.layouts if l in contract.layouts]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..buffers import NUMPY_DTYPES, Arena
+from ..reference.slots import Padding
 
 GUARD_MIN = 256
 
@@ -23,31 +24,89 @@ def values(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
     """Random finite source values (uint8: random bytes)."""
     if dtype == "uint8":
         return rng.integers(0, 256, shape, dtype=np.uint8)
-    return (rng.standard_normal(shape) * 2.0).astype(np.float32).astype(NUMPY_DTYPES[dtype])
+    out = rng.standard_normal(shape, dtype=np.float32)
+    out *= 2.0
+    return out.astype(NUMPY_DTYPES[dtype], copy=False)
+
+
+def destinations(rng: np.random.Generator, p: dict, num_slots: int, contract) -> np.ndarray:
+    """The index entries of a case (:func:`slots` with the case's padding, duplicates and index
+    dtype), keeping clear of the slot the kernel's contract reserves."""
+    return slots(rng, p["n"], num_slots, padding=p.get("padding"), dups=p.get("dups", False),
+                 index_dtype=p["index"], reserved=Padding.parse(contract.padding).reserved)
+
+
+def index_of(arena: Arena, name: str, entries: np.ndarray, p: dict, num_slots: int,
+             rng: np.random.Generator):
+    """:func:`index` in the case's index layout, with a tail of unused slots for "longer" sources."""
+    tail = extra_rows(p["n"]) if p.get("src") == "longer" else 0
+    return index(arena, name, entries, p["index"], p["index_layout"], num_slots, rng, tail)
 
 
 def slots(rng: np.random.Generator, n: int, num_slots: int, *, padding: str | None = None,
-          dups: bool = False) -> np.ndarray:
-    """``n`` distinct slots in ``[1, num_slots)`` (slot 0 stays the padding slot), then padding
-    entries (-1 or slot 0) or duplicated slots mixed in when the case asks for them."""
-    out = rng.permutation(np.arange(1, num_slots))[:n].astype(np.int64)
+          dups: bool = False, index_dtype: str = "int64", reserved: int | None = None) -> np.ndarray:
+    """``n`` distinct real slots drawn from ``[0, num_slots)``, then padding entries or duplicated
+    slots mixed in when the case asks for them.
+
+    Slot 0, slot 1 and the last slot are always among the real slots (as many as ``n`` allows,
+    at random positions): slot 0 is a real destination wherever the kernel's own contract does not
+    reserve it, so a kernel that skips it fails. ``reserved``: the kernel's reserved padding slot
+    (its contract's ``reserved:K``), never drawn as a real slot. Padding entries: under
+    "negative", a mix of every kind of negative (:func:`negative_padding`); under "reserved:K",
+    slot K.
+    """
+    skip = {reserved} if reserved is not None else set()
+    if padding and padding.startswith("reserved:"):
+        skip.add(int(padding.split(":")[1]))
+    edges = [s for s in dict.fromkeys((0, 1, num_slots - 1)) if s not in skip and 0 <= s < num_slots]
+    rest = np.setdiff1d(np.arange(num_slots), edges + sorted(skip))
+    real = np.concatenate([edges[:n], rng.permutation(rest)[: max(n - len(edges), 0)]])
+    out = rng.permutation(real).astype(np.int64)
     if n and padding:
-        marked = rng.choice(n, size=max(1, n // 8), replace=False)
-        out[marked] = -1 if padding == "negative" else int(padding.split(":")[1])
+        count = max(1, n // 8) if padding != "negative" else max(min(n // 2, len(NEGATIVE_KINDS)), n // 8, 1)
+        marked = rng.choice(n, size=count, replace=False)
+        out[marked] = (negative_padding(count, num_slots, index_dtype) if padding == "negative"
+                       else int(padding.split(":")[1]))
     if n > 1 and dups:
         targets = rng.choice(n, size=max(1, n // 8), replace=False)
         out[targets] = out[rng.integers(0, n, size=targets.size)]
     return out
 
 
+NEGATIVE_KINDS = ("-1", "dtype min", "-2", "below -num_slots", "large")
+
+
+def negative_padding(count: int, num_slots: int, index_dtype: str) -> np.ndarray:
+    """``count`` padding entries cycling through every kind of negative: -1, the index dtype's
+    minimum, -2, ``-(num_slots + 1)`` and ``-(2**24 + 3)``. A kernel that skips only ``slot ==
+    -1`` then writes -2 two rows before the cache (inside the guard band), wraps ``-(num_slots +
+    1)`` and the large ones past it, or overflows on the minimum."""
+    kinds = np.array([-1, np.iinfo(NUMPY_DTYPES[index_dtype]).min, -2, -(num_slots + 1),
+                      -(2**24 + 3)], dtype=np.int64)
+    return kinds[np.arange(count) % kinds.size]
+
+
+def extra_rows(n: int) -> int:
+    """Source rows past the index's length in a "longer" case (vLLM pads key/value for CUDA-graph
+    capture; the token count is the index's length)."""
+    return 5 + n // 4
+
+
 def index(arena: Arena, name: str, entries: np.ndarray, dtype: str, layout: str, num_slots: int,
-          rng: np.random.Generator):
+          rng: np.random.Generator, tail: int = 0):
     """The index tensor: contiguous, every other element of a larger tensor ("strided"), or at a
     storage offset ("offset"). The skipped elements hold valid but wrong slots, so a kernel that
-    ignores the stride or the offset writes wrong rows instead of crashing."""
+    ignores the stride or the offset writes wrong rows instead of crashing. ``tail``: the
+    contiguous index is followed in its storage by that many valid slots it does not hold, so a
+    kernel that reads past its length (a grid sized from the sources' rows) writes them."""
     entries = entries.astype(NUMPY_DTYPES[dtype])
     n = len(entries)
-    decoys = rng.integers(1, max(num_slots, 2), size=2 * n + 8).astype(entries.dtype)
+    if tail and layout == "contig":
+        unused = np.setdiff1d(np.arange(2, num_slots), entries)  # 0 and 1 may be reserved
+        storage = np.concatenate([entries, rng.permutation(unused)[:tail].astype(entries.dtype)])
+        arena.tensor(name + "_storage", storage, role="decoy")
+        return arena.view(name, name + "_storage", (n,), (1,), 0, dtype, role="index", values=entries)
+    decoys = rng.integers(1, max(num_slots, 2), size=2 * (n + tail) + 8).astype(entries.dtype)
     if layout == "contig":
         return arena.tensor(name, entries, role="index")
     step, offset = (2, 1) if layout == "strided" else (1, 5)
@@ -56,10 +115,15 @@ def index(arena: Arena, name: str, entries: np.ndarray, dtype: str, layout: str,
                       role="index", values=entries)
 
 
-def rows(arena: Arena, names: tuple, arrays: tuple, layout: str):
+def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.Generator | None = None):
     """Source tensors ``[N, *row]``: each in its own allocation, or ("fused") all sliced out of one
     row-major tensor that also holds a leading block of other columns (a fused qkv projection),
-    so each one's row stride exceeds its row."""
+    so each one's row stride exceeds its row. "longer": each followed by :func:`extra_rows` more
+    rows of other random values (drawn from ``rng``), which the kernel must not read."""
+    if layout == "longer":
+        arrays = tuple(np.concatenate([a, values(rng, (extra_rows(len(a)),) + a.shape[1:], _dtype_name(a.dtype))])
+                       for a in arrays)
+        layout = "contig"
     if layout == "contig":
         return tuple(arena.tensor(n, a, role="source") for n, a in zip(names, arrays))
     dtype = arrays[0].dtype
@@ -82,7 +146,7 @@ def caches(arena: Arena, names: tuple, shapes: tuple, dtype: str, layout: str, s
     """Cache tensors, poisoned: separate allocations ("plain"), each at a storage offset of three
     slots ("offset"), or ("aliased") interleaved views of one allocation, slot by slot, the way a
     fused kv tensor ``[S, 2, ...]`` is split into K and V. ``slot_axes`` leading axes address a
-    slot; the guard band is at least one slot stride, so a -1 write lands in it."""
+    slot; the guard band is at least two slot strides, so a -1 or -2 write lands in it."""
     itemsize = NUMPY_DTYPES[dtype].itemsize
     if layout in ("plain", "offset"):
         out = []
@@ -90,13 +154,13 @@ def caches(arena: Arena, names: tuple, shapes: tuple, dtype: str, layout: str, s
             slot_bytes = int(np.prod(shape[1:])) * itemsize
             lead = 3 * slot_bytes if layout == "offset" else 0
             arena.region(name + "_storage", lead + int(np.prod(shape)) * itemsize,
-                         max(GUARD_MIN, slot_bytes))
+                         max(GUARD_MIN, 2 * slot_bytes))
             out.append(arena.view(name, name + "_storage", shape, None, lead, dtype, role="cache"))
         return tuple(out)
     per_slot = [int(np.prod(s[1:])) for s in shapes]
     stride0 = sum(per_slot)
     region = "_".join(names) + "_storage"
-    arena.region(region, shapes[0][0] * stride0 * itemsize, max(GUARD_MIN, stride0 * itemsize))
+    arena.region(region, shapes[0][0] * stride0 * itemsize, max(GUARD_MIN, 2 * stride0 * itemsize))
     out, column = [], 0
     for name, shape, width in zip(names, shapes, per_slot):
         strides = (stride0,) + _inner_strides(shape[1:])

@@ -96,6 +96,7 @@ class OpSpec:
     default_shape: tuple = ()
     shapes: tuple = ()  # shape variants for the "sizes" case class
     sizes: tuple = (0, 1, 7, 133, 4096)
+    large_n_shape: tuple = ()  # the row shape of the layout and padding cases at N = 4096 (a narrow one keeps them cheap)
     sources: tuple = ()  # sources that can be non-contiguous slices of one tensor
     dcp: bool = False  # has a DCP-sharded form (contract fields dcp_world, dcp_rank, dcp_modulo)
     aliasing: tuple = ("aliased", "offset")  # cache variants

@@ -41,6 +41,7 @@ class ReshapeAndCacheFlash(OpSpec):
     fp8_scales = _fp8cases.SCALES
     default_shape = (8, 128)  # (heads, head_size)
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (13, 46), (8, 96), (1, 97))
+    large_n_shape = (2, 64)
     sources = ("key", "value")
     aliasing = ("aliased", "offset", "padded")
     layouts = ("NHD", "HND")
@@ -84,7 +85,7 @@ class ReshapeAndCacheFlash(OpSpec):
                            for s in scales)
         else:
             arrays = tuple(_build.values(rng, (n, heads, dim), dtype) for _ in range(2))
-        key, value = _build.rows(arena, ("key", "value"), arrays, p["src"])
+        key, value = _build.rows(arena, ("key", "value"), arrays, p["src"], rng)
         cache_dtype = "uint8" if fmt and bad != "cache_dtype" else dtype
         if p.get("large"):
             key_cache, value_cache = _build.large_caches(arena, ("key_cache", "value_cache"),
@@ -93,11 +94,10 @@ class ReshapeAndCacheFlash(OpSpec):
         else:
             key_cache, value_cache = _caches(arena, (num_blocks, BLOCK_SIZE, heads, dim), cache_dtype,
                                              p["cache"], p["layout"])
-            entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+            entries = _build.destinations(rng, p, num_slots, contract)
         if bad == "out_of_range" and n:
             entries[n // 2] = num_slots
-        slot_mapping = _build.index(arena, "slot_mapping", entries, p["index"], p["index_layout"],
-                                    num_slots, rng)
+        slot_mapping = _build.index_of(arena, "slot_mapping", entries, p, num_slots, rng)
         kv_cache_dtype = fmt or "auto"
         if bad == "dtype_mismatch":
             key = key.to(torch.float16 if key.dtype != torch.float16 else torch.float32)

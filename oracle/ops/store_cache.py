@@ -22,6 +22,7 @@ class StoreCache(OpSpec):
     dtypes = ("bfloat16", "float16", "float32", "uint8")
     default_shape = (8, 128)  # (heads, head_dim)
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (1, 96), (1, 97))
+    large_n_shape = (2, 64)
     sources = ("k", "v")
     large_case = {"dtype": "uint8", "n": 7}  # 8 x 128 byte rows (an fp8 pool) past 2**31 elements
     large_in_quick = True  # so every run catches int32 offsets, at ~6 s per kernel
@@ -42,18 +43,18 @@ class StoreCache(OpSpec):
         n, dtype = p["n"], p["dtype"]
         num_slots = _build.LARGE_UNITS if p.get("large") else max(2 * n, 64) + 3
         k, v = _build.rows(arena, ("k", "v"), (_build.values(rng, (n, heads, dim), dtype),
-                                               _build.values(rng, (n, heads, dim), dtype)), p["src"])
+                                               _build.values(rng, (n, heads, dim), dtype)), p["src"], rng)
         shapes = ((num_slots, heads, dim),) * 2
         if p.get("large"):
             k_cache, v_cache = _build.large_caches(arena, ("k_cache", "v_cache"), shapes)
             entries = _build.large_slots(rng, n)
         else:
             k_cache, v_cache = _build.caches(arena, ("k_cache", "v_cache"), shapes, dtype, p["cache"])
-            entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+            entries = _build.destinations(rng, p, num_slots, contract)
         bad = p.get("bad")
         if bad == "out_of_range" and n:
             entries[n // 2] = num_slots
-        loc = _build.index(arena, "loc", entries, p["index"], p["index_layout"], num_slots, rng)
+        loc = _build.index_of(arena, "loc", entries, p, num_slots, rng)
         if bad == "dtype_mismatch":
             k = k.to(torch.float16 if k.dtype != torch.float16 else torch.float32)
         elif bad == "shape_mismatch":
@@ -67,7 +68,8 @@ class StoreCache(OpSpec):
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
         policies = {"padding": contract.padding, "duplicates": contract.duplicates} | override
         loc = prepared.numpy("loc")
-        return {cache: reference.store_cache(prepared.numpy(cache), loc, prepared.numpy(src), **policies)
+        return {cache: reference.store_cache(prepared.numpy(cache), loc, prepared.numpy(src)[:len(loc)],
+                                             **policies)
                 for cache, src in (("k_cache", "k"), ("v_cache", "v"))}
 
     def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
