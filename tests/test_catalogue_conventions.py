@@ -1,0 +1,134 @@
+"""Meta-tests: the catalogue generates what real kernels get fed, in the quick profile.
+
+Slot 0 is a real destination unless the kernel reserves it; every kind of negative is padding
+under "negative"; every layout axis and padding policy also runs past the size gates of fast
+paths (N = 4096); sources may be longer than the index (vLLM's convention), with valid unused
+slots after the index for a kernel that reads past it. Each is checked on the inputs a case
+actually builds, and each has a kernel that gets it wrong and must fail.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from oracle.buffers import Arena
+from oracle.cases import LARGE_N, catalogue
+from oracle.contract import Contract, gaps
+from oracle.kernels import torch_native as tn
+from oracle.ops import SPECS
+from oracle.ops.base import Case
+from oracle.registry import Kernel
+from oracle.runner import FAIL, NOT_SUPPORTED, PASS, run_case
+
+WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash")
+INDEX_NAME = {"store_cache": "loc", "set_mla_kv_buffer": "loc", "concat_and_cache_mla": "slot_mapping",
+              "reshape_and_cache_flash": "slot_mapping"}
+
+
+def built(op: str, case: Case, **fields):
+    contract = Contract(op=op, name="probe", backend="test", **fields)
+    arena = Arena("cpu", case.seed)
+    prepared = SPECS[op].build(case, arena, np.random.default_rng(case.seed), contract)
+    prepared.before = arena.snapshot()
+    return prepared, arena
+
+
+def index_values(op: str, prepared) -> np.ndarray:
+    position = {"store_cache": 4, "set_mla_kv_buffer": 1, "concat_and_cache_mla": 3,
+                "reshape_and_cache_flash": 4}[op]
+    return prepared.args[position].to(torch.int64).numpy()
+
+
+def ordinary(op: str):
+    return [c for c in catalogue(op, "quick") if c.cls in ("dtypes", "sizes") and c.p.get("n", 133) > 0
+            and not c.p.get("padding") and not c.p.get("large") and c.p.get("src") != "longer"]
+
+
+@pytest.mark.parametrize("op", WRITERS)
+def test_slot_zero_is_written_in_ordinary_cases_unless_reserved(op):
+    for case in ordinary(op):
+        prepared, _ = built(op, case)
+        assert 0 in index_values(op, prepared), f"{op} {case.id}: slot 0 is never a destination"
+        reserved, _ = built(op, case, padding="reserved:0")
+        assert 0 not in index_values(op, reserved), f"{op} {case.id}: the reserved slot is written"
+
+
+@pytest.mark.parametrize("op", WRITERS)
+@pytest.mark.parametrize("index", ("int32", "int64"))
+def test_negative_padding_mixes_every_kind_of_negative(op, index):
+    case = Case.make(op, "padding", padding="negative", index=index)
+    prepared, _ = built(op, case, padding="negative")
+    entries = index_values(op, prepared)
+    negatives = set(entries[entries < 0].tolist())
+    num_slots = int(entries.max()) + 1  # a lower bound is enough for -(S + 1) below
+    assert {-1, -2, np.iinfo(np.dtype(index)).min} <= negatives, negatives
+    assert any(x < -num_slots for x in negatives) and any(x < -(2**24) for x in negatives), negatives
+
+
+@pytest.mark.parametrize("op", WRITERS)
+def test_every_layout_axis_and_padding_policy_runs_at_large_n(op):
+    spec = SPECS[op]
+    large = [c.p for c in catalogue(op, "quick") if c.p.get("n") == LARGE_N]
+    axes = [("src", "fused"), ("src", "longer"), ("index_layout", "strided"), ("index_layout", "offset"),
+            ("padding", "negative"), ("padding", "reserved:0")]
+    axes += [("cache", c) for c in spec.aliasing] + [("layout", l) for l in spec.layouts[1:]]
+    for key, value in axes:
+        assert any(p.get(key) == value for p in large), f"{op}: no N = {LARGE_N} case with {key}={value}"
+
+
+@pytest.mark.parametrize("op", WRITERS)
+def test_longer_sources_hold_extra_rows_and_valid_unused_slots_past_the_index(op):
+    case = Case.make(op, "sizes", src="longer", n=133)
+    prepared, arena = built(op, case, source_rows="index")
+    entries = index_values(op, prepared)
+    rows = [prepared.numpy(name).shape[0] for name in SPECS[op].sources]
+    assert len(entries) == 133 and all(r > 133 for r in rows), rows
+    storage = arena.numpy_view(prepared.before, INDEX_NAME[op] + "_storage")
+    assert np.array_equal(storage[:133], entries)
+    tail = storage[133:]
+    assert len(tail) == rows[0] - 133
+    assert set(tail.tolist()).isdisjoint(entries.tolist()) and (tail >= 0).all()
+
+
+def test_longer_sources_are_outside_an_equal_rows_contract():
+    case = Case.make("store_cache", "sizes", src="longer", n=133)
+    equal = Contract(op="store_cache", name="x", backend="test")
+    assert equal.source_rows == "equal"
+    assert [g.key for g in gaps(equal, SPECS["store_cache"].needs(case))] == ["longer_source"]
+    assert Contract(op="reshape_and_cache_flash", name="x", backend="test").source_rows == "index"
+    with pytest.raises(ValueError, match="source_rows='rows'"):
+        Contract(op="store_cache", name="x", backend="test", source_rows="rows")
+
+
+def grid_from_source_rows(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+    """vLLM's paged write with num_tokens = key.size(0): reads slot_mapping past its end."""
+    storage = slot_mapping.untyped_storage()
+    widened = torch.empty(0, dtype=slot_mapping.dtype).set_(storage, slot_mapping.storage_offset(),
+                                                            (key.shape[0],), slot_mapping.stride())
+    tn.reshape_and_cache_flash(key, value, key_cache, value_cache, widened.clone(), kv_cache_dtype,
+                               k_scale, v_scale)
+
+
+def test_a_kernel_that_sizes_its_grid_from_the_sources_fails_the_longer_cases():
+    paged = Kernel(Contract(op="reshape_and_cache_flash", name="grid", backend="test",
+                            padding="negative"), grid_from_source_rows, "test")
+    outcomes = {c.id: run_case(paged, c) for c in catalogue("reshape_and_cache_flash", "quick")
+                if c.p.get("src") == "longer"}
+    assert outcomes and all(o.status == FAIL for o in outcomes.values()), outcomes
+    assert all(run_case(paged, c).status == PASS for c in catalogue("reshape_and_cache_flash", "quick")
+               if c.cls == "dtypes")
+
+
+def test_a_kernel_that_skips_slot_zero_fails_ordinary_cases():
+    def skips_zero(k, v, k_cache, v_cache, loc):
+        keep = loc != 0
+        tn.store_cache(k[keep], v[keep], k_cache, v_cache, loc[keep])
+
+    kernel = Kernel(Contract(op="store_cache", name="skip0", backend="test",
+                             dtypes=("float32", "float16", "bfloat16", "uint8")), skips_zero, "test")
+    statuses = [run_case(kernel, c).status for c in ordinary("store_cache")]
+    assert statuses and all(s == FAIL for s in statuses), statuses
+    reserved = Kernel(Contract(op="store_cache", name="skip0r", backend="test", padding="reserved:0",
+                               dtypes=("float32", "float16", "bfloat16", "uint8")), skips_zero, "test")
+    assert all(run_case(reserved, c).status in (PASS, NOT_SUPPORTED) for c in catalogue("store_cache", "quick")
+               if c.cls in ("dtypes", "sizes", "padding") and not c.p.get("large"))
