@@ -44,13 +44,13 @@ def expected_regions(arena: Arena, before: dict, after: dict, expected: dict) ->
 
 def first_difference(arena: Arena, expected: dict, after: dict) -> Difference | None:
     for name, want in expected.items():
-        where, count = _differing(want, after[name])
+        where, count = differing_bytes(want, after[name])
         if count:
             return _describe(arena, name, int(where[0]), count, want, after[name])
     return None
 
 
-def _differing(want, got) -> tuple[np.ndarray, int]:
+def differing_bytes(want, got) -> tuple[np.ndarray, int]:
     """Region offsets of differing bytes (at least the first), and how many differ."""
     if not isinstance(want, SparseBytes):
         where = np.flatnonzero(want != got)

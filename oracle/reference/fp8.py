@@ -1,7 +1,8 @@
 """fp8 quantization and dequantization, bit-exact, with knobs where real kernels differ.
 
-``quantize`` computes ``x / scale`` (or ``x * (1/scale)``) in float32, optionally rounds that
-quotient to float16 or bfloat16 first (double rounding, as some paths do), then rounds once to the
+``quantize`` computes ``x / scale`` (or ``x * (1/scale)``) in float32, optionally moves that
+quotient a few float32 ulps (to model approximate division), optionally rounds it to float16 or
+bfloat16 first (double rounding, as some paths do), then rounds once to the
 fp8 format: to nearest, ties to even, overflow decided after rounding. The knobs choose what
 overflow, infinities and NaN become; everything else agrees across every implementation we know
 (see docs/semantics.md and ../shared/peer-semantics.md).
@@ -21,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _validate as v
-from .rounding import BFLOAT16, FLOAT16, BinaryFormat, round_float32, round_to_16bit
+from .rounding import BFLOAT16, FLOAT16, BinaryFormat, move_float32_ulps, round_float32, round_to_16bit
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,11 @@ class Fp8Knobs:
     - ``scale_op``: ``"div"`` (x / scale in float32) or ``"mul_reciprocal"`` (x * (1/scale)).
     - ``intermediate``: ``None``, ``"float16"`` or ``"bfloat16"``: round the quotient to that type
       before the fp8 rounding (double rounding).
+    - ``quotient_ulps``: an int; move the float32 quotient that many float32 ulps in magnitude
+      (negative: toward zero, never crossing it; positive: away from zero, up to inf) before any
+      further rounding. Zeros, inf, NaN and elements whose scale is 1 (no division happens) are
+      left alone. 0 (the default) is the correctly rounded quotient. ``-2`` and ``2`` bound what
+      an approximate division within 2 ulps (Triton's ``div.full.f32``) can produce.
     """
 
     saturate: bool = True
@@ -126,6 +132,7 @@ class Fp8Knobs:
     overflow_nan: str | None = None
     scale_op: str = "div"
     intermediate: str | None = None
+    quotient_ulps: int = 0
 
     def validated(self, fmt: Fp8Format) -> "Fp8Knobs":
         """The knobs with defaults filled in for ``fmt``, or a ValueError naming the bad knob."""
@@ -133,6 +140,9 @@ class Fp8Knobs:
             raise TypeError(f"saturate must be a bool, got {self.saturate!r}")
         v.require_choice("scale_op", self.scale_op, SCALE_OPS)
         v.require_choice("intermediate", self.intermediate, tuple(INTERMEDIATES))
+        ulps = self.quotient_ulps
+        if isinstance(ulps, (bool, np.bool_)) or not isinstance(ulps, (int, np.integer)):
+            raise TypeError(f"quotient_ulps must be an int, got {ulps!r}")
         inf = self.inf
         if inf is None:
             inf = "max" if self.saturate else ("inf" if fmt.inf_code is not None else "nan")
@@ -141,7 +151,8 @@ class Fp8Knobs:
             raise ValueError(f"inf='inf': {fmt.name} has no infinity")
         nan = str(NaNEncoding.parse(self.nan or canonical_nan(fmt), fmt))
         overflow_nan = str(NaNEncoding.parse(self.overflow_nan or nan, fmt))
-        return replace(self, inf=inf, nan=nan, overflow_nan=overflow_nan)
+        return replace(self, inf=inf, nan=nan, overflow_nan=overflow_nan,
+                       quotient_ulps=int(self.quotient_ulps))
 
 
 def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: int = -2,
@@ -152,14 +163,14 @@ def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: in
     or ``(H,)`` (per head: broadcast over ``x``'s ``head_axis``). The stored code is
     ``fp8(x / scale)`` (the "descale" convention every peer uses). Knobs come from ``preset``
     (see :mod:`oracle.reference.presets`; default ``ocp_satfinite``) and may be overridden one by
-    one: ``saturate``, ``inf``, ``nan``, ``overflow_nan``, ``scale_op``, ``intermediate`` (see
-    :class:`Fp8Knobs`).
+    one: ``saturate``, ``inf``, ``nan``, ``overflow_nan``, ``scale_op``, ``intermediate``,
+    ``quotient_ulps`` (see :class:`Fp8Knobs`).
     The input is never modified.
     """
     form = get_format(fmt)
     resolved = resolve_knobs(form, preset, knobs)
     v.require_float_input("x", x)
-    quotient = _scaled_float32(x, scale, resolved.scale_op, head_axis)
+    quotient = _scaled_float32(x, scale, resolved.scale_op, head_axis, resolved.quotient_ulps)
     if resolved.intermediate is not None:
         quotient = round_to_16bit(quotient, INTERMEDIATES[resolved.intermediate])
     return _code_table(form.name, resolved)[_table_key(quotient)]
@@ -194,15 +205,21 @@ def code_values(fmt: str) -> np.ndarray:
     return _decode_table(get_format(fmt).name).copy()
 
 
-def _scaled_float32(x: np.ndarray, scale, scale_op: str, head_axis: int) -> np.ndarray:
+def _scaled_float32(x: np.ndarray, scale, scale_op: str, head_axis: int,
+                    quotient_ulps: int = 0) -> np.ndarray:
     widened = x.astype(np.float32)  # exact from float16 and bfloat16
     scale = _scale_array(scale, widened, head_axis)
     if scale is None:
         return widened
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN inputs are in the domain
         if scale_op == "div":
-            return widened / scale
-        return widened * (np.float32(1.0) / scale)
+            quotient = widened / scale
+        else:
+            quotient = widened * (np.float32(1.0) / scale)
+    if quotient_ulps:
+        # x / 1 is exact even when approximate (rcp(1) == 1): a per-head scale of 1 moves nothing
+        quotient = np.where(scale != 1, move_float32_ulps(quotient, quotient_ulps), quotient)
+    return quotient
 
 
 def _scale_array(scale, x: np.ndarray, head_axis: int):

@@ -85,3 +85,27 @@ def round_to_16bit(values: np.ndarray, fmt: BinaryFormat) -> np.ndarray:
     if fmt is FLOAT16:
         return narrow.view(np.float16).astype(np.float32)
     return (narrow.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+FLOAT32_INF_BITS = 0x7F800000
+
+
+def move_float32_ulps(values: np.ndarray, ulps: int) -> np.ndarray:
+    """float32 ``values`` moved ``ulps`` float32 steps in magnitude, sign kept: away from zero for
+    ``ulps > 0``, toward zero for ``ulps < 0`` (a new array, same shape).
+
+    A move toward zero stops at zero of the same sign (it never crosses zero, as an approximate
+    ``x * rcp(s)`` never does); a move away from zero stops at infinity, exactly as repeated
+    ``np.nextafter`` towards ±inf does. Zeros, infinities and NaN are returned unchanged: the
+    approximate quotient of those is exact.
+    """
+    values = np.asarray(values, dtype=np.float32)
+    bits = np.ascontiguousarray(values).view(np.uint32).reshape(values.shape)
+    sign = bits & np.uint32(0x80000000)
+    magnitude = (bits & np.uint32(0x7FFFFFFF)).astype(np.int64)
+    movable = (magnitude != 0) & (magnitude < FLOAT32_INF_BITS)
+    # Past ±FLOAT32_INF_BITS every move has stopped at zero or inf; clamping keeps int64 exact.
+    step = max(-FLOAT32_INF_BITS, min(int(ulps), FLOAT32_INF_BITS))
+    moved = np.clip(magnitude + step, 0, FLOAT32_INF_BITS)
+    magnitude = np.where(movable, moved, magnitude)
+    return (magnitude.astype(np.uint32) | sign).view(np.float32)
