@@ -7,6 +7,8 @@ benchmark compares against. Registered through the public plug-in API (entry poi
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import oracle
@@ -46,7 +48,35 @@ def store_cache(k, v, k_cache, v_cache, loc):
 
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang's naive MLA writer)."""
-    _check_index("loc", loc, kv_buffer.shape[0])
+    set_mla_kv_buffer_dcp(kv_buffer, loc, cache_k_nope, cache_k_rope)
+
+
+DCP_MODULI = ("truncate", "floor")
+
+
+def set_mla_kv_buffer_dcp(kv_buffer, loc, cache_k_nope, cache_k_rope, *, dcp_world=1, dcp_rank=0,
+                          dcp_modulo="truncate"):
+    """:func:`set_mla_kv_buffer` on rank ``dcp_rank`` of ``dcp_world`` (decode-context
+    parallelism): ``loc`` holds widened locs; this rank keeps those with
+    ``loc % dcp_world == dcp_rank`` and writes row ``loc // dcp_world``, where ``%`` and ``//``
+    truncate (``"truncate"``, as Triton computes them: every negative loc but the multiples of
+    the width goes to no rank) or floor (``"floor"``, torch's: ``-1`` goes to the last rank as
+    row ``-1``). A kept loc whose row lies outside the buffer is rejected with ``ValueError``, as
+    is any bad argument, before anything is written. Width 1 is :func:`set_mla_kv_buffer`.
+    (A separate function, so the baseline's own signature stays the four tensors every backend
+    implements.)"""
+    for name, value in (("dcp_world", dcp_world), ("dcp_rank", dcp_rank)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}={value!r} must be an int")
+    if dcp_world < 1 or not 0 <= dcp_rank < dcp_world:
+        raise ValueError(f"dcp_world={dcp_world}, dcp_rank={dcp_rank}: need 0 <= dcp_rank < dcp_world")
+    if dcp_modulo not in DCP_MODULI:
+        raise ValueError(f"dcp_modulo={dcp_modulo!r} is not one of {', '.join(DCP_MODULI)}")
+    if dcp_world == 1:
+        _check_index("loc", loc, kv_buffer.shape[0])
+        keep, rows = None, loc.long()
+    else:
+        keep, rows = _dcp_rows(loc, kv_buffer.shape[0], dcp_world, dcp_rank, dcp_modulo)
     if kv_buffer.dim() != 2:
         raise ValueError(f"kv_buffer must be 2-D [S, W], got shape {tuple(kv_buffer.shape)}")
     for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)):
@@ -57,8 +87,30 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope):
     width = cache_k_nope.shape[1] + cache_k_rope.shape[1]
     if kv_buffer.shape[1] < width:
         raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")
-    rows = torch.cat([cache_k_nope, cache_k_rope], dim=1)
-    kv_buffer[:, :width].index_put_((loc.long(),), rows)
+    data = torch.cat([cache_k_nope, cache_k_rope], dim=1)
+    if keep is not None:
+        data, rows = data[keep], rows[keep]
+    kv_buffer[:, :width].index_put_((rows,), data)
+
+
+def _dcp_rows(loc: torch.Tensor, num_rows: int, world: int, rank: int, modulo: str):
+    """(mask of the locs this rank keeps, every loc's row), after checking that each kept row
+    lies in ``[0, num_rows)``."""
+    if loc.dtype not in INDEX_DTYPES:
+        raise TypeError(f"loc has dtype {loc.dtype}; expected torch.int32 or torch.int64")
+    if loc.dim() != 1:
+        raise ValueError(f"loc must be 1-D, got shape {tuple(loc.shape)}")
+    locs = loc.long()
+    if modulo == "floor":
+        keep, rows = torch.remainder(locs, world) == rank, torch.div(locs, world, rounding_mode="floor")
+    else:
+        keep, rows = torch.fmod(locs, world) == rank, torch.div(locs, world, rounding_mode="trunc")
+    bad = keep & ((rows < 0) | (rows >= num_rows))
+    if bad.any():
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"loc[{i}] = {int(locs[i])} is kept by rank {rank} of {world} ({modulo} "
+                         f"modulo) but names row {int(rows[i])}, out of range [0, {num_rows})")
+    return keep, rows
 
 
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2,
@@ -150,6 +202,28 @@ def register() -> None:
         _register_on(device, "torch" if device == "cpu" else "torch-cuda")
 
 
+def _register_dcp(device: str, prefix: str) -> None:
+    """set_mla_kv_buffer as one rank of a DCP group, under each modulo convention sglang has."""
+    common = dict(op="set_mla_kv_buffer", backend="torch", device=device, validates=True,
+                  dtypes=("float32", "float16", "bfloat16", "uint8"))
+    oracle.register(functools.partial(set_mla_kv_buffer_dcp, dcp_world=2, dcp_rank=1,
+                                      dcp_modulo="truncate"),
+                    name=f"{prefix}.set_mla_kv_buffer.dcp2", dcp_world=2, dcp_rank=1,
+                    dcp_modulo="truncate", padding="reserved:0", **common,
+                    notes="rank 1 of 2, % and // truncating as sglang's Triton DCP writer computes "
+                          "them: keeps loc % 2 == 1 (so every negative loc is skipped) and writes row "
+                          "loc // 2 by index_put_; loc 0, the reserved padding slot, belongs to rank 0 "
+                          "and is never written here")
+    oracle.register(functools.partial(set_mla_kv_buffer_dcp, dcp_world=4, dcp_rank=3,
+                                      dcp_modulo="floor"),
+                    name=f"{prefix}.set_mla_kv_buffer.dcp4_floor", dcp_world=4, dcp_rank=3,
+                    dcp_modulo="floor", **common,
+                    notes="rank 3 of 4, % and // flooring as sglang's naive DCP path computes them: "
+                          "-1 is kept as row -1, which index_put_ would wrap to the last row, so a "
+                          "kept loc outside the buffer is rejected and out of contract; index_put_ "
+                          "skips nothing, so no padding policy is declared")
+
+
 def _register_on(device: str, prefix: str) -> None:
     common = dict(backend="torch", device=device, validates=True,
                   notes="plain torch; -1 would wrap to the last row, so padding is out of contract")
@@ -169,6 +243,7 @@ def _register_on(device: str, prefix: str) -> None:
                     dtypes=("float32", "float16", "bfloat16", "uint8"),
                     notes="sglang's naive writer: index_put_ of cat(nope, rope); -1 would wrap to the "
                           "last row and slot 0 is written, so padding is out of contract")
+    _register_dcp(device, prefix)
     oracle.register(concat_and_cache_mla, op="concat_and_cache_mla", name=f"{prefix}.concat_and_cache_mla",
                     backend="torch", device=device, validates=True, padding="negative",
                     scales=("tensor",), **fp8,

@@ -27,7 +27,7 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
-from . import _build, _fp8cases
+from . import _build, _dcp, _fp8cases
 from .base import Case, OpSpec, Prepared
 
 NEIGHBOUR = 8  # elements per row (per block, paged) of the view interleaved with an "aliased" cache
@@ -62,7 +62,9 @@ class SetMlaKvBuffer(OpSpec):
               (528, 128), (528, 128, 700),  # the fp8 byte layout, also in a wider row
               (512, 64, 640), (97, 31, 133),  # W wider than nope + rope: the tail stays untouched
               (511, 65), (97, 31), (1, 1))  # odd widths: alignment fallbacks
+    large_n_shape = (128, 64)
     sources = ("nope", "rope")
+    dcp = True  # under a DCP contract every case's locs are widened (oracle.ops._dcp)
     large_case = {"dtype": "uint8", "n": 7}  # the fp8 byte layout, rows past 2**31 elements
 
     def p_with_defaults(self, case: Case) -> dict:
@@ -90,7 +92,7 @@ class SetMlaKvBuffer(OpSpec):
         num_slots = _build.LARGE_UNITS if p.get("large") else max(2 * n, 64) + 3
         nope, rope = _build.rows(arena, ("nope", "rope"), (_build.values(rng, (n, nope_w), dtype),
                                                            _build.values(rng, (n, rope_w), dtype)),
-                                 p["src"])
+                                 p["src"], rng)
         if bad == "narrow_buffer":
             width = nope_w + rope_w - 1
         if p.get("large"):
@@ -98,10 +100,12 @@ class SetMlaKvBuffer(OpSpec):
             entries = _build.large_slots(rng, n)
         else:
             kv_buffer = _cache(arena, "kv_buffer", (num_slots, width), dtype, p["cache"])
-            entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+            entries = _build.destinations(rng, p, num_slots, contract)
+        entries = _dcp.widen(rng, entries, contract, p["index"], padding=p.get("padding"),
+                             negatives=bool(p.get("dcp")), keep=(0, 1) if p.get("large") else ())
         if bad == "out_of_range" and n:
-            entries[n // 2] = num_slots
-        loc = _build.index(arena, "loc", entries, p["index"], p["index_layout"], num_slots, rng)
+            entries[n // 2] = _dcp.loc_of(num_slots, contract)  # kept by this rank, a row past the end
+        loc = _build.index_of(arena, "loc", entries, p, num_slots, rng)
         if bad == "dtype_mismatch":
             rope = rope.to(_other_dtype(rope.dtype))
         elif bad == "shape_mismatch":
@@ -114,9 +118,11 @@ class SetMlaKvBuffer(OpSpec):
         """Overrides besides the policies: ``swapped=True`` (rope written first, nope after it)
         and ``rope_at=k`` (rope written at element ``k`` of the row instead of at ``nope``)."""
         swapped, rope_at = override.pop("swapped", False), override.pop("rope_at", None)
-        policies = {"padding": contract.padding, "duplicates": contract.duplicates} | override
+        policies = {"padding": contract.padding, "duplicates": contract.duplicates,
+                    "dcp_world": contract.dcp_world, "dcp_rank": contract.dcp_rank,
+                    "dcp_modulo": contract.dcp_modulo} | override
         buffer, loc = prepared.numpy("kv_buffer"), prepared.numpy("loc")
-        nope, rope = prepared.numpy("nope"), prepared.numpy("rope")
+        nope, rope = prepared.numpy("nope")[:len(loc)], prepared.numpy("rope")[:len(loc)]
         if swapped:
             nope, rope = rope, nope
         if rope_at is None:
@@ -158,6 +164,7 @@ class ConcatAndCacheMla(OpSpec):
     default_shape = (512, 64)  # (kv_lora_rank, rope); a third entry is the block size
     shapes = ((512, 64), (256, 64), (128, 64), (512, 32), (511, 65), (97, 31),
               (512, 64, 1), (97, 31, 5))
+    large_n_shape = (128, 64)
     sources = ("kv_c", "k_pe")
     large_case = {"fp8": "e4m3fn", "n": 7}  # fp8 blocks past 2**31 elements
 
@@ -196,7 +203,7 @@ class ConcatAndCacheMla(OpSpec):
                            for w in (rank, rope_w))
         else:
             arrays = tuple(_build.values(rng, (n, w), dtype) for w in (rank, rope_w))
-        kv_c, k_pe = _build.rows(arena, ("kv_c", "k_pe"), arrays, p["src"])
+        kv_c, k_pe = _build.rows(arena, ("kv_c", "k_pe"), arrays, p["src"], rng)
         width = rank + rope_w + (1 if bad == "cache_width" else 0)
         cache_dtype = "uint8" if fmt else dtype
         if bad == "fp8_cache_dtype":
@@ -206,11 +213,10 @@ class ConcatAndCacheMla(OpSpec):
             entries = _build.large_slots(rng, n, block_size)
         else:
             kv_cache = _cache(arena, "kv_cache", (num_blocks, block_size, width), cache_dtype, p["cache"])
-            entries = _build.slots(rng, n, num_slots, padding=p.get("padding"), dups=p.get("dups", False))
+            entries = _build.destinations(rng, p, num_slots, contract)
         if bad == "out_of_range" and n:
             entries[n // 2] = num_slots
-        slot_mapping = _build.index(arena, "slot_mapping", entries, p["index"], p["index_layout"],
-                                    num_slots, rng)
+        slot_mapping = _build.index_of(arena, "slot_mapping", entries, p, num_slots, rng)
         if bad == "scale_dtype":
             scale = scale.to(torch.float64)
         elif bad == "dtype_mismatch":

@@ -11,7 +11,8 @@ import numpy as np
 
 from . import _validate as v
 from .paged import cache_format, require_cache_dtype, row_encoder
-from .slots import parse_policies, plan_slots, write_rows
+from .slots import (SlotPlan, dcp_local_rows, parse_policies, plan_slots, require_dcp,
+                    write_rows)
 
 
 def _rows_2d(name: str, array: np.ndarray) -> np.ndarray:
@@ -21,9 +22,10 @@ def _rows_2d(name: str, array: np.ndarray) -> np.ndarray:
     raise ValueError(f"{name} must have shape [N, width] or [N, 1, width], got {array.shape}")
 
 
-def set_mla_kv_buffer(kv_buffer, loc, nope, rope, *, padding="none", duplicates="forbid"):
+def set_mla_kv_buffer(kv_buffer, loc, nope, rope, *, padding="none", duplicates="forbid",
+                      dcp_world=1, dcp_rank=0, dcp_modulo="truncate"):
     """The buffer after writing, for every non-skipped ``i``, ``nope[i]`` at elements ``[0, n)``
-    and ``rope[i]`` at ``[n, n + r)`` of row ``loc[i]``.
+    and ``rope[i]`` at ``[n, n + r)`` of row ``loc[i]`` (``loc[i] div dcp_world`` under DCP).
 
     ``kv_buffer`` ``[S, W]`` or ``[S, 1, W]``; ``nope`` ``[N, n]`` or ``[N, 1, n]``; ``rope``
     ``[N, r]`` or ``[N, 1, r]``; one dtype for all three (uint8 byte layouts, e.g. 528 + 128 bytes
@@ -32,8 +34,13 @@ def set_mla_kv_buffer(kv_buffer, loc, nope, rope, *, padding="none", duplicates=
     :mod:`oracle.reference.slots`. Returns a new array, or a
     :class:`~oracle.reference.slots.OneOfRows` when a slot is actually written twice under
     ``duplicates="any"``. Inputs are never modified.
+
+    Decode-context parallelism (``dcp_world > 1``): ``loc`` holds widened locs and ``kv_buffer``
+    is rank ``dcp_rank``'s shard; see :func:`_dcp_plan` for the rules. ``dcp_world=1`` is the
+    plain write.
     """
     parse_policies(padding, duplicates)
+    require_dcp(dcp_world, dcp_rank, dcp_modulo)
     for name, array in (("kv_buffer", kv_buffer), ("loc", loc), ("nope", nope), ("rope", rope)):
         v.require_array(name, array)
     v.require_index("loc", loc)
@@ -48,12 +55,46 @@ def set_mla_kv_buffer(kv_buffer, loc, nope, rope, *, padding="none", duplicates=
     if kv_buffer.shape[-1] < width:
         raise ValueError(f"kv_buffer rows have {kv_buffer.shape[-1]} elements, fewer than nope "
                          f"({nope_rows.shape[1]}) + rope ({rope_rows.shape[1]}) = {width}")
-    plan = plan_slots("loc", loc, kv_buffer.shape[0], padding=padding, duplicates=duplicates)
+    if dcp_world == 1:
+        plan = plan_slots("loc", loc, kv_buffer.shape[0], padding=padding, duplicates=duplicates)
+    else:
+        plan = _dcp_plan(loc, kv_buffer.shape[0], padding, duplicates, dcp_world, dcp_rank,
+                         dcp_modulo)
 
     rows = np.concatenate([nope_rows[plan.positions], rope_rows[plan.positions]], axis=1)
     rows = rows.reshape((-1,) + kv_buffer.shape[1:-1] + (width,))  # [m, 1, n + r] for 3-D buffers
     region = (slice(None),) * (kv_buffer.ndim - 2) + (slice(0, width),)
     return write_rows(kv_buffer.copy(), plan, rows, row_region=region)
+
+
+def _dcp_plan(loc, num_rows: int, padding, duplicates, world: int, rank: int,
+              modulo: str) -> SlotPlan:
+    """Which positions write which local rows of rank ``rank``'s shard of ``num_rows`` rows, in
+    this order: (1) the padding policy applies to the widened loc (``"reserved:K"`` skips loc
+    ``K``, ``"negative"`` every negative loc); (2) of the rest, a loc is kept iff
+    ``loc mod world == rank`` under ``modulo`` (:func:`~oracle.reference.slots.dcp_local_rows`),
+    and every other loc is skipped whatever its value (it belongs to another rank); (3) a kept loc
+    writes row ``loc div world``, which must lie in ``[0, num_rows)``: otherwise ``ValueError``
+    naming the position, the loc and the rule (the oracle does not model out-of-bounds writes);
+    (4) the duplicates policy applies to the rows.
+    """
+    policy = parse_policies(padding, duplicates)
+    locs = loc.astype(np.int64)
+    selected, rows = dcp_local_rows(locs, world, rank, modulo)
+    # The shard's locs span num_rows * world: a reserved K past them is not skipped, as at width 1.
+    selected &= ~policy.skipped(locs, num_rows * world)
+    bad = np.flatnonzero(selected & ((rows < 0) | (rows >= num_rows)))
+    if len(bad):
+        i = bad[0]
+        more = f"; {len(bad) - 1} more position(s) are out of range too" if len(bad) > 1 else ""
+        raise ValueError(f"loc[{i}] = {locs[i]} is kept by dcp_rank={rank} ({locs[i]} mod {world} "
+                         f"= {rank} under dcp_modulo={modulo!r}) but names row {locs[i]} div "
+                         f"{world} = {rows[i]}, out of range [0, {num_rows}) under "
+                         f"padding={str(policy)!r}{policy.note()}{more}")
+    # Skipped positions become -1, which plan_slots' "negative" policy skips: it then checks the
+    # duplicates on the rows, exactly as at width 1.
+    local = np.where(selected, rows, -1)
+    return plan_slots("loc", local, num_rows, padding="negative", duplicates=duplicates)
 
 
 def concat_and_cache_mla(kv_cache, slot_mapping, kv_c, k_pe, *, kv_cache_dtype="auto", scale=1.0,

@@ -116,6 +116,45 @@ def plan_slots(name: str, index, num_slots: int, *, padding="none",
     return SlotPlan(positions, written, collisions)
 
 
+DCP_MODULI = ("truncate", "floor")
+
+
+def require_dcp(world, rank, modulo) -> None:
+    """Check decode-context-parallel arguments: ``dcp_world`` an integer >= 1, ``dcp_rank`` an
+    integer in ``[0, dcp_world)``, ``dcp_modulo`` one of :data:`DCP_MODULI`."""
+    for name, value in (("dcp_world", world), ("dcp_rank", rank)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}={value!r} must be an integer")
+    if world < 1:
+        raise ValueError(f"dcp_world={world!r} must be >= 1")
+    if not 0 <= rank < world:
+        raise ValueError(f"dcp_rank={rank!r} must lie in [0, dcp_world={world})")
+    v.require_choice("dcp_modulo", modulo, DCP_MODULI)
+
+
+def dcp_local_rows(index: np.ndarray, world: int, rank: int, modulo: str):
+    """Decode-context parallelism: which widened locs rank ``rank`` of ``world`` keeps, and the
+    local row each one names.
+
+    Returns ``(selected, rows)``, shaped like ``index``: ``selected[i]`` is
+    ``index[i] mod world == rank`` and ``rows[i]`` is ``index[i] div world`` (int64), both under
+    ``modulo``. "truncate" (C, Triton): the quotient rounds toward zero and the remainder takes
+    the loc's sign, so only rank 0 keeps negative locs (the multiples of ``world``). "floor"
+    (Python, torch): the quotient rounds down and the remainder lies in ``[0, world)``, so ``-1``
+    is kept by rank ``world - 1`` as row ``-1``. The two agree on every loc >= 0. Exact for every
+    int64 loc, the dtype's minimum included. Range checks are the caller's.
+    """
+    require_dcp(world, rank, modulo)
+    locs = np.asarray(index).astype(np.int64)
+    if modulo == "floor":
+        remainder, rows = np.mod(locs, world), np.floor_divide(locs, world)
+    else:
+        remainder = np.fmod(locs, world)  # C's %: the sign of the loc
+        # locs - remainder is a multiple of world between locs and 0: exact, and it cannot overflow
+        rows = (locs - remainder) // world
+    return remainder == rank, rows
+
+
 def _collisions(slots: np.ndarray) -> tuple:
     if len(slots) == 0:
         return ()
