@@ -36,6 +36,8 @@ def cases(draw, op: str, contract: Contract) -> Case:
             params["padding"] = draw(st.sampled_from([None, contract.padding]))
         if not spec.returns and contract.duplicates == "any":
             params["dups"] = draw(st.booleans()) or None
+        if spec.dcp and contract.dcp_world > 1:  # negatives legal under the declared modulo
+            params["dcp"] = draw(st.booleans()) or None
     params["shape"] = draw(spec.shape_strategy())
     sources = ["contig"] + ["fused"] * contract.strided_sources
     if spec.index_dtypes and not spec.returns and contract.source_rows == "index":
