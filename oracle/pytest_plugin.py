@@ -130,6 +130,10 @@ def check_case(request, oracle_case) -> None:
         warnings.warn(ToleranceUsed(f"{kernel.name} {case.id}: {outcome.warning}"))
     if outcome.status == FAIL:
         node.user_properties.append(("oracle_first_difference", outcome.first))
+        node.user_properties += [("oracle_cause", outcome.cause), ("oracle_pattern", list(outcome.pattern))]
+        if outcome.cause:  # flat, for JUnit readers that show properties as text
+            node.user_properties += [("oracle_cause_id", outcome.cause["id"]),
+                                     ("oracle_cause_text", outcome.cause["text"])]
         lines = [f"{kernel.name} fails {case.op} case {case.id} (class {case.cls}, seed {case.seed})",
                  outcome.message]
         dump_dir = request.config.getoption("oracle_dump")
@@ -208,7 +212,8 @@ def pytest_runtest_logreport(report):
         "case_id": props.get("oracle_case", "(unavailable)"), "case_class": props.get("oracle_class", "-"),
         "params": props.get("oracle_params", {}), "seed": props.get("oracle_seed"), "status": status,
         "seconds": props.get("oracle_seconds", report.duration), "message": message,
-        "first_difference": props.get("oracle_first_difference"), "nodeid": report.nodeid}
+        "first_difference": props.get("oracle_first_difference"), "cause": props.get("oracle_cause"),
+        "pattern": props.get("oracle_pattern", []), "nodeid": report.nodeid}
 
 
 def _crash_record(report) -> dict | None:
@@ -227,7 +232,8 @@ def _crash_record(report) -> dict | None:
     return {"op": op, "kernel": kernel, "case_id": case_id or "(property)",
             "case_class": case.cls if case else "property", "params": _jsonable_params(case) if case else {},
             "seed": case.seed if case else None, "status": "crashed", "seconds": report.duration or 0.0,
-            "message": str(report.longrepr), "first_difference": None, "nodeid": report.nodeid}
+            "message": str(report.longrepr), "first_difference": None, "cause": None, "pattern": [],
+            "nodeid": report.nodeid}
 
 
 _STARTED: dict = {}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import __version__
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: each case's diagnosed "cause" and difference "pattern"
 STATUSES = ("pass", "fail", "crashed", "not supported", "works, not declared", "unavailable")
 FAILING = ("fail", "crashed")
 
@@ -44,7 +44,11 @@ SCHEMA = {
     "case": {"op": (_STR, True), "kernel": (_STR, True), "case_id": (_STR, True),
              "case_class": (_STR, True), "params": ((dict,), True), "seed": ((int, type(None)), True),
              "status": (_STR, True), "seconds": (_NUM, True), "message": (_STR, True),
-             "first_difference": ((dict, type(None)), True), "nodeid": (_STR, True)},
+             "first_difference": ((dict, type(None)), True), "cause": (("cause", type(None)), True),
+             "pattern": (([str],), True), "nodeid": (_STR, True)},
+    "cause": {"id": (_STR, True), "text": (_STR, True), "class": (_STR, True),
+              "also": (([("cause_also",)],), True)},
+    "cause_also": {"id": (_STR, True), "text": (_STR, True)},
 }
 
 
@@ -176,7 +180,13 @@ def write(path, report: dict) -> Path:
 
 
 def load(path) -> dict:
+    """A report, validated; a version 1 report (no diagnosis yet) is read as version 2 with no
+    cause and no pattern in any case."""
     report = json.loads(Path(path).read_text())
+    if isinstance(report, dict) and report.get("schema_version") == 1:
+        report = dict(report, schema_version=SCHEMA_VERSION,
+                      cases=[dict(c, cause=None, pattern=[]) if isinstance(c, dict) else c
+                             for c in report.get("cases", [])])
     problems = validate(report)
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems[:5]))
@@ -285,5 +295,7 @@ def _notes(reports: list[dict], columns: list[str]) -> list[str]:
                              f"({case['message']})")
             elif case["status"] in FAILING:
                 first = case["message"].splitlines()[0] if case["message"] else ""
-                notes.append(f"{column}: {case['status'].upper()} {case['kernel']} {case['case_id']}: {first}")
+                cause = f" (cause: {case['cause']['text']} [{case['cause']['id']}])" if case.get("cause") else ""
+                notes.append(f"{column}: {case['status'].upper()} {case['kernel']} {case['case_id']}: "
+                             f"{first}{cause}")
     return notes

@@ -9,8 +9,10 @@ import numpy as np
 import torch
 
 from .buffers import Arena, same_bytes
-from .compare import Difference, differing_bytes, expected_regions, first_difference
+from .compare import differing_bytes, expected_regions, first_difference
 from .contract import gaps
+from .diagnose.engine import cause_record, explain, explain_raise, named
+from .diagnose.hypothesis import Hypothesis
 from .ops import get_spec
 from .ops.base import Case, Prepared
 from .registry import Kernel
@@ -28,6 +30,8 @@ class Outcome:
     warning: str = ""  # passed with a tolerance
     prepared: Prepared | None = None  # kept on failure, for the dump bundle
     expected: dict | None = None
+    cause: dict | None = None  # the diagnosed cause of a failure (oracle.diagnose.Diagnosis.cause)
+    pattern: list = field(default_factory=list)  # the difference's pattern, on failure
 
 
 def run_case(kernel: Kernel, case: Case) -> Outcome:
@@ -57,10 +61,14 @@ def run_case(kernel: Kernel, case: Case) -> Outcome:
     return outcome
 
 
-def _execute(kernel: Kernel, spec, case: Case) -> Outcome:
+def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
+    """Build, call, judge. ``edit(prepared)`` changes the fresh inputs before the call (a probe's
+    changed input); an edited run is judged without a diagnosis."""
     contract = kernel.contract
     arena = Arena(contract.device, case.seed)
     prepared = spec.build(case, arena, np.random.default_rng(case.seed), contract)
+    if edit is not None:
+        edit(prepared)
     prepared.before = arena.snapshot()
     if case.p.get("bad"):
         return _judge_rejection(kernel, case, prepared)
@@ -68,13 +76,21 @@ def _execute(kernel: Kernel, spec, case: Case) -> Outcome:
         returned = kernel.fn(*prepared.args)
         _synchronize(contract.device)
     except Exception as exc:
-        return Outcome(FAIL, f"the kernel raised {type(exc).__name__}: {exc}", prepared=prepared)
+        failed = Outcome(FAIL, f"the kernel raised {type(exc).__name__}: {exc}", prepared=prepared)
+        if edit is not None:
+            return failed
+        return explain_raise(failed, case, contract,
+                             rerun=lambda other, change: _execute(kernel, spec, other, edit=change).status == PASS,
+                             inside=lambda other: not gaps(contract, spec.needs(other)))
     after = arena.snapshot()
     expected = spec.expected(prepared, case, contract)
     if spec.returns:
-        expected, returned_problem = spec.check_returned(prepared, expected, returned)
+        expected, returned_problem, matched = spec.check_returned(prepared, expected, returned)
         if returned_problem:
-            return Outcome(FAIL, returned_problem, prepared=prepared, expected=expected)
+            failed = Outcome(FAIL, returned_problem, prepared=prepared, expected=expected)
+            if matched is not None:
+                failed.cause = cause_record(matched)
+            return failed
     regions, problems = expected_regions(arena, prepared.before, after, expected)
     difference = first_difference(arena, regions, after)
     if difference is None and not problems:
@@ -92,9 +108,13 @@ def _execute(kernel: Kernel, spec, case: Case) -> Outcome:
     lines = list(problems)
     if difference is not None:
         lines.append(difference.text)
-        lines += _explanations(spec, case, contract, prepared, arena, after)
-    return Outcome(FAIL, "\n".join(lines), first=difference.first if difference else {"duplicates": problems},
-                   prepared=prepared, expected=expected)
+    failed = Outcome(FAIL, "\n".join(lines), first=difference.first if difference else {"duplicates": problems},
+                     prepared=prepared, expected=expected)
+    if edit is not None:
+        return failed
+    return explain(failed, spec, case, contract, after, regions, difference, problems,
+                   rerun=lambda other, change: _execute(kernel, spec, other, edit=change).status == PASS,
+                   inside=lambda other: not gaps(contract, spec.needs(other)))
 
 
 def _judge_rejection(kernel: Kernel, case: Case, prepared: Prepared) -> Outcome:
@@ -105,25 +125,15 @@ def _judge_rejection(kernel: Kernel, case: Case, prepared: Prepared) -> Outcome:
         after = prepared.arena.snapshot()
         changed = [name for name in after if not same_bytes(after[name], prepared.before[name])]
         if changed:
-            return Outcome(FAIL, f"rejected bad input ({case.p['bad']}) with {type(exc).__name__}: {exc}, "
-                                 f"but memory changed first in: {', '.join(changed)}", prepared=prepared)
+            return named(Outcome(FAIL, f"rejected bad input ({case.p['bad']}) with {type(exc).__name__}: "
+                                        f"{exc}, but memory changed first in: {', '.join(changed)}",
+                                  prepared=prepared),
+                          Hypothesis("validation_missing", f"memory changed ({', '.join(changed)}) "
+                                     "before the bad input was rejected"))
         return Outcome(PASS, f"rejected with {type(exc).__name__}: {exc}")
-    return Outcome(FAIL, f"accepted bad input ({case.p['bad']}) without an error; the contract "
-                         "declares validates=True", prepared=prepared)
-
-
-def _explanations(spec, case, contract, prepared, arena, after) -> list[str]:
-    """Which alternative behaviour the kernel's result matches, if any."""
-    found = []
-    for label, override in spec.alternatives(case, contract):
-        try:
-            alt = spec.expected(prepared, case, contract, **override)
-        except (TypeError, ValueError):
-            continue
-        regions, problems = expected_regions(arena, prepared.before, after, alt)
-        if not problems and first_difference(arena, regions, after) is None:
-            found.append(f"the result matches {label}")
-    return found
+    return named(Outcome(FAIL, f"accepted bad input ({case.p['bad']}) without an error; the contract "
+                                "declares validates=True", prepared=prepared),
+                  Hypothesis("validation_missing", f"bad input ({case.p['bad']}) accepted without an error"))
 
 
 def _within_tolerance(arena, expected: dict, after: dict, tolerance) -> int | None:

@@ -101,7 +101,7 @@ def minimal_report():
             "duration_s": 1.5, "command": ["--pyargs", "conformance"], "kernels": [], "plugin_errors": [],
             "cases": [{"op": "store_cache", "kernel": "k", "case_id": "N7", "case_class": "sizes",
                        "params": {"n": 7}, "seed": 3, "status": "pass", "seconds": 0.1, "message": "",
-                       "first_difference": None, "nodeid": "x"}]}
+                       "first_difference": None, "cause": None, "pattern": [], "nodeid": "x"}]}
 
 
 @pytest.mark.parametrize("mutate, problem", [
@@ -119,3 +119,24 @@ def test_validator_names_what_is_wrong(mutate, problem):
     mutate(good)
     problems = report.validate(good)
     assert any(problem in p for p in problems), problems
+
+
+def test_a_version_1_report_is_read_as_version_2_without_causes(tmp_path):
+    old = minimal_report()
+    old["schema_version"] = 1
+    for case in old["cases"]:
+        del case["cause"], case["pattern"]
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(old))
+    loaded = report.load(path)
+    assert loaded["schema_version"] == report.SCHEMA_VERSION == 2
+    assert [(c["cause"], c["pattern"]) for c in loaded["cases"]] == [(None, [])]
+
+
+def test_a_cause_must_name_its_id_and_text():
+    good = minimal_report()
+    good["cases"][0].update(status="fail", cause={"id": "slot_zero_skipped", "text": "slot 0 skipped",
+                                                   "class": "c", "also": []}, pattern=["k_cache: 1 of 7"])
+    assert report.validate(good) == []
+    good["cases"][0]["cause"] = {"id": "x"}
+    assert any("$.cases[0].cause.text is missing" in p for p in report.validate(good))

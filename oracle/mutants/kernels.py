@@ -24,7 +24,8 @@ from .bases import check_quantize, check_store, first_and_last, satfinite_codes
 class Mutant:
     """One deliberately wrong kernel. ``base`` names the correct kernel it mutates (a torch
     kernel or a :mod:`oracle.mutants.bases` variant); the mutant declares exactly its contract.
-    ``catches``: the case classes expected to kill it."""
+    ``catches``: the case classes expected to kill it; ``cause``: the diagnosis its failures
+    there must name (a key of :data:`oracle.diagnose.CAUSES`)."""
 
     name: str
     op: str
@@ -32,6 +33,7 @@ class Mutant:
     bug: str  # one line
     catches: tuple
     fn: Callable
+    cause: str = ""  # the oracle.diagnose cause its failures must name
 
     @property
     def short(self) -> str:
@@ -338,8 +340,44 @@ def translate_ignores_index_stride(mapping, loc):
 
 # --- the catalogue -----------------------------------------------------------------------------
 
+CAUSES = {  # mutant -> the cause its failures must name
+    "store_cache.ignores_source_stride": "source_stride_ignored",
+    "store_cache.ignores_index_stride": "index_stride_ignored",
+    "store_cache.ignores_index_offset": "index_offset_ignored",
+    "store_cache.int32_offsets": "int32_offsets",
+    "store_cache.k_into_v": "sources_swapped",
+    "store_cache.drops_last_row": "rows_dropped",
+    "store_cache.vector_overrun": "row_overrun",
+    "store_cache.writes_padding_rows": "padding_policy",
+    "store_cache.writes_reserved_slot": "padding_policy",
+    "store_cache.tears_duplicates": "torn_rows",
+    "store_cache.accepts_out_of_range": "validation_missing",
+    "store_cache.skips_slot_zero": "slot_zero_skipped",
+    "store_cache.only_minus_one_is_padding": "only_minus_one_padding",
+    "store_cache.large_n_ignores_source_stride": "source_stride_ignored",
+    "set_mla_kv_buffer.swaps_nope_rope": "parts_swapped",
+    "set_mla_kv_buffer.rope_at_row_end": "part_misplaced",
+    "set_mla_kv_buffer.clobbers_row_tail": "row_tail_written",
+    "concat_and_cache_mla.ignores_scale": "scale_missing",
+    "concat_and_cache_mla.swaps_parts": "parts_swapped",
+    "reshape_and_cache_flash.v_uses_k_strides": "cache_strides_swapped",
+    "reshape_and_cache_flash.assumes_nhd": "dense_cache_assumed",
+    "reshape_and_cache_flash.inverted_scale": "scale_inverted",
+    "reshape_and_cache_flash.noop": "nothing_written",
+    "reshape_and_cache_flash.grid_from_source_rows": "rows_past_index",
+    "quantize_fp8.multiplies_reciprocal": "fp8_conversion",
+    "quantize_fp8.double_rounds_f16": "fp8_conversion",
+    "quantize_fp8.drops_nan_sign": "nan_mishandled",
+    "quantize_fp8.mutates_source": "input_modified",
+    "quantize_fp8.not_saturating": "fp8_conversion",
+    "translate_full_to_swa.wraps_negative": "validation_missing",
+    "translate_full_to_swa.ignores_index_stride": "index_stride_ignored",
+    "set_mla_kv_buffer.dcp_floor_modulo": "dcp_modulo",
+}
+
 T = "torch."
-MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn) for name, op, base, bug, catches, fn in [
+MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn, CAUSES[name])
+                for name, op, base, bug, catches, fn in [
     ("store_cache.ignores_source_stride", "store_cache", T + "store_cache",
      "reads K and V rows as if contiguous, ignoring the source row stride (fused qkv)",
      ("strides",), store_cache_ignores_source_stride),

@@ -37,9 +37,11 @@ class MutantResult:
     base: str
     bug: str
     catches: tuple  # the classes expected to kill it
+    cause: str = ""  # the cause its failures must name
     killed_by: dict = field(default_factory=dict)  # case class -> ids of the cases that failed it
     # (the first only, unless complete=True: a class's other cases are skipped once it kills)
     why: dict = field(default_factory=dict)  # case class -> first line of its first failure
+    named: dict = field(default_factory=dict)  # case class -> the cause its first failure named
     ran: int = 0
     not_supported: int = 0
     unavailable: str = ""  # why the kernel could not run here, if it could not
@@ -69,6 +71,11 @@ class MutantResult:
     @property
     def as_expected(self) -> bool:
         return not self.missed
+
+    @property
+    def diagnosed(self) -> bool:
+        """Every expected class that killed it named its own cause in its first failure."""
+        return bool(self.by_expected) and all(self.named.get(c) == self.cause for c in self.by_expected)
 
 
 @dataclass
@@ -112,9 +119,16 @@ class SelfCheckResult:
         return [m for m in self.mutants if m.as_expected]
 
     @property
+    def diagnosis_rate(self) -> float:
+        """The share of mutants whose failures name their own bug."""
+        return sum(m.diagnosed for m in self.mutants) / len(self.mutants) if self.mutants else 1.0
+
+    @property
     def ok(self) -> bool:
-        """Every mutant killed by every class expected to kill it, and every base clean."""
-        return all(m.as_expected for m in self.mutants) and all(b.ok for b in self.bases)
+        """Every mutant killed by every class expected to kill it and diagnosed, and every base
+        clean."""
+        return (all(m.as_expected and m.diagnosed for m in self.mutants)
+                and all(b.ok for b in self.bases))
 
 
 def _order(cases: list, first: tuple) -> list:
@@ -123,7 +137,8 @@ def _order(cases: list, first: tuple) -> list:
 
 
 def _run_mutant(kernel, mutant, cases: list, complete: bool) -> MutantResult:
-    result = MutantResult(mutant.name, mutant.op, mutant.base, mutant.bug, tuple(mutant.catches))
+    result = MutantResult(mutant.name, mutant.op, mutant.base, mutant.bug, tuple(mutant.catches),
+                          mutant.cause)
     start = time.perf_counter()
     reason = kernel.unavailable()
     if reason:
@@ -146,6 +161,7 @@ def _run_mutant(kernel, mutant, cases: list, complete: bool) -> MutantResult:
         if outcome.status == FAIL:
             result.killed_by.setdefault(case.cls, []).append(case.id)
             result.why.setdefault(case.cls, f"{case.id}: {_first_line(outcome.message)}")
+            result.named.setdefault(case.cls, (outcome.cause or {}).get("id"))
     result.seconds = time.perf_counter() - start
     return result
 
@@ -247,18 +263,23 @@ def format_table(result: SelfCheckResult) -> str:
     """The self-check as text: the kill rate, one row per mutant (the classes that killed it,
     expected ones first, and the bug), survivors and bases that failed spelled out."""
     mutants = result.mutants
+    diagnosed = sum(m.diagnosed for m in mutants)
     lines = [f"mutant self-check, profile {result.profile}: {len(result.killed)}/{len(mutants)} "
              f"killed ({100 * result.kill_rate:.0f}%), {len(result.as_expected)}/{len(mutants)} "
-             f"by every expected class, in {result.seconds:.1f}s"]
-    rows = [("mutant", "expected", "killed by expected", "killed by others", "bug")]
+             f"by every expected class; diagnosis rate {diagnosed}/{len(mutants)} "
+             f"({100 * result.diagnosis_rate:.0f}%: the failure names the mutant's own bug); "
+             f"in {result.seconds:.1f}s"]
+    rows = [("mutant", "expected", "killed by expected", "killed by others", "cause named", "bug")]
     for m in mutants:
-        mark = "" if m.as_expected else "  <- MISSED"
+        mark = ("" if m.as_expected else "  <- MISSED") + ("" if m.diagnosed or not m.as_expected
+                                                          else f"  <- NOT DIAGNOSED (wants {m.cause})")
+        named = ",".join(sorted({str(m.named.get(c)) for c in m.by_expected})) or "-"
         rows.append((m.name.removeprefix("mutant."), ",".join(m.catches),
-                     ",".join(m.by_expected) or "-", ",".join(m.by_others) or "-", m.bug + mark))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+                     ",".join(m.by_expected) or "-", ",".join(m.by_others) or "-", named, m.bug + mark))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines.append("")
     for r in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths)) + "  " + r[4])
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r[:5], widths)) + "  " + r[5])
     survivors = [m for m in mutants if not m.as_expected]
     if survivors:
         lines += ["", "not caught as expected:"]

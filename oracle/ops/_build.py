@@ -4,6 +4,7 @@ the layout variant a case asks for (contiguous, sliced from a fused tensor, stri
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..buffers import NUMPY_DTYPES, Arena
 from ..reference.slots import Padding
@@ -104,15 +105,39 @@ def index(arena: Arena, name: str, entries: np.ndarray, dtype: str, layout: str,
     if tail and layout == "contig":
         unused = np.setdiff1d(np.arange(2, num_slots), entries)  # 0 and 1 may be reserved
         storage = np.concatenate([entries, rng.permutation(unused)[:tail].astype(entries.dtype)])
-        arena.tensor(name + "_storage", storage, role="decoy")
-        return arena.view(name, name + "_storage", (n,), (1,), 0, dtype, role="index", values=entries)
-    decoys = rng.integers(1, max(num_slots, 2), size=2 * (n + tail) + 8).astype(entries.dtype)
-    if layout == "contig":
-        return arena.tensor(name, entries, role="index")
-    step, offset = (2, 1) if layout == "strided" else (1, 5)
-    arena.tensor(name + "_storage", decoys, role="decoy")
-    return arena.view(name, name + "_storage", (n,), (step,), offset * entries.itemsize, dtype,
-                      role="index", values=entries)
+        out = _index_view(arena, name, name + "_storage", storage, (n,), (1,), 0, entries)
+    elif layout == "contig":
+        out = _index_view(arena, name, name, entries, entries.shape, (1,), 0, entries)
+    else:
+        decoys = rng.integers(1, max(num_slots, 2), size=2 * (n + tail) + 8).astype(entries.dtype)
+        step, offset = (2, 1) if layout == "strided" else (1, 5)
+        out = _index_view(arena, name, name + "_storage", decoys, (n,), (step,),
+                          offset * entries.itemsize, entries)
+    _decoy_guards(arena, arena.views[name].region, entries.dtype, num_slots, rng)
+    return out
+
+
+def _index_view(arena: Arena, name: str, region: str, storage: np.ndarray, shape, strides, offset: int,
+                entries: np.ndarray):
+    """``name``, a view of ``entries`` into a region holding ``storage`` (region == name: the view
+    is the whole region)."""
+    if region == name:
+        return arena.tensor(name, storage, role="index")
+    arena.tensor(region, storage, role="decoy")
+    return arena.view(name, region, shape, strides, offset, dtype_of(entries), role="index",
+                      values=entries)
+
+
+def _decoy_guards(arena: Arena, region: str, dtype, num_slots: int, rng: np.random.Generator) -> None:
+    """Fill the guard bands around an index with valid slots: a kernel that reads the index from
+    its storage's start (its storage offset ignored) or past its end then writes wrong rows, which
+    the comparison and the diagnosis can see, instead of jumping to a random address. Writes there
+    are still caught: the bands are compared like any other byte."""
+    reg = arena.regions[region]
+    count = reg.guard // np.dtype(dtype).itemsize
+    for start in (0, reg.guard + reg.payload):
+        band = rng.integers(1, max(num_slots, 2), size=count).astype(dtype).view(np.uint8)
+        reg.tensor[start: start + band.size].copy_(torch.from_numpy(band).to(reg.tensor.device))
 
 
 def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.Generator | None = None):
@@ -200,6 +225,10 @@ def _inner_strides(shape) -> tuple:
         strides.append(step)
         step *= n
     return tuple(reversed(strides))
+
+
+def dtype_of(array: np.ndarray) -> str:
+    return _dtype_name(array.dtype)
 
 
 def _dtype_name(dtype) -> str:

@@ -114,9 +114,10 @@ class OpSpec:
         the contract's knobs; ``override`` replaces knobs to test alternative explanations."""
         raise NotImplementedError
 
-    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
-        """Other behaviours a failing kernel might implement, as reference overrides, so a failure
-        can say "the result matches <label>"."""
+    def alternatives(self, case: Case, contract: Contract) -> list:
+        """The op's own bug hypotheses (:class:`oracle.diagnose.Hypothesis`): other behaviours a
+        failing kernel might implement, as reference overrides and re-read inputs, so a failure can
+        name its cause. The generic ones (strides, offsets, slot 0) come from oracle.diagnose."""
         return []
 
     def shape_strategy(self):

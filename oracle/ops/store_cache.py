@@ -12,6 +12,7 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
+from ..diagnose.hypothesis import Hypothesis
 from . import _build
 from .base import Case, OpSpec, Prepared
 
@@ -72,10 +73,11 @@ class StoreCache(OpSpec):
                                              **policies)
                 for cache, src in (("k_cache", "k"), ("v_cache", "v"))}
 
-    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
+    def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
         if not case.p.get("padding"):
             return []
-        return [(f"padding={policy!r}", {"padding": policy})
+        return [Hypothesis("padding_policy", f"padding={policy!r} instead of {contract.padding!r}",
+                           {"padding": policy})
                 for policy in ("none", "negative", "reserved:0") if policy != contract.padding]
 
     def bad_inputs(self) -> tuple:

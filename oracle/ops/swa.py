@@ -21,6 +21,7 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, TORCH_DTYPES, Arena, dtype_name, to_numpy
 from ..contract import Contract
+from ..diagnose.hypothesis import Hypothesis
 from . import _build
 from .base import Case, OpSpec, Prepared
 
@@ -111,13 +112,14 @@ class TranslateFullToSwa(OpSpec):
     def expected_returned(self, prepared: Prepared) -> np.ndarray:
         return reference.translate_full_to_swa(prepared.numpy("mapping"), prepared.numpy("loc"))
 
-    def check_returned(self, prepared: Prepared, expected: dict, returned) -> tuple[dict, str | None]:
-        """(the memory expectation, unchanged; None, or why ``returned`` is wrong): a tensor on
-        the case's device, of the mapping's dtype and loc's shape, equal to the reference."""
+    def check_returned(self, prepared: Prepared, expected: dict, returned) -> tuple:
+        """(the memory expectation, unchanged; None, or why ``returned`` is wrong; the
+        :class:`Hypothesis` that explains it, or None): ``returned`` must be a tensor on the case's
+        device, of the mapping's dtype and loc's shape, equal to the reference."""
         want = self.expected_returned(prepared)
         want_dtype = TORCH_DTYPES[dtype_name(want.dtype)]
         if not isinstance(returned, torch.Tensor):
-            return expected, f"returned {type(returned).__name__}, not a tensor"
+            return expected, f"returned {type(returned).__name__}, not a tensor", None
         device = torch.device(prepared.arena.device)
         problems = []
         if returned.device.type != device.type:
@@ -126,10 +128,11 @@ class TranslateFullToSwa(OpSpec):
             problems.append(f"returned dtype {returned.dtype}; expected {want_dtype} (the mapping's dtype)")
         if tuple(returned.shape) != want.shape:
             problems.append(f"returned shape {tuple(returned.shape)}; expected {want.shape} (loc's shape)")
-            return expected, "\n".join(problems)
+            return expected, "\n".join(problems), None
         got = to_numpy(returned).astype(np.int64).reshape(-1)
         flat = want.astype(np.int64).reshape(-1)
         differ = np.flatnonzero(got != flat)
+        matched = None
         if differ.size:
             i = int(differ[0])
             loc = prepared.numpy("loc").reshape(-1)
@@ -137,9 +140,12 @@ class TranslateFullToSwa(OpSpec):
             index = ", ".join(str(int(k)) for k in where)
             problems.append(f"returned[{index}] = {int(got[i])}, expected {int(flat[i])} "
                             f"(loc[{index}] = {int(loc[i])}); {differ.size} of {flat.size} entries differ")
-            problems += [f"the result matches {label}" for label, alt in self._misreads(prepared)
-                         if alt.shape == got.shape and np.array_equal(alt, got)]
-        return expected, "\n".join(problems) or None
+            matched = next((h for h, alt in self._misreads(prepared)
+                            if alt.shape == got.shape and np.array_equal(alt, got)), None)
+            if matched is not None:
+                problems.append(f"cause: {matched.text} [{matched.cause}]: the result matches the "
+                                "reference replayed under this hypothesis")
+        return expected, "\n".join(problems) or None, matched
 
     @staticmethod
     def _misreads(prepared: Prepared):
@@ -153,13 +159,15 @@ class TranslateFullToSwa(OpSpec):
         mapping = prepared.numpy("mapping").astype(np.int64)
         start = spec.offset // spec.itemsize
         n = int(np.prod(spec.shape))
-        for label, begin in (("loc read contiguously (its stride ignored)", start),
-                             ("loc read from its storage's start (its storage offset ignored)", 0)):
+        for hypothesis, begin in ((Hypothesis("index_stride_ignored", "loc read contiguously (its "
+                                              "stride ignored)"), start),
+                                  (Hypothesis("index_offset_ignored", "loc read from its storage's "
+                                              "start (its storage offset ignored)"), 0)):
             if (spec.strides == (1,) and begin == start) or begin + n > storage.size:
                 continue
             read = storage[begin: begin + n]
             if np.all((read >= -len(mapping)) & (read < len(mapping))):
-                yield label, mapping[read]
+                yield hypothesis, mapping[read]
 
     def bad_inputs(self) -> tuple:
         return ("negative_two", "sentinel_index", "out_of_range", "index_dtype", "mapping_dtype",

@@ -1,0 +1,110 @@
+"""Diagnosis after a failure: the hypotheses of the op spec and the generic ones, each replayed
+through the reference; the ones that hold name the cause. Where none holds, the pattern of the
+difference is described instead. Runs only after a failure, never on a passing case."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..buffers import same_bytes
+from . import generic, patterns
+from .hypothesis import CAUSES, Hypothesis
+from .probes import probes, variants
+from .replay import holds
+
+
+@dataclass
+class Diagnosis:
+    """``matched``: the hypotheses the kernel's memory is the exact result of, most specific
+    first; ``pattern``: lines describing the difference (always computed)."""
+
+    matched: list = field(default_factory=list)
+    pattern: list = field(default_factory=list)
+
+
+    def lines(self) -> list[str]:
+        out = [f"cause: {h.text} [{h.cause}]: the result matches the reference replayed under "
+               "this hypothesis, byte for byte" for h in self.matched[:3]]
+        if len(self.matched) > 3:
+            out.append(f"({len(self.matched) - 3} more hypotheses match too)")
+        if not self.matched:
+            return ["no known cause matches; the difference:"] + [f"  {line}" for line in self.pattern]
+        return out
+
+
+def candidates(spec, case, contract, prepared) -> list[Hypothesis]:
+    """The op's own hypotheses first (they know its layout), then the generic ones."""
+    return list(spec.alternatives(case, contract)) + generic.hypotheses(spec, case, contract, prepared)
+
+
+def diagnose(spec, case, contract, prepared, after: dict, expected_regions: dict) -> Diagnosis:
+    """Which hypotheses hold for a failing case (``expected_regions``: the reference's whole
+    memory under the contract, as compared)."""
+    matched = [h for h in candidates(spec, case, contract, prepared)
+               if holds(h, spec, case, contract, prepared, after)]
+    pattern = patterns.describe(prepared.arena, prepared.before, expected_regions, after, prepared.caches)
+    return Diagnosis(matched, pattern)
+
+
+def cause_record(hypothesis: Hypothesis, also=()) -> dict:
+    """The report's machine-readable cause of a hypothesis that holds."""
+    return {"id": hypothesis.cause, "text": hypothesis.text, "class": CAUSES[hypothesis.cause],
+            "also": [{"id": h.cause, "text": h.text} for h in also]}
+
+
+def named(failed, hypothesis: Hypothesis):
+    """``failed`` (a runner Outcome) with ``hypothesis`` as its cause."""
+    failed.message += f"\ncause: {hypothesis.text} [{hypothesis.cause}]"
+    failed.cause = cause_record(hypothesis)
+    return failed
+
+
+def explain(failed, spec, case, contract, after: dict, regions: dict, difference, problems: list, *,
+            rerun, inside):
+    """Name the cause of a failed comparison, in order: what the comparison itself observed (a
+    torn row, a modified input, nothing written), the hypotheses replayed through the reference,
+    then the probes (``rerun(case, edit)`` runs the kernel again and says whether it passed;
+    ``inside(case)`` whether a case lies inside the contract). Else the difference's pattern."""
+    prepared = failed.prepared
+    if any("torn row" in p for p in problems):
+        return named(failed, Hypothesis("torn_rows", "a duplicated slot holds a row torn from "
+                                        "several of its colliding sources"))
+    if difference is None:
+        return failed
+    view = difference.first.get("view")
+    if view and prepared.arena.views[view].role != "cache":
+        return named(failed, Hypothesis("input_modified", f"an input ({view}) was modified"))
+    diagnosis = diagnose(spec, case, contract, prepared, after, regions)
+    failed.pattern = diagnosis.pattern
+    if diagnosis.matched:
+        failed.message += "\n" + "\n".join(diagnosis.lines())
+        failed.cause = cause_record(diagnosis.matched[0], diagnosis.matched[1:])
+        return failed
+    if all(same_bytes(after[r], prepared.before[r]) for r in after):  # after the hypotheses: a
+        # kernel that skips slot 0 writes nothing when slot 0 is all there is
+        return named(failed, Hypothesis("nothing_written", "nothing was written"))
+    return _probe(failed, case, contract, rerun, inside) or _with_pattern(failed, diagnosis)
+
+
+def explain_raise(failed, case, contract, *, rerun, inside):
+    """Name the cause of a kernel that raised: only probes can (nothing was compared)."""
+    return _probe(failed, case, contract, rerun, inside) or failed
+
+
+def _probe(failed, case, contract, rerun, inside):
+    for hypothesis, change in probes(case, contract, failed.prepared):
+        if rerun(case, change):
+            return named(failed, hypothesis)
+    for hypothesis, variant in variants(case):
+        if inside(variant) and rerun(variant, _unchanged):
+            return named(failed, hypothesis)
+    return None
+
+
+def _unchanged(prepared) -> None:
+    """The edit of a probe that runs another case as it is built."""
+
+
+def _with_pattern(failed, diagnosis: Diagnosis):
+    failed.message += "\n" + "\n".join(diagnosis.lines())
+    return failed

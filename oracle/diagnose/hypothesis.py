@@ -1,0 +1,70 @@
+"""One named bug hypothesis: what a failing kernel might do instead, as the reference can replay it.
+
+A hypothesis is checked, never guessed: the reference is run again with its overrides, over the
+inputs as the kernel would have read them and into the caches as it would have addressed them,
+and it explains a failure only when the whole result (guard bands included) matches the kernel's
+memory byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Machine-readable causes (the report's ``cause.id``). One id per bug class; the text of a
+# hypothesis says the specifics (which view, which knob value).
+CAUSES = {
+    "index_stride_ignored": "the index tensor's stride is ignored (read as if contiguous)",
+    "index_offset_ignored": "the index tensor's storage offset is ignored",
+    "source_stride_ignored": "a source's row stride is ignored (rows read as if packed)",
+    "cache_strides_swapped": "one cache is addressed with the other cache's strides",
+    "dense_cache_assumed": "the caches are assumed dense (their strides are ignored)",
+    "block_size_wrong_dim": "the block size is taken from the wrong dimension of the cache",
+    "scale_collapsed": "the per-head scale is collapsed to the first head's",
+    "scale_swapped": "one tensor's fp8 scale is used for the other",
+    "part_unscaled": "one part of the row is stored without the fp8 scale",
+    "scale_missing": "the fp8 scale is not applied",
+    "scale_inverted": "the fp8 scale multiplies where it should divide",
+    "parts_swapped": "the two parts of the row are swapped",
+    "part_misplaced": "a part of the row is written at the wrong offset",
+    "rows_past_index": "rows past the index's length are written (a grid sized from the sources)",
+    "slot_zero_skipped": "slot 0 is skipped though the contract reserves nothing",
+    "only_minus_one_padding": "only -1 is treated as padding; other negatives are written",
+    "padding_policy": "another padding policy than the declared one",
+    "round_toward_zero": "fp8 codes are rounded toward zero",
+    "subnormals_flushed": "fp8 subnormal results are flushed to zero",
+    "nan_mishandled": "NaN is written with another byte or sign",
+    "negative_zero_mishandled": "-0 is written as +0",
+    "wrong_fp8_format": "another fp8 format is written",
+    "fp8_conversion": "another fp8 conversion (saturation, scale op, double rounding, preset)",
+    "approximate_division": "the fp8 quotient comes from an approximate division",
+    "sources_swapped": "one source is written into another's cache",
+    "rows_dropped": "the last rows are not written (a loop bound short of the index's length)",
+    "cache_layout_ignored": "the caches' strides or storage offsets are not honoured",
+    "int32_offsets": "offsets past 2^31 elements wrap (computed in 32 bits)",
+    "dcp_modulo": "DCP locs selected or divided with the other modulo",
+    "torn_rows": "a duplicated slot holds a row torn from several sources",
+    "validation_missing": "bad input not rejected before anything is written",
+    "input_modified": "an input (a source, the index, a scale) was modified",
+    "nothing_written": "nothing was written",
+    "row_overrun": "rows written past their end (whole vectors, no tail handling)",
+    "row_tail_written": "the row past its written part is overwritten",
+}
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """``cause``: a key of :data:`CAUSES`; ``text``: the specific behaviour, in words.
+    ``override``: keyword arguments for the spec's ``expected`` (reference knobs and spec
+    overrides). ``views``: view name -> (shape, strides, offset) the kernel addressed instead of
+    the real view's. ``inputs``: view name -> function of the numpy array the kernel should have
+    read, returning the array it read instead."""
+
+    cause: str
+    text: str
+    override: dict = field(default_factory=dict)
+    views: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)  # name -> Callable[[np.ndarray], np.ndarray]
+
+    def __post_init__(self):
+        if self.cause not in CAUSES:
+            raise ValueError(f"cause={self.cause!r} is not one of {', '.join(CAUSES)}")

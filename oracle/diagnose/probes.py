@@ -1,0 +1,80 @@
+"""Probes: hypotheses checked by running the kernel once more on a changed input, for bugs whose
+result the reference cannot replay (a write far outside every allocation, an exception).
+
+A probe changes one thing in a fresh build of the same case and expects the kernel to pass it;
+if it does, the change names the cause. Only after a failure that no replayed hypothesis explains.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..buffers import to_torch
+from ..reference.slots import Padding
+from .hypothesis import Hypothesis
+
+
+def _index_views(prepared) -> list:
+    return [v for v in prepared.arena.views.values() if v.role == "index"]
+
+
+def _rewrite_index(transform):
+    """An edit of a fresh build: every index view's entries through ``transform``."""
+    def edit(prepared) -> None:
+        for view in _index_views(prepared):
+            entries = prepared.arena.numpy_view(prepared.arena.snapshot(), view.name)
+            tensor = prepared.arena.torch_view(view)
+            tensor.copy_(to_torch(transform(np.array(entries))).to(tensor.device))
+    return edit
+
+
+def probes(case, contract, prepared) -> list[tuple[Hypothesis, object]]:
+    """(hypothesis, edit) pairs that apply to this case."""
+    out = []
+    if Padding.parse(contract.padding).kind == "negative":
+        entries = [prepared.numpy(v.name) for v in _index_views(prepared)]
+        if any(((e < -1)).any() for e in entries):
+            out.append((Hypothesis("only_minus_one_padding", "only -1 treated as padding: with every "
+                                   "negative padding entry replaced by -1 the kernel passes, so other "
+                                   "negatives (-2, -(S+1), the index dtype's minimum) are written or "
+                                   "rejected"), _rewrite_index(lambda a: np.where(a < 0, -1, a).astype(a.dtype))))
+    return out
+
+
+# A case parameter whose removal makes a failing kernel pass, and the cause that names.
+VARIANTS = (
+    ("index_layout", "strided", "index_stride_ignored", "the index's stride is ignored: the same case "
+     "with a contiguous index passes"),
+    ("index_layout", "offset", "index_offset_ignored", "the index's storage offset is ignored: the same "
+     "case with the index at offset 0 passes"),
+    ("src", "fused", "source_stride_ignored", "the sources' row stride is ignored: the same case with "
+     "packed sources passes"),
+    ("src", "longer", "rows_past_index", "sources longer than the index are mishandled (rows past the "
+     "index read or written): the same case with as many source rows as index entries passes"),
+    ("cache", None, "cache_layout_ignored", "the caches' strides or storage offset are not honoured: the "
+     "same case with plain caches passes"),
+    ("layout", "HND", "dense_cache_assumed", "HND caches are not honoured: the same case in NHD passes"),
+    ("padding", None, "padding_policy", "padding entries are not skipped as the contract declares: the "
+     "same case without padding entries passes"),
+    ("dcp", True, "dcp_modulo", "the negative locs legal under the declared DCP modulo are mishandled "
+     "(the other modulo): the same case without them passes"),
+    ("large", True, "int32_offsets", "offsets past 2^31 elements wrap: the same rows in a small cache pass"),
+)
+
+
+def variants(case) -> list[tuple[Hypothesis, object]]:
+    """(hypothesis, case) pairs: the case without one of its layout or padding parameters."""
+    from ..ops.base import Case
+
+    params = case.p
+    out = []
+    for key, value, cause, text in VARIANTS:
+        if key in params and (value is None or params[key] == value):
+            rest = {k: v for k, v in params.items() if k != key}
+            if key == "large":
+                rest.pop("n", None)
+            out.append((Hypothesis(cause, text), Case.make(case.op, case.cls, **rest)))
+    return out
+
+
+__all__ = ["probes", "variants"]

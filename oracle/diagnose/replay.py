@@ -1,0 +1,100 @@
+"""Replaying one hypothesis: the reference, run again on the inputs as the kernel read them and
+written into the caches as the kernel addressed them, compared with the kernel's memory.
+
+A hypothesis's ``views`` re-address views of the case's arena (another shape, other strides,
+another offset into the same region); its ``inputs`` replace what the kernel read from a view.
+The expectation is then written through the re-addressed cache views into a copy of the memory
+as it was before the call, element by element where the reference wrote, view after view as a
+kernel writes its rows (so views that overlap, as a misaddressing kernel's do, compose), and the
+hypothesis holds only if every byte of every region, guard bands included, matches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..buffers import Arena
+from ..compare import differing_bytes, first_difference
+from ..ops.base import Prepared
+from ..reference.slots import OneOfRows, element_bytes
+from .hypothesis import Hypothesis
+
+
+class _Readdressed(Arena):
+    """The case's arena with some views re-addressed (same regions, same bytes)."""
+
+    def __init__(self, arena: Arena, views: dict):
+        self.__dict__.update(arena.__dict__)
+        self.views = dict(arena.views)
+        for name, (shape, strides, offset) in views.items():
+            self.views[name] = replace(arena.views[name], shape=tuple(shape), strides=tuple(strides),
+                                       offset=int(offset))
+
+
+class _AsRead(Prepared):
+    """The prepared inputs as the kernel read them under a hypothesis."""
+
+    def __init__(self, prepared: Prepared, arena: Arena, inputs: dict):
+        super().__init__(arena, prepared.args, prepared.caches, prepared.before)
+        self.inputs = inputs
+
+    def raw(self, name: str):
+        """View ``name`` as it was before the call, through the (re-addressed) arena."""
+        return super().numpy(name)
+
+    def numpy(self, name: str):
+        array = super().numpy(name)
+        if name not in self.inputs:
+            return array
+        read = self.inputs[name]
+        return read(array, self) if getattr(read, "needs_prepared", False) else read(array)
+
+
+def _flipped(array: np.ndarray) -> np.ndarray:
+    """Every bit of ``array`` inverted: a prior content no written element can equal twice."""
+    return np.invert(np.ascontiguousarray(array).view(np.uint8)).view(array.dtype).reshape(array.shape)
+
+
+def _plain(outcome) -> np.ndarray:
+    return outcome.base if isinstance(outcome, OneOfRows) else np.asarray(outcome)
+
+
+def holds(hypothesis: Hypothesis, spec, case, contract, prepared: Prepared, after: dict) -> bool:
+    """Whether the kernel's memory ``after`` is, byte for byte, the reference's result under
+    ``hypothesis``. A hypothesis that cannot be replayed on this case (a view that leaves its
+    region, knobs the reference rejects) does not hold."""
+    arena = _Readdressed(prepared.arena, hypothesis.views) if hypothesis.views else prepared.arena
+    flip = {name: _flipped for name in prepared.caches if name not in hypothesis.inputs}
+    try:
+        expected = spec.expected(_AsRead(prepared, arena, hypothesis.inputs), case, contract,
+                                 **hypothesis.override)
+        # the same call over bit-inverted caches: an element the reference writes differs from
+        # its prior content in one of the two runs, whatever it holds
+        inverted = spec.expected(_AsRead(prepared, arena, {**hypothesis.inputs, **flip}), case,
+                                 contract, **hypothesis.override)
+        # written twice: in element order, and in reverse, since rows that overlap in memory (a
+        # misaddressing kernel's) land in whatever order its threads finish
+        orders = [{name: data.copy() for name, data in prepared.before.items()} for _ in range(2)]
+        for name, outcome in expected.items():
+            prior = arena.numpy_view(prepared.before, name)
+            want = _plain(outcome)
+            written = ((element_bytes(want) != element_bytes(prior))
+                       | (element_bytes(_plain(inverted[name])) != element_bytes(_flipped(prior)))).any(axis=-1)
+            if isinstance(outcome, OneOfRows):
+                actual = np.array(arena.numpy_view(after, name))
+                if outcome.check(actual):
+                    return False
+                want = outcome.resolve(actual)
+            where = np.nonzero(written)
+            for regions, index in zip(orders, (where, tuple(a[::-1] for a in where))):
+                arena.numpy_view(regions, name)[index] = want[index]
+    except (TypeError, ValueError, IndexError):
+        return False
+    forward, backward = orders
+    if first_difference(prepared.arena, forward, after) is None:
+        return True
+    # overlapping rows: each byte must come from one order or the other
+    return all(np.intersect1d(differing_bytes(forward[r], after[r])[0],
+                              differing_bytes(backward[r], after[r])[0]).size == 0 for r in after)
