@@ -64,6 +64,7 @@ def test_quick_profile_kills_mutant_in_expected_class(mutant):
                                 f"{sorted(result.killed_by)}: {result.why})")
     for cls in mutant.catches:
         assert result.killed_by[cls] and result.why[cls].startswith(result.killed_by[cls][0])
+    assert result.diagnosed, f"{mutant.name}: its first failures named {result.named}, not {mutant.cause}"
 
 
 BASE_NAMES = sorted({m.base for m in MUTANTS})
@@ -95,7 +96,8 @@ def test_self_check_table_and_progress():
     assert result.mutants[0].killed_by.keys() == {"bad_input"}
     assert result.mutants[0].killed_by["bad_input"] == ["bad_negative_two"]
     table = format_table(result)
-    assert "2/2 killed (100%), 2/2 by every expected class" in table
+    assert "2/2 killed (100%), 2/2 by every expected class; diagnosis rate 2/2 (100%" in table
+    assert result.diagnosis_rate == 1.0 and "index_stride_ignored" in table
     assert "translate_full_to_swa.wraps_negative" in table and "bad_input" in table
     assert "bases: 1/1 pass every case they run" in table
 
@@ -109,6 +111,18 @@ def test_survivor_is_reported_with_the_class_that_should_have_caught_it():
     table = format_table(result)
     assert "0/1 killed (0%)" in table
     assert "mutant.translate_full_to_swa.honest: survived; should have been caught by bad_input" in table
+
+
+def test_a_kill_that_names_another_cause_is_not_diagnosed():
+    """A mutant declared with the wrong cause is killed but not diagnosed, and the check fails."""
+    stride = next(m for m in MUTANTS if m.short == "translate_full_to_swa.ignores_index_stride")
+    mislabelled = dataclasses.replace(stride, name="mutant.translate_full_to_swa.mislabelled",
+                                      cause="index_offset_ignored")
+    result = self_check("quick", [mislabelled], check_bases=False)
+    m = result.mutants[0]
+    assert m.killed and m.as_expected and not m.diagnosed and not result.ok
+    assert result.diagnosis_rate == 0.0
+    assert "NOT DIAGNOSED (wants index_offset_ignored)" in format_table(result)
 
 
 def test_unknown_mutant_name_is_an_error():

@@ -251,15 +251,18 @@ class OneOfRows:
     def __contains__(self, actual) -> bool:
         return self.check(actual) is None
 
-    def resolve(self, actual: np.ndarray) -> np.ndarray:
+    def resolve(self, actual: np.ndarray, torn: bool = False) -> np.ndarray:
         """The allowed outcome closest to ``actual``: ``base`` with each duplicated slot holding
         ``actual``'s row where that row is one of its colliding rows (else the last one's), so a
-        byte comparison with ``actual`` then flags only what is not allowed."""
+        byte comparison with ``actual`` then flags only what is not allowed. ``torn``: also
+        where each element comes from one of the colliding rows (concurrent element writes,
+        as a kernel that repeats slots nobody asked it to write would leave)."""
         resolved = self.base.copy()
         if _same_kind(self.base, actual):
             return resolved
         for c in self.collisions:
-            if _judge_row(np.asarray(actual[c.index]), c) is None:
+            why = _judge_row(np.asarray(actual[c.index]), c)
+            if why is None or (torn and why.startswith("torn row")):
                 resolved[c.index] = actual[c.index]
         return resolved
 

@@ -1,0 +1,133 @@
+"""Meta-tests of the diagnosis: a failure names the cause that holds, byte for byte, and only then.
+
+Every mutant's failures in the classes that catch it name its own bug; correct kernels never get a
+cause; a failure no hypothesis explains is described by its pattern; the cause reaches the JSON
+report and JUnit; and nothing is diagnosed for a passing case.
+"""
+
+import json
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+import torch
+
+from oracle.cases import catalogue
+from oracle.contract import Contract
+from oracle.diagnose import CAUSES, Hypothesis
+from oracle.diagnose import engine
+from oracle.kernels import torch_native as tn
+from oracle.mutants import MUTANTS, mutant_contract
+from oracle.registry import Kernel
+from oracle.runner import FAIL, NOT_SUPPORTED, PASS, UNDECLARED, run_case
+
+from test_run_and_report import oracle
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # fp8 special values overflow
+
+
+def named(outcome) -> set:
+    cause = outcome.cause or {}
+    return {cause.get("id")} | {c["id"] for c in cause.get("also", [])}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.short)
+def test_every_failure_in_the_catching_classes_names_the_mutants_own_cause(mutant):
+    kernel = Kernel(mutant_contract(mutant), mutant.fn, "test")
+    failures = {}
+    for case in catalogue(mutant.op, "quick"):
+        if case.cls in mutant.catches:
+            outcome = run_case(kernel, case)
+            if outcome.status == FAIL:
+                failures[case.id] = outcome
+    assert failures, f"{mutant.name} is not killed by {mutant.catches}"
+    wrong = {cid: (o.cause or {}).get("id") for cid, o in failures.items() if mutant.cause not in named(o)}
+    assert not wrong, f"{mutant.name} ({mutant.cause}): {wrong}"
+
+
+def test_every_mutant_cause_is_a_known_cause():
+    assert {m.cause for m in MUTANTS} <= set(CAUSES)
+    with pytest.raises(ValueError, match="cause='no_such'"):
+        Hypothesis("no_such", "x")
+
+
+@pytest.mark.parametrize("name", ["store_cache", "set_mla_kv_buffer", "concat_and_cache_mla",
+                                  "reshape_and_cache_flash", "quantize_fp8", "translate_full_to_swa"])
+def test_correct_kernels_never_get_a_cause(name, monkeypatch):
+    """The baseline passes every case it runs, and the diagnosis is never reached."""
+    def never(*args, **kwargs):
+        raise AssertionError("a diagnosis ran for a passing case")
+
+    monkeypatch.setattr("oracle.runner.explain", never)
+    monkeypatch.setattr("oracle.runner.explain_raise", never)
+    contract = next(c for c in _torch_contracts() if c.op == name)
+    kernel = Kernel(contract, getattr(tn, name), "test")
+    for case in catalogue(name, "quick"):
+        if case.cls == "large":
+            continue
+        outcome = run_case(kernel, case)
+        assert outcome.status in (PASS, UNDECLARED, NOT_SUPPORTED) and outcome.cause is None, case.id
+
+
+def _torch_contracts():
+    from oracle.registry import Registry
+
+    registry = Registry()
+    registry.load_plugin("torch", tn.register)
+    return [k.contract for k in registry.kernels.values() if k.contract.device == "cpu"]
+
+
+def test_a_hypothesis_that_does_not_hold_is_never_named():
+    """K's strides for V do not explain a kernel that wrote K into V: the named cause is the one
+    that holds, and the wrong one, replayed, is refused."""
+    k_into_v = next(m for m in MUTANTS if m.short == "store_cache.k_into_v")
+    kernel = Kernel(mutant_contract(k_into_v), k_into_v.fn, "test")
+    case = next(c for c in catalogue("store_cache", "quick") if c.id == "aliased_cache")
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "sources_swapped"
+    assert "cache_strides_swapped" not in named(outcome)
+
+
+def heads_after_the_first_scaled_twice(k, v, k_cache, v_cache, loc):
+    tn.store_cache(k, v, k_cache, v_cache, loc)
+    index = loc.long()
+    k_cache[index, 1:] = (k[:, 1:].float() * 2).to(k_cache.dtype)
+
+
+def test_a_failure_no_hypothesis_explains_is_described_by_its_pattern():
+    kernel = Kernel(Contract(op="store_cache", name="twice", backend="test"), heads_after_the_first_scaled_twice,
+                    "test")
+    case = next(c for c in catalogue("store_cache", "quick") if c.id == "bf16-int64")
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL and outcome.cause is None
+    assert "no known cause matches" in outcome.message
+    assert "k_cache: heads 1-7 of 8 differ in every differing slot; head(s) 0 match" in outcome.pattern
+    assert any(line.startswith("k_cache: 133 of 133 written slots differ") for line in outcome.pattern)
+
+
+def writes_next_slot(k, v, k_cache, v_cache, loc):
+    tn.store_cache(k, v, k_cache, v_cache, (loc.long() + 1) % k_cache.shape[0])
+
+
+def test_the_pattern_names_stray_and_missing_rows():
+    kernel = Kernel(Contract(op="store_cache", name="next", backend="test"), writes_next_slot, "test")
+    case = next(c for c in catalogue("store_cache", "quick") if c.id == "bf16-int64")
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL
+    text = "\n".join(outcome.pattern)
+    assert "slot(s) written that should stay untouched" in text
+    assert "slot(s) left untouched that should have been written" in text
+
+
+def test_the_cause_reaches_the_json_report_and_junit(tmp_path):
+    done = oracle("run", "--kernel", "collapsed.reshape_and_cache_flash", "-n", "0",
+                  "--report", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"),
+                  "--", "-k", "scale_head", env={"ORACLE_PLUGINS": "collapsed:register"})
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads((tmp_path / "r.json").read_text())
+    failed = [c for c in data["cases"] if c["status"] == "fail"]
+    assert failed and all(c["cause"]["id"] == "scale_collapsed" for c in failed), \
+        [(c["case_id"], c["cause"]) for c in failed]
+    props = {p.get("name"): p.get("value") for p in ET.parse(tmp_path / "j.xml").iter("property")}
+    assert props.get("oracle_cause_id") == "scale_collapsed"
+    assert "cause: " in done.stdout and "scale_collapsed" in done.stdout
