@@ -142,12 +142,16 @@ def index_past_end_hypotheses(views: dict, prepared) -> list[Hypothesis]:
     return out
 
 
-def padding_hypotheses(views: dict, prepared, contract) -> list[Hypothesis]:
-    """Slot 0 skipped though the contract reserves nothing."""
-    policy = Padding.parse(contract.padding)
-    if policy.kind == "reserved":
-        return []
-    out = []
+def padding_hypotheses(case, views: dict, prepared, contract) -> list[Hypothesis]:
+    """Another padding policy than the declared one (a case with padding entries: each padding
+    slot written repeats, so any whole colliding row is allowed); slot 0 skipped though the
+    contract reserves nothing."""
+    out = [Hypothesis("padding_policy", f"padding={other!r} instead of {contract.padding!r}",
+                      override={"padding": other, **ANY_DUPLICATES})
+           for other in ("none", "negative", "reserved:0")
+           if case.p.get("padding") and other != contract.padding]
+    if Padding.parse(contract.padding).kind == "reserved":
+        return out
     for index in _by_role(views, "index"):
         entries = prepared.numpy(index.name)
         if entries.ndim == 1 and (entries == 0).any():
@@ -161,7 +165,7 @@ def padding_hypotheses(views: dict, prepared, contract) -> list[Hypothesis]:
 def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
     """Every generic hypothesis for this case, most specific first."""
     views = prepared.arena.views
-    return (padding_hypotheses(views, prepared, contract) + index_hypotheses(prepared.arena)
+    return (padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
             + source_hypotheses(views) + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches) + overrun_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared))

@@ -22,10 +22,13 @@ import oracle
 from ..contract import Contract
 from .bases import BACKEND as BASE_BACKEND
 from .bases import BASES, Base
-from .kernels import MUTANTS, Mutant
+from .fp8_faults import FP8_MUTANTS
+from .kernels import MUTANTS as KERNEL_MUTANTS
+from .kernels import Mutant
 from .selfcheck import BaseResult, MutantResult, SelfCheckResult, format_table, self_check
 
 BACKEND = "mutant"
+MUTANTS = KERNEL_MUTANTS + FP8_MUTANTS  # the whole catalogue
 
 
 def base_contracts() -> dict[str, Contract]:

@@ -1,4 +1,4 @@
-"""fp8 case inputs and alternative explanations, shared by the op specs that quantize.
+"""fp8 case inputs and bug hypotheses, shared by the op specs that quantize.
 
 Case parameters of the "fp8" class: ``fp8`` (the format), ``scale`` and ``values``.
 
@@ -37,6 +37,7 @@ import numpy as np
 
 from ..buffers import NUMPY_DTYPES
 from ..contract import Contract
+from ..diagnose.hypothesis import Hypothesis
 from ..reference import fp8 as _fp8
 from ..reference.presets import PRESETS
 from . import _build
@@ -174,38 +175,128 @@ def double_rounding_pool(fmt: str) -> np.ndarray:
     return pool
 
 
-# --- alternative explanations ---------------------------------------------------------------
+# --- hypotheses: the fp8 bugs a failing kernel may have -----------------------------------------
 
-def alternatives(p: dict, contract: Contract) -> list[tuple[str, dict]]:
-    """Other fp8 behaviours a failing kernel may implement, as overrides for ``resolve``."""
+def alternatives(p: dict, contract: Contract) -> list[Hypothesis]:
+    """The fp8 behaviours a failing kernel may implement instead of its contract's, as
+    :class:`~oracle.diagnose.Hypothesis` objects whose overrides :func:`resolve` understands (a
+    scale mode, a preset, single knobs, another ``format``). Empty when the case does not quantize.
+
+    Approximate division is not among them: its result mixes exact and neighbouring codes element
+    by element, which no single expectation reproduces (the runner's ``_within_approx_division``
+    judges it against the -2 and +2 ulps bounds instead).
+    """
     fmt = p.get("fp8")
     if not fmt:
         return []
+    scaled = p.get("scale", "1.0") != "1.0"
     out = []
-    if p.get("scale", "1.0") != "1.0":
-        out += [("no scale (scale 1)", {"scale": "one"}),
-                ("an inverted scale (x * scale instead of x / scale)", {"scale": "inverted"})]
+    if scaled:
+        out += [Hypothesis("scale_missing", "no scale (scale 1)", {"scale": "one"}),
+                Hypothesis("scale_inverted", "an inverted scale (x * scale instead of x / scale)",
+                           {"scale": "inverted"})]
     try:
         declared = contract.knobs(fmt)
     except (TypeError, ValueError):  # the contract's preset does not cover this format
         declared = None
     if declared is not None:
-        if p.get("scale", "1.0") != "1.0":
-            other = "mul_reciprocal" if declared.scale_op == "div" else "div"
-            out.append((f"scale_op={other!r}", {"scale_op": other}))
-        for inter in (None, "float16", "bfloat16"):
-            if inter != declared.intermediate:
-                what = "single rounding" if inter is None else f"double rounding through {inter}"
-                out.append((f"intermediate={inter!r} ({what})", {"intermediate": inter}))
-        out.append((f"saturate={not declared.saturate}",
-                     {"saturate": not declared.saturate, "inf": None}))
-        if declared.nan.endswith("|sign"):
-            unsigned = declared.nan[: -len("|sign")]
-            out.append((f"nan={unsigned!r} (NaN sign dropped)", {"nan": unsigned}))
+        out += _knob_hypotheses(declared, _fp8.get_format(fmt), scaled)
     for name, preset in PRESETS.items():
-        if name != contract.fp8_preset and fmt in preset.formats:
-            out.append((f"preset {name!r} ({_short(preset.models)})", {"preset": name}))
+        if name == contract.fp8_preset or fmt not in preset.formats:
+            continue
+        # a preset that converts this format as the contract does explains nothing
+        if declared is None or _fp8.resolve_knobs(_fp8.get_format(fmt), name, {}) != declared:
+            out.append(Hypothesis("fp8_conversion", f"preset {name!r} ({_short(preset.models)})",
+                                  {"preset": name}))
+    covered = PRESETS[contract.fp8_preset].formats if contract.fp8_preset in PRESETS else ()
+    out += [Hypothesis("wrong_fp8_format", f"{other} codes written where {fmt} is asked",
+                       {"format": other})
+            for other in _fp8.FORMATS if other != fmt and other in covered]
     return out
+
+
+def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool) -> list[Hypothesis]:
+    """One knob changed from the contract's ``declared`` (validated) knobs at a time."""
+    out = []
+    if scaled:
+        other = "mul_reciprocal" if declared.scale_op == "div" else "div"
+        out.append(Hypothesis("fp8_conversion", f"scale_op={other!r}", {"scale_op": other}))
+    for inter in (None, "float16", "bfloat16"):
+        if inter != declared.intermediate:
+            what = "single rounding" if inter is None else f"double rounding through {inter}"
+            out.append(Hypothesis("fp8_conversion", f"intermediate={inter!r} ({what})",
+                                  {"intermediate": inter}))
+    out.append(Hypothesis("fp8_conversion", f"saturate={not declared.saturate}",
+                          {"saturate": not declared.saturate, "inf": None}))
+    if declared.rounding != "toward_zero":
+        out.append(Hypothesis("round_toward_zero", "fp8 codes rounded toward zero (the mantissa "
+                              "truncated) instead of to nearest even", {"rounding": "toward_zero"}))
+    if declared.subnormals != "flush":
+        out.append(Hypothesis("subnormals_flushed", "fp8 subnormal results flushed to zero of "
+                              "their sign", {"subnormals": "flush"}))
+    if declared.negative_zero != "positive" and not form.fnuz:  # fnuz has no -0 to lose
+        out.append(Hypothesis("negative_zero_mishandled", "-0 written as +0 (0x00 instead of 0x80)",
+                              {"negative_zero": "positive"}))
+    out += [Hypothesis("nan_mishandled", text, {"nan": spelling})
+            for spelling, text in _other_nans(declared.nan, form)]
+    return out
+
+
+def _other_nans(declared: str, form: _fp8.Fp8Format) -> list[tuple[str, str]]:
+    """(``nan`` knob value, text) for each NaN byte of ``form`` other than ``declared``: every NaN
+    magnitude with the input's sign, without it, and always negative; the sign dropped first.
+    Where the preset leaves ``overflow_nan`` unset, the NaNs overflow and inf make follow."""
+    if form.fnuz:
+        return []  # a single NaN, 0x80
+    declared_byte = _fp8.NaNEncoding.parse(declared, form).byte
+    magnitudes = [int(m) for m in np.flatnonzero(np.isnan(_fp8.code_values(form.name)[:0x80]))]
+    out = []
+    if declared.endswith("|sign"):
+        out.append((declared[: -len("|sign")], f"NaN written as 0x{declared_byte:02X} with its sign "
+                                               "dropped"))
+    for m in magnitudes:
+        for spelling, how in ((f"0x{m:02X}|sign", "with the input's sign"),
+                              (f"0x{m:02X}", "without sign"), (f"0x{m | 0x80:02X}", "always negative")):
+            if spelling != declared and spelling not in (o[0] for o in out):
+                out.append((spelling, f"NaN written as {spelling.split('|')[0]} {how}"))
+    return out
+
+
+def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
+    """Hypotheses about which fp8 scale the kernel read, for a spec whose scale inputs are
+    ``names`` (one per quantized tensor, in the order of :func:`scale_values`' ``tensor``) and
+    whose sources have ``heads`` heads.
+
+    - "head" scales (more than one head): all collapsed to their first head's ("scale_collapsed").
+    - Two tensors with different scales: each one's scale used for the other, one hypothesis per
+      direction ("scale_swapped"). The replacement is the other tensor's scale as
+      :func:`scale_values` builds it for this case; a scale input of another shape than that is a
+      ValueError (not this case's scale: no hypothesis to replay).
+    """
+    choice = p.get("scale", "1.0")
+    if not p.get("fp8") or choice == "1.0":
+        return []
+    out = []
+    if choice == "head" and heads > 1:
+        out.append(Hypothesis("scale_collapsed", "the per-head scale collapsed to head 0's ("
+                              + ", ".join(names) + ")",
+                              inputs={name: _first_head for name in names}))
+    if len(names) == 2:
+        values = [scale_values(choice, heads, t) for t in (0, 1)]
+        for t, (name, used) in enumerate(zip(names, names[::-1])):
+            out.append(Hypothesis("scale_swapped", f"{used} used for {name}",
+                                  inputs={name: functools.partial(_replaced, values[1 - t])}))
+    return out
+
+
+def _first_head(scale: np.ndarray) -> np.ndarray:
+    return np.full_like(scale, scale.reshape(-1)[0])
+
+
+def _replaced(other: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    if scale.shape != other.shape:
+        raise ValueError(f"a scale of shape {scale.shape}, not the case's {other.shape}")
+    return other.astype(scale.dtype, copy=True)
 
 
 def _short(models: str) -> str:
@@ -215,21 +306,36 @@ def _short(models: str) -> str:
     return models.strip()
 
 
-def resolve(contract: Contract, fmt: str | None, override: dict) -> tuple[str | None, dict, dict]:
-    """Split an ``expected(**override)`` into (scale mode, fp8 arguments for the reference, the
-    other overrides). The fp8 arguments are the contract's preset and knobs, with a "preset"
-    override replacing both and knob overrides replacing single knobs; empty when ``fmt`` is None."""
+def resolve(contract: Contract, fmt: str | None, override: dict) -> tuple[str | None, str | None, dict, dict]:
+    """Split an ``expected(**override)`` into (the format to write, scale mode, fp8 arguments for
+    the reference, the other overrides).
+
+    The format is ``fmt`` unless a ``format`` override names another of :data:`FORMATS` (the
+    kernel writes that format's codes). The fp8 arguments are the contract's preset and knobs,
+    with a "preset" override replacing both and knob overrides replacing single knobs; under
+    another format the contract's knobs are kept only where they are valid for it (a NaN byte of
+    e4m3fn is not one of e4m3fnuz). Empty when ``fmt`` is None; a ``format`` override then is a
+    ValueError."""
     rest = dict(override)
     mode = rest.pop("scale", None)
     preset = rest.pop("preset", None)
+    written = rest.pop("format", None)
     knobs = {k: rest.pop(k) for k in list(rest) if k in KNOBS}
     if not fmt:
-        return None, {}, rest
-    if preset is None:
-        args = {"preset": contract.fp8_preset, **dict(contract.fp8_knobs)}
-    else:
-        args = {"preset": preset}
-    return mode, args | knobs, rest
+        if written is not None:
+            raise ValueError(f"format={written!r}: the case writes no fp8")
+        return None, None, {}, rest
+    written = written or fmt
+    form = _fp8.get_format(written)
+    if preset is not None:
+        return written, mode, {"preset": preset} | knobs, rest
+    args = {"preset": contract.fp8_preset, **dict(contract.fp8_knobs)} | knobs
+    if written != fmt:
+        try:
+            _fp8.resolve_knobs(form, contract.fp8_preset, dict(contract.fp8_knobs) | knobs)
+        except (TypeError, ValueError):
+            args = {"preset": contract.fp8_preset} | knobs
+    return written, mode, args, rest
 
 
 def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_axis: int = -2):

@@ -27,6 +27,7 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
+from ..diagnose.hypothesis import Hypothesis
 from . import _build, _dcp, _fp8cases
 from .base import Case, OpSpec, Prepared
 
@@ -44,13 +45,6 @@ def _cache(arena: Arena, name: str, shape: tuple, dtype: str, layout: str) -> to
         neighbour = (shape[0], NEIGHBOUR)
         return _build.caches(arena, (name, name + "_neighbour"), (shape, neighbour), dtype, layout)[0]
     return _build.caches(arena, (name,), (shape,), dtype, layout)[0]
-
-
-def _padding_alternatives(case: Case, contract: Contract) -> list:
-    if not case.p.get("padding"):
-        return []
-    return [(f"padding={policy!r}", {"padding": policy})
-            for policy in ("none", "negative", "reserved:0") if policy != contract.padding]
 
 
 class SetMlaKvBuffer(OpSpec):
@@ -115,14 +109,19 @@ class SetMlaKvBuffer(OpSpec):
         return Prepared(arena, (kv_buffer, loc, nope, rope), ("kv_buffer",))
 
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
-        """Overrides besides the policies: ``swapped=True`` (rope written first, nope after it)
-        and ``rope_at=k`` (rope written at element ``k`` of the row instead of at ``nope``)."""
+        """Overrides besides the policies: ``swapped=True`` (rope written first, nope after it),
+        ``rope_at=k`` (rope written at element ``k`` of the row instead of at ``nope``) and
+        ``zero_tail=True`` (the whole W-wide row written, zeros past nope + rope)."""
         swapped, rope_at = override.pop("swapped", False), override.pop("rope_at", None)
+        zero_tail = override.pop("zero_tail", False)
         policies = {"padding": contract.padding, "duplicates": contract.duplicates,
                     "dcp_world": contract.dcp_world, "dcp_rank": contract.dcp_rank,
                     "dcp_modulo": contract.dcp_modulo} | override
         buffer, loc = prepared.numpy("kv_buffer"), prepared.numpy("loc")
         nope, rope = prepared.numpy("nope")[:len(loc)], prepared.numpy("rope")[:len(loc)]
+        if zero_tail:  # the tail past nope + rope written too, as zeros
+            tail = buffer.shape[1] - nope.shape[1] - rope.shape[1]
+            rope = np.concatenate([rope, np.zeros((len(rope), tail), rope.dtype)], axis=1)
         if swapped:
             nope, rope = rope, nope
         if rope_at is None:
@@ -132,20 +131,26 @@ class SetMlaKvBuffer(OpSpec):
                                                        **policies)
         return {"kv_buffer": out}
 
-    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
-        out = _padding_alternatives(case, contract)
+    def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
+        out = []
         if case.p.get("dups"):
             return out
         p = self.p_with_defaults(case)
         nope, rope, width = self.dims(p)
         itemsize = NUMPY_DTYPES[p["dtype"]].itemsize
-        out.append(("nope and rope swapped (rope at offset 0, nope after it)", {"swapped": True}))
+        out.append(Hypothesis("parts_swapped", "nope and rope swapped (rope at offset 0, nope after it)",
+                              {"swapped": True}))
         if width > nope + rope:
-            out.append((f"rope written at the end of the row (element {width - rope} = W - rope) "
-                        f"instead of after nope (element {nope})", {"rope_at": width - rope}))
+            out.append(Hypothesis("part_misplaced", f"rope written at the end of the row (element "
+                                  f"{width - rope} = W - rope) instead of after nope (element {nope})",
+                                  {"rope_at": width - rope}))
+        if width > nope + rope:
+            out.append(Hypothesis("row_tail_written", f"the whole {width}-element row written, zeros "
+                                  f"past nope + rope = {nope + rope}", {"zero_tail": True}))
         if itemsize > 1 and nope * itemsize + rope <= width:
-            out.append((f"rope written at element {nope * itemsize} (nope's byte size used as an "
-                        "element offset)", {"rope_at": nope * itemsize}))
+            out.append(Hypothesis("part_misplaced", f"rope written at element {nope * itemsize} "
+                                  "(nope's byte size used as an element offset)",
+                                  {"rope_at": nope * itemsize}))
         return out
 
     def bad_inputs(self) -> tuple:
@@ -229,31 +234,60 @@ class ConcatAndCacheMla(OpSpec):
 
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
         """Overrides: the policies, the fp8 ones of :func:`_fp8cases.resolve` (scale mode,
-        preset, knobs), and ``swapped=True`` (k_pe written first, kv_c after it)."""
+        preset, knobs, format), ``swapped=True`` (k_pe written first, kv_c after it) and
+        ``unscaled="k_pe"`` or ``"kv_c"`` (that part quantized with scale 1, the other with the
+        scale; a ValueError without fp8 or with duplicated slots)."""
         fmt = self.p_with_defaults(case).get("fp8")
-        mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
-        swapped = rest.pop("swapped", False)
+        fmt, mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
+        swapped, unscaled = rest.pop("swapped", False), rest.pop("unscaled", None)
         policies = {"padding": contract.padding, "duplicates": contract.duplicates} | rest
         scale = prepared.numpy("scale")
         kv_c, _ = _fp8cases.apply_scale(mode, prepared.numpy("kv_c"), scale)
         k_pe, scale = _fp8cases.apply_scale(mode, prepared.numpy("k_pe"), scale)
         if swapped:
             kv_c, k_pe = k_pe, kv_c
+        cache, slots = prepared.numpy("kv_cache"), prepared.numpy("slot_mapping")
         fp8 = {"kv_cache_dtype": fmt, "scale": scale, **fp8_args} if fmt else {}
-        return {"kv_cache": reference.concat_and_cache_mla(prepared.numpy("kv_cache"),
-                                                           prepared.numpy("slot_mapping"),
-                                                           kv_c, k_pe, **policies, **fp8)}
+        out = reference.concat_and_cache_mla(cache, slots, kv_c, k_pe, **policies, **fp8)
+        if unscaled is not None:
+            if not fmt:
+                raise ValueError(f"unscaled={unscaled!r}: the case writes no fp8")
+            plain = reference.concat_and_cache_mla(cache, slots, kv_c, k_pe, **policies,
+                                                   **(fp8 | {"scale": np.ones(1, np.float32)}))
+            out = _unscaled_part(out, unscaled, kv_c.shape[1], plain)
+        return {"kv_cache": out}
 
-    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
-        out = _padding_alternatives(case, contract)
-        out += _fp8cases.alternatives(self.p_with_defaults(case), contract)
+    def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
+        """The fp8 hypotheses (:func:`_fp8cases.alternatives`), and without duplicated slots:
+        kv_c and k_pe swapped, and (scale not 1) one part unscaled."""
+        p = self.p_with_defaults(case)
+        out = _fp8cases.alternatives(p, contract)
         if not case.p.get("dups"):
-            out.append(("kv_c and k_pe swapped (k_pe at offset 0, kv_c after it)", {"swapped": True}))
+            out.append(Hypothesis("parts_swapped", "kv_c and k_pe swapped (k_pe at offset 0, kv_c "
+                                  "after it)", {"swapped": True}))
+            if p.get("fp8") and p.get("scale", "1.0") != "1.0":
+                out += [Hypothesis("part_unscaled", f"{part} stored without the scale (x, not "
+                                   f"x / scale); {other} scaled", {"unscaled": part})
+                        for part, other in (("k_pe", "kv_c"), ("kv_c", "k_pe"))]
         return out
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "cache_width",
                 ) + FP8_BAD
+
+
+def _unscaled_part(scaled, part: str, rank: int, plain):
+    """``scaled`` (the cache with both parts scaled) with ``part``'s columns ("kv_c": the first
+    ``rank``, "k_pe": the rest) taken from ``plain`` (the cache with nothing scaled). Both write
+    the same slots, so the splice is the cache of a kernel that scales one part only."""
+    if not (isinstance(scaled, np.ndarray) and isinstance(plain, np.ndarray)):
+        raise ValueError("unscaled= is not replayed on duplicated slots")
+    columns = {"kv_c": np.s_[..., :rank], "k_pe": np.s_[..., rank:]}
+    if part not in columns:
+        raise ValueError(f"unscaled={part!r} is not 'kv_c' or 'k_pe'")
+    out = scaled.copy()
+    out[columns[part]] = plain[columns[part]]
+    return out
 
 
 __all__ = ["ConcatAndCacheMla", "SetMlaKvBuffer"]

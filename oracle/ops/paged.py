@@ -25,6 +25,7 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
+from ..diagnose.hypothesis import Hypothesis
 from . import _build, _fp8cases
 from .base import Case, OpSpec, Prepared
 
@@ -121,7 +122,7 @@ class ReshapeAndCacheFlash(OpSpec):
 
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
         fmt = self.p_with_defaults(case).get("fp8")
-        mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
+        fmt, mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
         policies = {"padding": contract.padding, "duplicates": contract.duplicates} | rest
         key, k_scale = _fp8cases.apply_scale(mode, prepared.numpy("key"), prepared.numpy("k_scale"))
         value, v_scale = _fp8cases.apply_scale(mode, prepared.numpy("value"), prepared.numpy("v_scale"))
@@ -134,12 +135,12 @@ class ReshapeAndCacheFlash(OpSpec):
                 k_scale=k_scale, v_scale=v_scale, layout="NHD", **policies, **fp8_args)
         return {"key_cache": k, "value_cache": v}
 
-    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
-        out = _fp8cases.alternatives(self.p_with_defaults(case), contract)
-        if case.p.get("padding"):
-            out += [(f"padding={policy!r}", {"padding": policy})
-                    for policy in ("none", "negative", "reserved:0") if policy != contract.padding]
-        return out
+    def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
+        """The fp8 hypotheses (:func:`_fp8cases.alternatives`) and the scale ones (k_scale and
+        v_scale collapsed to head 0, each used for the other)."""
+        p = self.p_with_defaults(case)
+        out = _fp8cases.alternatives(p, contract)
+        return out + _fp8cases.scale_hypotheses(p, ("k_scale", "v_scale"), p["shape"][0])
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "layout", "scale_dtype",

@@ -18,6 +18,7 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
+from ..diagnose.hypothesis import Hypothesis
 from . import _build, _fp8cases
 from .base import Case, OpSpec, Prepared
 
@@ -67,15 +68,19 @@ class QuantizeFp8(OpSpec):
 
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
         fmt = self.p_with_defaults(case)["fp8"]
-        mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
+        fmt, mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
         if rest:
             raise ValueError(f"quantize_fp8 has no {sorted(rest)} to override")
         x, scale = _fp8cases.apply_scale(mode, prepared.numpy("x"), prepared.numpy("scale"))
         with np.errstate(all="ignore"):  # special values overflow and divide NaN on purpose
             return {"out": reference.quantize(x, fmt, scale=scale, head_axis=-2, **fp8_args)}
 
-    def alternatives(self, case: Case, contract: Contract) -> list[tuple[str, dict]]:
-        return _fp8cases.alternatives(self.p_with_defaults(case), contract)
+    def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
+        """The fp8 hypotheses (:func:`_fp8cases.alternatives`) and a per-head scale collapsed to
+        head 0."""
+        p = self.p_with_defaults(case)
+        return (_fp8cases.alternatives(p, contract)
+                + _fp8cases.scale_hypotheses(p, ("scale",), p["shape"][0]))
 
     def bad_inputs(self) -> tuple:
         return ("x_dtype", "scale_dtype", "out_dtype", "shape_mismatch", "fmt")

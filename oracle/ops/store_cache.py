@@ -12,7 +12,6 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
-from ..diagnose.hypothesis import Hypothesis
 from . import _build
 from .base import Case, OpSpec, Prepared
 
@@ -72,13 +71,6 @@ class StoreCache(OpSpec):
         return {cache: reference.store_cache(prepared.numpy(cache), loc, prepared.numpy(src)[:len(loc)],
                                              **policies)
                 for cache, src in (("k_cache", "k"), ("v_cache", "v"))}
-
-    def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
-        if not case.p.get("padding"):
-            return []
-        return [Hypothesis("padding_policy", f"padding={policy!r} instead of {contract.padding!r}",
-                           {"padding": policy})
-                for policy in ("none", "negative", "reserved:0") if policy != contract.padding]
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "loc_length")

@@ -5,7 +5,9 @@ quotient a few float32 ulps (to model approximate division), optionally rounds i
 bfloat16 first (double rounding, as some paths do), then rounds once to the
 fp8 format: to nearest, ties to even, overflow decided after rounding. The knobs choose what
 overflow, infinities and NaN become; everything else agrees across every implementation we know
-(see docs/semantics.md and ../shared/peer-semantics.md).
+(see docs/semantics.md and ../shared/peer-semantics.md). Three more knobs (``rounding``,
+``subnormals``, ``negative_zero``) model conversion bugs, not real implementations: no preset sets
+them; the diagnosis replays them to name what a failing kernel does.
 
 Speed: an fp8 code depends only on the top 16 bits of the float32 input and on whether any of the
 low 16 bits is set (the round bit and everything kept lie in the top 16 bits for 2- and 3-bit
@@ -22,7 +24,8 @@ import ml_dtypes
 import numpy as np
 
 from . import _validate as v
-from .rounding import BFLOAT16, FLOAT16, BinaryFormat, move_float32_ulps, round_float32, round_to_16bit
+from .rounding import (BFLOAT16, FLOAT16, ROUNDINGS, BinaryFormat, move_float32_ulps, round_float32,
+                       round_to_16bit)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ FORMATS = {
 SCALE_OPS = ("div", "mul_reciprocal")
 INTERMEDIATES = {None: None, "float16": FLOAT16, "bfloat16": BFLOAT16}
 INF_POLICIES = ("max", "nan", "inf")
+SUBNORMALS = ("keep", "flush")
+NEGATIVE_ZEROS = ("keep", "positive")
 
 
 def get_format(fmt: str) -> Fp8Format:
@@ -124,6 +129,20 @@ class Fp8Knobs:
       further rounding. Zeros, inf, NaN and elements whose scale is 1 (no division happens) are
       left alone. 0 (the default) is the correctly rounded quotient. ``-2`` and ``2`` bound what
       an approximate division within 2 ulps (Triton's ``div.full.f32``) can produce.
+    - ``rounding``: ``"nearest_even"`` (the default) or ``"toward_zero"``: the fp8 rounding
+      truncates the magnitude to the code at or below it (the 16-bit ``intermediate``, if any,
+      still rounds to nearest even). Overflow is then decided on the truncated value, as always:
+      a magnitude between max and the step past max (the value code ``max + 1`` would have:
+      e4m3fn 480, e5m2 65536, e4m3fnuz 256, e5m2fnuz 65536) truncates to max in either saturation
+      mode; from that step upwards it overflows and ``saturate`` decides (±max, or NaN / inf /
+      0x80). IEEE 754's roundTowardZero sends every finite overflow to ±max, as
+      ``saturate=True`` does.
+    - ``subnormals``: ``"keep"`` (the default) or ``"flush"``: a result that is an fp8 subnormal
+      after rounding (exponent field 0, mantissa non-zero) is written as zero of the input's sign
+      (fnuz: +0, its only zero). A value that rounds up to the smallest normal is kept.
+    - ``negative_zero``: ``"keep"`` (the default) or ``"positive"``: a result of -0 (0x80: -0.0 and
+      negative values that round, or are flushed, to zero) is written as +0, 0x00. The fnuz
+      formats always do this.
     """
 
     saturate: bool = True
@@ -133,6 +152,9 @@ class Fp8Knobs:
     scale_op: str = "div"
     intermediate: str | None = None
     quotient_ulps: int = 0
+    rounding: str = "nearest_even"
+    subnormals: str = "keep"
+    negative_zero: str = "keep"
 
     def validated(self, fmt: Fp8Format) -> "Fp8Knobs":
         """The knobs with defaults filled in for ``fmt``, or a ValueError naming the bad knob."""
@@ -140,6 +162,9 @@ class Fp8Knobs:
             raise TypeError(f"saturate must be a bool, got {self.saturate!r}")
         v.require_choice("scale_op", self.scale_op, SCALE_OPS)
         v.require_choice("intermediate", self.intermediate, tuple(INTERMEDIATES))
+        v.require_choice("rounding", self.rounding, ROUNDINGS)
+        v.require_choice("subnormals", self.subnormals, SUBNORMALS)
+        v.require_choice("negative_zero", self.negative_zero, NEGATIVE_ZEROS)
         ulps = self.quotient_ulps
         if isinstance(ulps, (bool, np.bool_)) or not isinstance(ulps, (int, np.integer)):
             raise TypeError(f"quotient_ulps must be an int, got {ulps!r}")
@@ -164,7 +189,7 @@ def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: in
     ``fp8(x / scale)`` (the "descale" convention every peer uses). Knobs come from ``preset``
     (see :mod:`oracle.reference.presets`; default ``ocp_satfinite``) and may be overridden one by
     one: ``saturate``, ``inf``, ``nan``, ``overflow_nan``, ``scale_op``, ``intermediate``,
-    ``quotient_ulps`` (see :class:`Fp8Knobs`).
+    ``quotient_ulps``, ``rounding``, ``subnormals``, ``negative_zero`` (see :class:`Fp8Knobs`).
     The input is never modified.
     """
     form = get_format(fmt)
@@ -266,11 +291,15 @@ def _code_table(fmt_name: str, knobs: Fp8Knobs) -> np.ndarray:
 
 def encode(bits: np.ndarray, form: Fp8Format, knobs: Fp8Knobs) -> np.ndarray:
     """fp8 codes of float32 bit patterns under validated ``knobs``, by integer arithmetic alone."""
-    sign, code, is_nan, is_inf, overflow = round_float32(bits, form.binary)
+    sign, code, is_nan, is_inf, overflow = round_float32(bits, form.binary, knobs.rounding)
     sign_bit = (sign << np.uint32(7)).astype(np.int64)
     nan_code, made_nan = (_nan_codes(spec, form, sign_bit, code.shape) for spec in (knobs.nan, knobs.overflow_nan))
 
-    out = np.where(code == 0, 0, code | sign_bit) if form.fnuz else code | sign_bit
+    if knobs.subnormals == "flush":  # after rounding: what rounds up to the smallest normal stays
+        code = np.where(code < (1 << form.binary.mantissa_bits), 0, code)
+    # Codes are only meaningful where no mask is set; the masks below overwrite the rest.
+    unsigned_zero = form.fnuz or knobs.negative_zero == "positive"
+    out = np.where(code == 0, 0, code | sign_bit) if unsigned_zero else code | sign_bit
     if knobs.saturate:
         out = np.where(overflow, sign_bit | form.max_code, out)
     elif form.fnuz:

@@ -1,9 +1,10 @@
 """Round float32 bit patterns to a narrower binary float format, by integer arithmetic.
 
 One routine serves every narrow format the reference needs (the four fp8 formats, and float16 and
-bfloat16 as double-rounding intermediates): round to nearest, ties to even, from the exact float32
-value, with overflow decided *after* rounding. Special values (NaN, inf, overflow) are reported as
-masks; what they become is the caller's policy, because that is exactly where real kernels differ.
+bfloat16 as double-rounding intermediates): round to nearest, ties to even (or, on request, toward
+zero), from the exact float32 value, with overflow decided *after* rounding. Special values (NaN,
+inf, overflow) are reported as masks; what they become is the caller's policy, because that is
+exactly where real kernels differ.
 """
 
 from __future__ import annotations
@@ -33,13 +34,23 @@ class BinaryFormat:
         return 1 - self.bias
 
 
-def round_float32(bits: np.ndarray, fmt: BinaryFormat):
+ROUNDINGS = ("nearest_even", "toward_zero")
+
+
+def round_float32(bits: np.ndarray, fmt: BinaryFormat, rounding: str = "nearest_even"):
     """Round float32 values (given as uint32 bit patterns) to ``fmt``.
+
+    ``rounding``: ``"nearest_even"`` (to nearest, ties to even) or ``"toward_zero"`` (the
+    magnitude truncated to the code at or below it).
 
     Returns ``(sign, code, is_nan, is_inf, overflow)``: ``sign`` is 0/1 (uint32), ``code`` the
     rounded magnitude code (int64; meaningless where a mask is set), ``overflow`` marks finite
-    inputs whose rounded magnitude exceeds ``fmt.max_code``.
+    inputs whose rounded magnitude exceeds ``fmt.max_code``. Toward zero, that is a magnitude at
+    or above the step past max (the value ``max_code + 1`` would have if it were a number), since
+    everything below it truncates to max or less.
     """
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r} is not one of {ROUNDINGS}")
     bits = np.asarray(bits, dtype=np.uint32)
     sign = bits >> np.uint32(31)
     magnitude = bits & np.uint32(0x7FFFFFFF)
@@ -59,8 +70,8 @@ def round_float32(bits: np.ndarray, fmt: BinaryFormat):
     kept = significand >> shift
     remainder = significand & ((np.int64(1) << shift) - 1)
     half = np.int64(1) << (shift - 1)
-    round_up = (remainder > half) | ((remainder == half) & ((kept & 1) == 1))
-    kept += round_up
+    if rounding == "nearest_even":
+        kept += (remainder > half) | ((remainder == half) & ((kept & 1) == 1))
     # A carry out of the mantissa lands in the exponent field by plain addition.
     code = ((quantum_exponent + fmt.bias - 1) << fmt.mantissa_bits) + kept
 
