@@ -37,7 +37,9 @@ TILE_BYTES = 8 * 8191  # the period of a sparse region's poison: a multiple of 8
 
 
 def poison(nbytes: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(1, 256, nbytes, dtype=np.uint8)
+    """``nbytes`` seeded random bytes, none zero (a zero becomes 1)."""
+    out = np.frombuffer(np.random.default_rng(seed).bytes(nbytes), np.uint8).copy()
+    return np.maximum(out, 1, out=out)
 
 
 @dataclass
@@ -144,6 +146,8 @@ class Region:
     guard: int  # bytes on each side
     tensor: torch.Tensor  # uint8, guard + payload + guard
     tile: np.ndarray | None = None  # a sparse region's poison period
+    pristine: bool = False  # a sparse region not yet snapshotted: nothing but its views' rows has
+    # been written since it was filled with the tile, so its first snapshot needs no scan
 
     @property
     def sparse(self) -> bool:
@@ -169,7 +173,7 @@ class Arena:
         if sparse:
             tile = poison(TILE_BYTES, seed)
             self.regions[name] = Region(name, payload, guard, fill_tiled(payload + 2 * guard, tile, self.device),
-                                        tile)
+                                        tile, pristine=True)
         else:
             data = poison(payload + 2 * guard, seed)
             self.regions[name] = Region(name, payload, guard, torch.from_numpy(data).to(self.device))
@@ -238,7 +242,10 @@ class Arena:
         starts, ends = self.windows(reg.name)
         flat = reg.tensor.detach()
         data = torch.cat([flat[a:b] for a, b in zip(starts.tolist(), ends.tolist())]).cpu().numpy()
-        stray, count = _scan_outside(flat, reg.tile, starts, ends)
+        if reg.pristine:  # only views (inside the windows) wrote since the fill: nothing to scan
+            stray, count, reg.pristine = (), 0, False
+        else:
+            stray, count = _scan_outside(flat, reg.tile, starts, ends)
         return SparseBytes(int(flat.numel()), starts, ends, data, reg.tile, stray, count)
 
 
