@@ -131,3 +131,20 @@ def test_the_cause_reaches_the_json_report_and_junit(tmp_path):
     props = {p.get("name"): p.get("value") for p in ET.parse(tmp_path / "j.xml").iter("property")}
     assert props.get("oracle_cause_id") == "scale_collapsed"
     assert "cause: " in done.stdout and "scale_collapsed" in done.stdout
+
+
+def block_size_from_heads(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+    """vLLM's paged write with block_size = key_cache.size(2) (the heads) where dimension 1 holds it."""
+    heads = key_cache.shape[2]
+    blocks = -(-key_cache.shape[0] * key_cache.shape[1] // heads)
+    views = [c.as_strided((blocks, heads) + tuple(c.shape[2:]), c.stride(), c.storage_offset())
+             for c in (key_cache, value_cache)]
+    tn.reshape_and_cache_flash(key, value, *views, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+
+
+def test_the_block_size_taken_from_the_wrong_dimension_is_named():
+    kernel = Kernel(Contract(op="reshape_and_cache_flash", name="blocks", backend="test", padding="negative"),
+                    block_size_from_heads, "test")
+    case = next(c for c in catalogue("reshape_and_cache_flash", "quick") if c.p.get("shape") == (32, 128))
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "block_size_wrong_dim", outcome.message

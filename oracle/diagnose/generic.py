@@ -95,6 +95,13 @@ def cache_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
                 out.append(Hypothesis("cache_strides_swapped", f"{b.name} addressed with {a.name}'s "
                                       f"strides {list(a.strides)} (its own are {list(b.strides)})",
                                       views={b.name: (b.shape, a.strides, b.offset)}))
+    paged = [c for c in caches if len(c.shape) == 4]  # [blocks, block_size, heads, dim]
+    if paged and paged[0].shape[2] != paged[0].shape[1]:
+        wrong = paged[0].shape[2]
+        out.append(Hypothesis("block_size_wrong_dim", f"the block size taken from the heads dimension "
+                              f"({wrong}) instead of dimension 1 ({paged[0].shape[1]})",
+                              views={c.name: ((-(-c.shape[0] * c.shape[1] // wrong), wrong) + c.shape[2:],
+                                              c.strides, c.offset) for c in paged}))
     undense = [c for c in caches if c.strides != _dense(c.shape)]
     if undense:
         out.append(Hypothesis("dense_cache_assumed", "the caches assumed dense in their logical "
