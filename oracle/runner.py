@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from .buffers import Arena, same_bytes
-from .compare import differing_bytes, expected_regions, first_difference
+from .compare import expected_regions, first_difference
 from .contract import gaps
 from .diagnose.engine import cause_record, explain, explain_raise, named
+from .diagnose.replay import within_approx_division
 from .diagnose.hypothesis import Hypothesis
 from .ops import get_spec
 from .ops.base import Case, Prepared
@@ -101,7 +102,7 @@ def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
             return Outcome(PASS, warning=f"{tolerated} fp8 code(s) off by at most "
                                          f"{contract.tolerance.codes} (budget {contract.tolerance.budget})")
     if difference is not None and contract.fp8_division == "approx" and spec.fp8 and not problems:
-        neighbours = _within_approx_division(spec, case, contract, prepared, arena, regions, after)
+        neighbours = within_approx_division(spec, case, contract, prepared, regions, after)
         if neighbours is not None:
             return Outcome(PASS, warning=f"{neighbours} fp8 code(s) are the neighbouring code of a "
                                          "quotient within 2 ulps (fp8_division='approx')")
@@ -147,31 +148,6 @@ def _within_tolerance(arena, expected: dict, after: dict, tolerance) -> int | No
             return None
         off += int(np.count_nonzero(delta))
     return off if off <= tolerance.budget else None
-
-
-def _within_approx_division(spec, case, contract, prepared, arena, regions, after) -> int | None:
-    """How many bytes differ from ``regions`` (the exact expectation), when every byte of every
-    region equals the exact, the -2 ulps or the +2 ulps expectation (the quotient moved toward or
-    away from zero); else None. fp8 rounding is monotone and its steps span far more than 4 ulps,
-    so those two bound every code a quotient within 2 ulps gives."""
-    bounds = []
-    for ulps in (-2, 2):
-        try:
-            alt = spec.expected(prepared, case, contract, quotient_ulps=ulps)
-        except (TypeError, ValueError):  # the case does not quantize
-            return None
-        alt_regions, problems = expected_regions(arena, prepared.before, after, alt)
-        if problems:
-            return None
-        bounds.append(alt_regions)
-    off = 0
-    for name, want in regions.items():
-        exact, count = differing_bytes(want, after[name])
-        low, high = (differing_bytes(b[name], after[name])[0] for b in bounds)
-        if np.intersect1d(np.intersect1d(exact, low), high).size:
-            return None
-        off += count
-    return off
 
 
 def _synchronize(device: str) -> None:

@@ -259,7 +259,9 @@ def params(keep=lambda case: True):
 def test_approximate_division_fails_ieee_near_ties_and_passes_approx(op, case):
     exact = run_case(kernel(op, approx_codes, "ieee"), case)
     if near_ties(case):
-        assert exact.status == FAIL and "approx" not in exact.message
+        assert exact.status == FAIL  # and the diagnosis names it, suggesting the declaration
+        assert exact.cause["id"] == "approximate_division", exact.message
+        assert "fp8_division='approx'" in exact.message
     elif case.p["scale"] == "1.0":  # nothing is divided, so nothing is approximate
         assert exact.status == PASS and not exact.warning
     outcome = run_case(kernel(op, approx_codes, "approx"), case)
@@ -276,6 +278,8 @@ def test_approximate_division_fails_ieee_near_ties_and_passes_approx(op, case):
 @pytest.mark.parametrize("op,case", params(lambda c: c.p["scale"] != "1.0" and c.p["values"] != "random"))
 def test_multiplying_by_the_scale_still_fails_under_approx(op, case):
     assert run_case(kernel(op, times_scale_codes, "approx"), case).status == FAIL
+    ieee = run_case(kernel(op, times_scale_codes, "ieee"), case)
+    assert ieee.status == FAIL and (ieee.cause or {}).get("id") != "approximate_division"
 
 
 @pytest.mark.parametrize("op,case", params(lambda c: c.p["values"] == "random"))
@@ -295,7 +299,7 @@ def test_passing_cases_are_not_re_examined(monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("approximate-division check ran on a passing case")
 
-    monkeypatch.setattr(runner, "_within_approx_division", never)
+    monkeypatch.setattr(runner, "within_approx_division", never)
     for case in fp8_cases("quantize_fp8"):
         outcome = run_case(kernel("quantize_fp8", tn._to_fp8_codes, "approx"), case)
         assert outcome.status == PASS and not outcome.warning, case.id

@@ -10,7 +10,7 @@ from ..buffers import same_bytes
 from . import generic, patterns
 from .hypothesis import CAUSES, Hypothesis
 from .probes import probes, variants
-from .replay import holds
+from .replay import holds, within_approx_division
 
 
 @dataclass
@@ -80,6 +80,12 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
         failed.message += "\n" + "\n".join(diagnosis.lines())
         failed.cause = cause_record(diagnosis.matched[0], diagnosis.matched[1:])
         return failed
+    if spec.fp8 and contract.fp8_division == "ieee" and within_approx_division(
+            spec, case, contract, prepared, regions, after) is not None:
+        return named(failed, Hypothesis("approximate_division", "every differing code is the "
+                                        "neighbouring code of a quotient within 2 ulps: an approximate "
+                                        "division, as Triton's default float32 x / scale (declare "
+                                        "fp8_division='approx' if the kernel uses it)"))
     if all(same_bytes(after[r], prepared.before[r]) for r in after):  # after the hypotheses: a
         # kernel that skips slot 0 writes nothing when slot 0 is all there is
         return named(failed, Hypothesis("nothing_written", "nothing was written"))
