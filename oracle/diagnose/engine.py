@@ -21,14 +21,14 @@ class Diagnosis:
     matched: list = field(default_factory=list)
     pattern: list = field(default_factory=list)
 
-
     def lines(self) -> list[str]:
+        """The message lines: up to three causes that hold, else the pattern."""
+        if not self.matched:
+            return ["no known cause matches; the difference:"] + [f"  {line}" for line in self.pattern]
         out = [f"cause: {h.text} [{h.cause}]: the result matches the reference replayed under "
                "this hypothesis, byte for byte" for h in self.matched[:3]]
         if len(self.matched) > 3:
             out.append(f"({len(self.matched) - 3} more hypotheses match too)")
-        if not self.matched:
-            return ["no known cause matches; the difference:"] + [f"  {line}" for line in self.pattern]
         return out
 
 

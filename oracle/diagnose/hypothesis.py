@@ -55,8 +55,8 @@ CAUSES = {
 class Hypothesis:
     """``cause``: a key of :data:`CAUSES`; ``text``: the specific behaviour, in words.
     ``override``: keyword arguments for the spec's ``expected`` (reference knobs and spec
-    overrides). ``views``: view name -> (shape, strides, offset) the kernel addressed instead of
-    the real view's. ``inputs``: view name -> function of the numpy array the kernel should have
+    overrides). ``views``: view name -> (shape, strides, offset[, region]) the kernel addressed
+    instead of the real view's. ``inputs``: view name -> function of the numpy array the kernel should have
     read, returning the array it read instead."""
 
     cause: str

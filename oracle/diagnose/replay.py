@@ -23,14 +23,15 @@ from .hypothesis import Hypothesis
 
 
 class _Readdressed(Arena):
-    """The case's arena with some views re-addressed (same regions, same bytes)."""
+    """The case's arena with some views re-addressed: ``(shape, strides, offset)`` in the view's
+    own region, or ``(shape, strides, offset, region)`` in another (the same bytes either way)."""
 
     def __init__(self, arena: Arena, views: dict):
         self.__dict__.update(arena.__dict__)
         self.views = dict(arena.views)
-        for name, (shape, strides, offset) in views.items():
+        for name, (shape, strides, offset, *region) in views.items():
             self.views[name] = replace(arena.views[name], shape=tuple(shape), strides=tuple(strides),
-                                       offset=int(offset))
+                                       offset=int(offset), region=region[0] if region else arena.views[name].region)
 
 
 class _AsRead(Prepared):
@@ -40,16 +41,9 @@ class _AsRead(Prepared):
         super().__init__(arena, prepared.args, prepared.caches, prepared.before)
         self.inputs = inputs
 
-    def raw(self, name: str):
-        """View ``name`` as it was before the call, through the (re-addressed) arena."""
-        return super().numpy(name)
-
     def numpy(self, name: str):
         array = super().numpy(name)
-        if name not in self.inputs:
-            return array
-        read = self.inputs[name]
-        return read(array, self) if getattr(read, "needs_prepared", False) else read(array)
+        return self.inputs[name](array) if name in self.inputs else array
 
 
 def _flipped(array: np.ndarray) -> np.ndarray:
