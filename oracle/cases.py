@@ -15,7 +15,7 @@ CASE_CLASSES = ("dtypes", "sizes", "strides", "aliasing", "padding", "duplicates
                 "fp8", "bad_input")
 
 
-def _dtypes(spec: OpSpec, profile: str):
+def _dtypes(spec: OpSpec, profile: str, contract=None):
     for dtype in spec.dtypes or (None,):
         for index in spec.index_dtypes or (None,):
             yield {"dtype": dtype, "index": index}
@@ -38,7 +38,7 @@ def _with_large_n(spec: OpSpec, params: dict):
     yield _at_large_n(spec, params)
 
 
-def _sizes(spec: OpSpec, profile: str):
+def _sizes(spec: OpSpec, profile: str, contract=None):
     for n in spec.sizes:
         for index in (spec.index_dtypes if profile != "quick" else spec.index_dtypes[:1]) or (None,):
             yield {"n": n, "index": index}
@@ -51,7 +51,7 @@ def _sizes(spec: OpSpec, profile: str):
         yield _at_large_n(spec, {"src": "longer"})
 
 
-def _strides(spec: OpSpec, profile: str):
+def _strides(spec: OpSpec, profile: str, contract=None):
     if spec.sources:
         yield from _with_large_n(spec, {"src": "fused"})
     for layout in ("strided", "offset") if spec.index_dtypes else ():
@@ -60,7 +60,7 @@ def _strides(spec: OpSpec, profile: str):
         yield _at_large_n(spec, {"index_layout": layout, "index": spec.index_dtypes[0]})
 
 
-def _aliasing(spec: OpSpec, profile: str):
+def _aliasing(spec: OpSpec, profile: str, contract=None):
     for cache in spec.aliasing:
         yield from _with_large_n(spec, {"cache": cache})
     for layout in spec.layouts[1:]:
@@ -68,31 +68,36 @@ def _aliasing(spec: OpSpec, profile: str):
         yield {"layout": layout, "src": "fused"}
 
 
-def _padding(spec: OpSpec, profile: str):
+def _padding(spec: OpSpec, profile: str, contract=None):
+    """Every padding policy real kernels use, and the kernel's own reserved slot where it is
+    another than 0."""
     if spec.index_dtypes and not spec.returns:
-        for policy in ("negative", "reserved:0"):
+        policies = ["negative", "reserved:0"]
+        if contract is not None and contract.padding.startswith("reserved:") and contract.padding not in policies:
+            policies.append(contract.padding)
+        for policy in policies:
             for index in spec.index_dtypes:
                 yield {"padding": policy, "index": index}
             yield _at_large_n(spec, {"padding": policy, "index": spec.index_dtypes[0]})
 
 
-def _duplicates(spec: OpSpec, profile: str):
+def _duplicates(spec: OpSpec, profile: str, contract=None):
     if spec.index_dtypes and not spec.returns:
         yield {"dups": True}
 
 
-def _dcp(spec: OpSpec, profile: str):
+def _dcp(spec: OpSpec, profile: str, contract=None):
     if spec.dcp:
         for n in (133, 4096):
             yield {"dcp": True, "n": n}
 
 
-def _large(spec: OpSpec, profile: str):
+def _large(spec: OpSpec, profile: str, contract=None):
     if spec.large_case and (profile != "quick" or spec.large_in_quick):
         yield dict(spec.large_case, large=True)
 
 
-def _fp8(spec: OpSpec, profile: str):
+def _fp8(spec: OpSpec, profile: str, contract=None):
     if not spec.fp8:
         return
     formats = tuple(FORMATS) if profile != "quick" else ("e4m3fn", "e5m2")
@@ -102,7 +107,7 @@ def _fp8(spec: OpSpec, profile: str):
                 yield {"fp8": fmt, "scale": scale, "values": values}
 
 
-def _bad_input(spec: OpSpec, profile: str):
+def _bad_input(spec: OpSpec, profile: str, contract=None):
     for bad in spec.bad_inputs():
         yield {"bad": bad}
 
@@ -112,14 +117,16 @@ GENERATORS = {"dtypes": _dtypes, "sizes": _sizes, "strides": _strides, "aliasing
               "bad_input": _bad_input}
 
 
-def catalogue(op: str, profile: str = "quick") -> list[Case]:
-    """Every case of ``op`` in ``profile``, in a stable order, without duplicate ids."""
+def catalogue(op: str, profile: str = "quick", contract=None) -> list[Case]:
+    """Every case of ``op`` in ``profile``, in a stable order, without duplicate ids. With a
+    ``contract``, also the cases only that kernel's declarations call for (its own reserved
+    padding slot)."""
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r} is not one of {', '.join(PROFILES)}")
     spec = SPECS[op]
     seen, out = set(), []
     for case_class in CASE_CLASSES:
-        for params in GENERATORS[case_class](spec, profile):
+        for params in GENERATORS[case_class](spec, profile, contract):
             case = Case.make(op, case_class, **params)
             if case.id not in seen:
                 seen.add(case.id)

@@ -74,7 +74,7 @@ def pytest_generate_tests(metafunc):
                 if reason:
                     params.append(pytest.param((kernel, None, reason), id=f"{kernel.name}][unavailable"))
                     continue
-                for case in catalogue(op, profile):
+                for case in catalogue(op, profile, kernel.contract):
                     params.append(pytest.param((kernel, case, None), id=f"{kernel.name}][{case.id}"))
         if not params:
             params.append(pytest.param((None, None, "no kernel registered for this op matches the "
@@ -220,6 +220,7 @@ def _crash_record(report) -> dict | None:
     """The case a crashed worker was running, from its node id alone (the worker is gone):
     ``...test_<op>[<kernel>][<case id>]``."""
     from .cases import catalogue
+    from .registry import default_registry
 
     name = report.nodeid.rpartition("::")[2]
     func, _, rest = name.partition("[")
@@ -227,7 +228,10 @@ def _crash_record(report) -> dict | None:
         return None
     op = func.removeprefix("test_")
     kernel, _, case_id = rest[:-1].partition("][")
-    cases = {c.id: c for profile in ("quick", "full") for c in catalogue(op, profile)} if case_id else {}
+    known = default_registry.discover().kernels.get(kernel)
+    contract = known.contract if known else None
+    cases = ({c.id: c for profile in ("quick", "full") for c in catalogue(op, profile, contract)}
+             if case_id else {})
     case = cases.get(case_id)
     return {"op": op, "kernel": kernel, "case_id": case_id or "(property)",
             "case_class": case.cls if case else "property", "params": _jsonable_params(case) if case else {},

@@ -132,3 +132,27 @@ def test_a_kernel_that_skips_slot_zero_fails_ordinary_cases():
                                dtypes=("float32", "float16", "bfloat16", "uint8")), skips_zero, "test")
     assert all(run_case(reserved, c).status in (PASS, NOT_SUPPORTED) for c in catalogue("store_cache", "quick")
                if c.cls in ("dtypes", "sizes", "padding") and not c.p.get("large"))
+
+
+def skip_slot(reserved: int):
+    def store_cache(k, v, k_cache, v_cache, loc):
+        keep = loc != reserved
+        tn.store_cache(k[keep], v[keep], k_cache, v_cache, loc[keep])
+    return store_cache
+
+
+def test_a_kernels_own_reserved_slot_gets_padding_cases_and_is_never_a_real_slot():
+    contract = Contract(op="store_cache", name="r5", backend="test", padding="reserved:5",
+                        dtypes=("float32", "float16", "bfloat16", "uint8"))
+    cases = catalogue("store_cache", "quick", contract)
+    own = [c for c in cases if c.p.get("padding") == "reserved:5"]
+    assert own and not [c for c in catalogue("store_cache", "quick") if c.p.get("padding") == "reserved:5"]
+    for case in ordinary("store_cache"):
+        prepared, _ = built("store_cache", case, padding="reserved:5")
+        entries = index_values("store_cache", prepared)
+        assert 5 not in entries and 0 in entries, case.id
+    right = Kernel(contract, skip_slot(5), "test")
+    wrong = Kernel(contract, skip_slot(0), "test")
+    assert all(run_case(right, c).status == PASS for c in own)
+    assert all(run_case(wrong, c).status == FAIL for c in own)
+    assert all(run_case(wrong, c).status == FAIL for c in ordinary("store_cache"))
