@@ -109,7 +109,7 @@ def _owner(views: list[ViewSpec], offset: int):
         if not spec.shape or 0 in spec.shape:
             continue
         rel = offset - spec.offset
-        index, rest = [], rel
+        rest = rel
         order = sorted(range(len(spec.shape)), key=lambda i: -abs(spec.strides[i]))
         itemsize = spec.itemsize
         coords = [0] * len(spec.shape)
@@ -128,7 +128,6 @@ def _owner(views: list[ViewSpec], offset: int):
         score = (inside, spec.role == "cache")
         if best is None or score > best[0]:
             best = (score, (spec, tuple(coords), int(rest)))
-        index = coords
     return None if best is None else best[1]
 
 

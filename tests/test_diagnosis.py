@@ -8,14 +8,11 @@ report and JUnit; and nothing is diagnosed for a passing case.
 import json
 import xml.etree.ElementTree as ET
 
-import numpy as np
 import pytest
-import torch
 
 from oracle.cases import catalogue
 from oracle.contract import Contract
 from oracle.diagnose import CAUSES, Hypothesis
-from oracle.diagnose import engine
 from oracle.kernels import torch_native as tn
 from oracle.mutants import MUTANTS, mutant_contract
 from oracle.registry import Kernel

@@ -1,7 +1,6 @@
 """A plug-in whose paged writer collapses the per-head fp8 scale to head 0 (a real bug class),
 for the end-to-end diagnosis test."""
 
-import torch
 
 import oracle
 from oracle.kernels import torch_native as tn
