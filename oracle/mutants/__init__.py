@@ -22,13 +22,14 @@ import oracle
 from ..contract import Contract
 from .bases import BACKEND as BASE_BACKEND
 from .bases import BASES, Base
+from .conventions import CONVENTION_MUTANTS
 from .fp8_faults import FP8_MUTANTS
 from .kernels import MUTANTS as KERNEL_MUTANTS
 from .kernels import Mutant
 from .selfcheck import BaseResult, MutantResult, SelfCheckResult, format_table, self_check
 
 BACKEND = "mutant"
-MUTANTS = KERNEL_MUTANTS + FP8_MUTANTS  # the whole catalogue
+MUTANTS = KERNEL_MUTANTS + CONVENTION_MUTANTS + FP8_MUTANTS  # the whole catalogue
 
 
 def base_contracts() -> dict[str, Contract]:

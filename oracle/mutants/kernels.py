@@ -127,29 +127,6 @@ def store_cache_accepts_out_of_range(k, v, k_cache, v_cache, loc):
     v_cache.index_put_((index,), v)
 
 
-def store_cache_skips_slot_zero(k, v, k_cache, v_cache, loc):
-    keep = check_store(k, v, k_cache, v_cache, loc) & (loc != 0)  # slot 0 taken for padding
-    index = loc[keep].long()
-    k_cache.index_put_((index,), k[keep])
-    v_cache.index_put_((index,), v[keep])
-
-
-def store_cache_only_minus_one_is_padding(k, v, k_cache, v_cache, loc):
-    check_store(k, v, k_cache, v_cache, loc, padding="negative")  # base: skips every slot < 0
-    keep = loc != -1  # `if (slot == -1) return;`: -2 and below become ptr + slot * stride
-    for src, cache in ((k, k_cache), (v, v_cache)):
-        _raw.write_rows_at(cache, cache.storage_offset() + loc[keep].long() * cache.stride(0), src[keep])
-
-
-LARGE_N_PATH = 1024  # rows from which the mutant below takes its "vectorised" path
-
-
-def store_cache_large_n_ignores_source_stride(k, v, k_cache, v_cache, loc):
-    if loc.shape[0] >= LARGE_N_PATH:  # the fast path assumes packed rows; the small-N path is right
-        k, v = _contiguous(k), _contiguous(v)
-    tn.store_cache(k, v, k_cache, v_cache, loc)
-
-
 # --- set_mla_kv_buffer (base torch.set_mla_kv_buffer) ------------------------------------------
 
 def _check_mla(kv_buffer, loc, nope, rope) -> int:
@@ -178,32 +155,6 @@ def set_mla_clobbers_row_tail(kv_buffer, loc, cache_k_nope, cache_k_rope):
     written = _check_mla(kv_buffer, loc, cache_k_nope, cache_k_rope)
     tail = kv_buffer.new_zeros((loc.shape[0], kv_buffer.shape[1] - written))
     kv_buffer.index_put_((loc.long(),), torch.cat([cache_k_nope, cache_k_rope, tail], dim=1))
-
-
-DCP_WORLD, DCP_RANK = 2, 1  # the contract of torch.set_mla_kv_buffer.dcp2, the base below
-
-
-def set_mla_dcp_floor_modulo(kv_buffer, loc, cache_k_nope, cache_k_rope):
-    """Keeps ``loc % W == rank`` and writes row ``loc // W`` with floor ``%`` and ``//`` (torch's)
-    where the contract truncates (Triton's), and no sign check: at rank W - 1, -1 is kept as row
-    -1 and written at ``ptr - stride``, in the guard band before the buffer."""
-    dcp = dict(dcp_world=DCP_WORLD, dcp_rank=DCP_RANK)
-    tn.set_mla_kv_buffer_dcp(kv_buffer, loc[:0], cache_k_nope[:0], cache_k_rope[:0], **dcp)  # shapes
-    tn._dcp_rows(loc, kv_buffer.shape[0], DCP_WORLD, DCP_RANK, "truncate")  # the base's loc checks
-    for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)):
-        if src.shape[0] != loc.shape[0]:
-            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [{loc.shape[0]}, width]")
-    locs = loc.long()
-    keep = torch.remainder(locs, DCP_WORLD) == DCP_RANK
-    rows = torch.div(locs[keep], DCP_WORLD, rounding_mode="floor")
-    data = torch.cat([cache_k_nope, cache_k_rope], dim=1)[keep]
-    region = kv_buffer[:, : data.shape[1]]
-    starts = region.storage_offset() + rows * region.stride(0)
-    # A row past the allocation (a large negative loc) would fault in C; a mutant cannot do that
-    # safely, so it leaves those out: the row before the buffer is the bug the suite must find.
-    room = _raw.storage_elements(region).numel() - data.shape[1]
-    inside = (starts >= 0) & (starts <= room)
-    _raw.write_rows_at(region, starts[inside], data[inside])
 
 
 # --- concat_and_cache_mla (base torch.concat_and_cache_mla) ------------------------------------
@@ -274,18 +225,6 @@ def paged_noop(*args):
     _paged(*args, write=False)
 
 
-def paged_grid_from_source_rows(key, value, key_cache, value_cache, slot_mapping, *rest):
-    """One program per source row: slot_mapping is read past its end, up to key.shape[0]."""
-    rows = key.shape[0]
-    storage = _raw.storage_elements(slot_mapping)
-    last = slot_mapping.storage_offset() + (rows - 1) * slot_mapping.stride(0)
-    if rows and last >= storage.numel():
-        raise IndexError(f"slot_mapping read at element {last}, past its storage (a segfault, in C)")
-    widened = storage.as_strided((rows,), slot_mapping.stride(), slot_mapping.storage_offset())
-    _paged(key, value, key_cache, value_cache, slot_mapping, *rest, write=False)  # the checks
-    _paged(key, value, key_cache, value_cache, widened.clone(), *rest)
-
-
 # --- quantize_fp8 (base torch.quantize_fp8, or the satfinite variant) --------------------------
 
 def _quantize(out, x, scale, fmt, quotient=None, after=None):
@@ -352,9 +291,6 @@ CAUSES = {  # mutant -> the cause its failures must name
     "store_cache.writes_reserved_slot": "padding_policy",
     "store_cache.tears_duplicates": "torn_rows",
     "store_cache.accepts_out_of_range": "validation_missing",
-    "store_cache.skips_slot_zero": "slot_zero_skipped",
-    "store_cache.only_minus_one_is_padding": "only_minus_one_padding",
-    "store_cache.large_n_ignores_source_stride": "source_stride_ignored",
     "set_mla_kv_buffer.swaps_nope_rope": "parts_swapped",
     "set_mla_kv_buffer.rope_at_row_end": "part_misplaced",
     "set_mla_kv_buffer.clobbers_row_tail": "row_tail_written",
@@ -364,7 +300,6 @@ CAUSES = {  # mutant -> the cause its failures must name
     "reshape_and_cache_flash.assumes_nhd": "dense_cache_assumed",
     "reshape_and_cache_flash.inverted_scale": "scale_inverted",
     "reshape_and_cache_flash.noop": "nothing_written",
-    "reshape_and_cache_flash.grid_from_source_rows": "rows_past_index",
     "quantize_fp8.multiplies_reciprocal": "fp8_conversion",
     "quantize_fp8.double_rounds_f16": "fp8_conversion",
     "quantize_fp8.drops_nan_sign": "nan_mishandled",
@@ -372,7 +307,6 @@ CAUSES = {  # mutant -> the cause its failures must name
     "quantize_fp8.not_saturating": "fp8_conversion",
     "translate_full_to_swa.wraps_negative": "validation_missing",
     "translate_full_to_swa.ignores_index_stride": "index_stride_ignored",
-    "set_mla_kv_buffer.dcp_floor_modulo": "dcp_modulo",
 }
 
 T = "torch."
@@ -411,15 +345,6 @@ MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn, CAUSES[name
     ("store_cache.accepts_out_of_range", "store_cache", T + "store_cache",
      "declares validates=True but clamps out-of-range slots instead of raising",
      ("bad_input",), store_cache_accepts_out_of_range),
-    ("store_cache.skips_slot_zero", "store_cache", T + "store_cache",
-     "skips slot 0 as if it were the padding slot, though the contract reserves nothing",
-     ("dtypes", "sizes"), store_cache_skips_slot_zero),
-    ("store_cache.only_minus_one_is_padding", "store_cache", "mutant-base.store_cache.pad_negative",
-     "skips only slot == -1; other negative slots are written at ptr + slot * stride",
-     ("padding",), store_cache_only_minus_one_is_padding),
-    ("store_cache.large_n_ignores_source_stride", "store_cache", T + "store_cache",
-     f"ignores the source row stride on its fast path (N >= {LARGE_N_PATH}) only",
-     ("strides",), store_cache_large_n_ignores_source_stride),
     ("set_mla_kv_buffer.swaps_nope_rope", "set_mla_kv_buffer", T + "set_mla_kv_buffer",
      "swaps nope and rope (rope at offset 0, nope after it)",
      ("dtypes",), set_mla_swaps_nope_rope),
@@ -449,10 +374,6 @@ MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn, CAUSES[name
     ("reshape_and_cache_flash.noop", "reshape_and_cache_flash", T + "reshape_and_cache_flash",
      "validates, then leaves the caches untouched (a no-op)",
      ("dtypes",), paged_noop),
-    ("reshape_and_cache_flash.grid_from_source_rows", "reshape_and_cache_flash",
-     T + "reshape_and_cache_flash",
-     "sizes its grid from key's rows, reading slot_mapping past its end when key is longer",
-     ("sizes",), paged_grid_from_source_rows),
     ("quantize_fp8.multiplies_reciprocal", "quantize_fp8", T + "quantize_fp8",
      "multiplies by 1 / scale where the contract divides by scale",
      ("fp8",), quantize_multiplies_reciprocal),
@@ -475,8 +396,4 @@ MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn, CAUSES[name
      T + "translate_full_to_swa",
      "reads loc contiguously, ignoring the index tensor's stride",
      ("strides",), translate_ignores_index_stride),
-    ("set_mla_kv_buffer.dcp_floor_modulo", "set_mla_kv_buffer", T + "set_mla_kv_buffer.dcp2",
-     "uses floor modulo where the contract truncates: -1 is selected by rank W-1 and written one "
-     "row before the buffer",
-     ("dcp",), set_mla_dcp_floor_modulo),
 ])
