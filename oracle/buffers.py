@@ -183,7 +183,7 @@ class Arena:
              dtype: str = "uint8", role: str = "cache", values: np.ndarray | None = None) -> torch.Tensor:
         """A torch view into ``region``; ``values`` (numpy) are written into it when given."""
         shape = tuple(int(n) for n in shape)
-        strides = tuple(int(s) for s in (strides or _contiguous_strides(shape)))
+        strides = tuple(int(s) for s in (strides or contiguous_strides(shape)))
         spec = ViewSpec(name, region, offset, shape, strides, dtype, role)
         reg = self.regions[region]
         start, end = spec.extent()
@@ -311,7 +311,8 @@ def _scan_outside(flat: torch.Tensor, tile: np.ndarray, starts: np.ndarray, ends
     return tuple(found), count
 
 
-def _contiguous_strides(shape) -> tuple:
+def contiguous_strides(shape) -> tuple:
+    """The element strides of a packed row-major tensor of ``shape``."""
     strides, step = [], 1
     for n in reversed(shape):
         strides.append(step)

@@ -19,7 +19,7 @@ import oracle.runner as runner
 from oracle.cases import catalogue
 from oracle.contract import Contract
 from oracle.kernels import torch_native as tn
-from oracle.kernels._checks import check_paged_write
+from oracle.mutants.kernels import paged_write
 from oracle.mutants.bases import check_quantize
 from oracle.reference.fp8 import quantize
 from oracle.reference.presets import PRESETS
@@ -217,17 +217,8 @@ def quantize_with(codes_fn, touch_source=False):
 
 
 def paged_with(codes_fn):
-    def fn(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
-        fmt = check_paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                k_scale, v_scale)
-        num_tokens, block_size = slot_mapping.shape[0], key_cache.shape[1]
-        keep = slot_mapping >= 0
-        slots = slot_mapping[keep].long()
-        index = (slots // block_size, slots % block_size)
-        for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
-            rows = src[:num_tokens][keep]
-            cache.index_put_(index, rows if fmt is None else codes_fn(rows, scale, fmt))
-    return fn
+    """torch's paged write (its checks included) with ``codes_fn(rows, scale, fmt)`` converting."""
+    return lambda *args: paged_write(*args, codes=codes_fn)
 
 
 BUILDERS = {"quantize_fp8": quantize_with, "reshape_and_cache_flash": paged_with}

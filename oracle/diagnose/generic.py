@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..buffers import ViewSpec
+from ..buffers import ViewSpec, contiguous_strides
 from ..reference.slots import Padding
 from .hypothesis import Hypothesis
 
@@ -18,14 +18,6 @@ from .hypothesis import Hypothesis
 # The index as a misreading kernel sees it can repeat a slot (decoys are drawn with replacement):
 # any whole colliding row is then allowed, as for a kernel that declares duplicates="any".
 ANY_DUPLICATES = {"duplicates": "any"}
-
-
-def _dense(shape) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _by_role(views: dict, role: str) -> list[ViewSpec]:
@@ -36,10 +28,10 @@ def index_hypotheses(arena) -> list[Hypothesis]:
     out = []
     views = arena.views
     for index in _by_role(views, "index"):
-        if index.strides != _dense(index.shape):
+        if index.strides != contiguous_strides(index.shape):
             out.append(Hypothesis("index_stride_ignored", f"{index.name} read as if contiguous "
                                   f"(its stride {index.strides[-1]} ignored)",
-                                  views={index.name: (index.shape, _dense(index.shape), index.offset)},
+                                  views={index.name: (index.shape, contiguous_strides(index.shape), index.offset)},
                                   override=ANY_DUPLICATES))
         start = -arena.regions[index.region].guard  # the storage starts at the leading guard band
         if index.offset != start:
@@ -56,15 +48,15 @@ def index_hypotheses(arena) -> list[Hypothesis]:
 
 
 def source_hypotheses(views: dict) -> list[Hypothesis]:
-    strided = [v for v in _by_role(views, "source") if v.strides != _dense(v.shape)]
+    strided = [v for v in _by_role(views, "source") if v.strides != contiguous_strides(v.shape)]
     if not strided:
         return []
     names = ", ".join(v.name for v in strided)
     out = [Hypothesis("source_stride_ignored", f"the row stride of {names} ignored (rows read as if packed)",
-                      views={v.name: (v.shape, _dense(v.shape), v.offset) for v in strided})]
+                      views={v.name: (v.shape, contiguous_strides(v.shape), v.offset) for v in strided})]
     if len(strided) > 1:
         out += [Hypothesis("source_stride_ignored", f"the row stride of {v.name} ignored (its rows read "
-                           "as if packed)", views={v.name: (v.shape, _dense(v.shape), v.offset)})
+                           "as if packed)", views={v.name: (v.shape, contiguous_strides(v.shape), v.offset)})
                 for v in strided]
     return out
 
@@ -94,11 +86,11 @@ def cache_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
                               f"({wrong}) instead of dimension 1 ({paged[0].shape[1]})",
                               views={c.name: ((-(-c.shape[0] * c.shape[1] // wrong), wrong) + c.shape[2:],
                                               c.strides, c.offset) for c in paged}))
-    undense = [c for c in caches if c.strides != _dense(c.shape)]
+    undense = [c for c in caches if c.strides != contiguous_strides(c.shape)]
     if undense:
         out.append(Hypothesis("dense_cache_assumed", "the caches assumed dense in their logical "
                               f"[{', '.join(map(str, caches[0].shape[1:]))}] rows (strides ignored)",
-                              views={c.name: (c.shape, _dense(c.shape), c.offset) for c in undense}))
+                              views={c.name: (c.shape, contiguous_strides(c.shape), c.offset) for c in undense}))
     return out
 
 
@@ -114,7 +106,7 @@ def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     rows = caches + sources
     if not caches or any(len(v.shape) != 3 for v in rows):
         return []
-    if any(v.strides[1:] != _dense(v.shape[1:]) for v in rows):
+    if any(v.strides[1:] != contiguous_strides(v.shape[1:]) for v in rows):
         return []
     width = int(np.prod(caches[0].shape[1:]))
     itemsize = caches[0].itemsize

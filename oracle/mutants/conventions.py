@@ -11,7 +11,7 @@ import torch
 from ..kernels import torch_native as tn
 from . import _raw
 from .bases import check_store
-from .kernels import Mutant, _contiguous, _paged
+from .kernels import Mutant, read_packed, paged_write
 
 
 # --- store_cache (base torch.store_cache, or a bases.py variant) ------------------------------
@@ -35,7 +35,7 @@ LARGE_N_PATH = 1024  # rows from which the mutant below takes its "vectorised" p
 
 def store_cache_large_n_ignores_source_stride(k, v, k_cache, v_cache, loc):
     if loc.shape[0] >= LARGE_N_PATH:  # the fast path assumes packed rows; the small-N path is right
-        k, v = _contiguous(k), _contiguous(v)
+        k, v = read_packed(k), read_packed(v)
     tn.store_cache(k, v, k_cache, v_cache, loc)
 
 
@@ -77,8 +77,8 @@ def paged_grid_from_source_rows(key, value, key_cache, value_cache, slot_mapping
     if rows and last >= storage.numel():
         raise IndexError(f"slot_mapping read at element {last}, past its storage (a segfault, in C)")
     widened = storage.as_strided((rows,), slot_mapping.stride(), slot_mapping.storage_offset())
-    _paged(key, value, key_cache, value_cache, slot_mapping, *rest, write=False)  # the checks
-    _paged(key, value, key_cache, value_cache, widened.clone(), *rest)
+    paged_write(key, value, key_cache, value_cache, slot_mapping, *rest, write=False)  # the checks
+    paged_write(key, value, key_cache, value_cache, widened.clone(), *rest)
 
 
 T = "torch."

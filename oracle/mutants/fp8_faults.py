@@ -14,7 +14,7 @@ import torch
 from ..kernels import _checks as checks
 from ..kernels import torch_native as tn
 from .bases import check_quantize
-from .kernels import Mutant, _paged
+from .kernels import Mutant, paged_write
 
 MANTISSA_BITS = {"e4m3fn": 3, "e5m2": 2, "e4m3fnuz": 3, "e5m2fnuz": 2}
 WRONG_FORMAT = {"e4m3fn": "e4m3fnuz", "e5m2": "e5m2fnuz"}  # the ROCm format of the same layout
@@ -25,14 +25,14 @@ WRONG_FORMAT = {"e4m3fn": "e4m3fnuz", "e5m2": "e5m2fnuz"}  # the ROCm format of 
 def paged_collapses_head_scale(*args):
     def codes(rows, scale, fmt):  # scale[0] for every head: a kernel that loads k_scale[0]
         return tn._to_fp8_codes(rows, scale.reshape(-1)[:1], fmt)
-    _paged(*args, codes=codes)
+    paged_write(*args, codes=codes)
 
 
 def paged_v_uses_k_scale(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                          k_scale, v_scale):
-    _paged(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
+    paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
            write=False)  # the checks, on the real arguments
-    _paged(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, k_scale)
+    paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, k_scale)
 
 
 # --- concat_and_cache_mla (base torch.concat_and_cache_mla) ------------------------------------

@@ -41,7 +41,7 @@ class Mutant:
         return self.name.removeprefix("mutant.")
 
 
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
+def read_packed(t: torch.Tensor) -> torch.Tensor:
     """``t``'s elements read as if ``t`` were contiguous from its first element (strides
     ignored; the storage offset kept)."""
     strides, step = [], 1
@@ -54,11 +54,11 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
 # --- store_cache (base torch.store_cache, or a bases.py variant) ------------------------------
 
 def store_cache_ignores_source_stride(k, v, k_cache, v_cache, loc):
-    tn.store_cache(_contiguous(k), _contiguous(v), k_cache, v_cache, loc)
+    tn.store_cache(read_packed(k), read_packed(v), k_cache, v_cache, loc)
 
 
 def store_cache_ignores_index_stride(k, v, k_cache, v_cache, loc):
-    tn.store_cache(k, v, k_cache, v_cache, _contiguous(loc))
+    tn.store_cache(k, v, k_cache, v_cache, read_packed(loc))
 
 
 def store_cache_ignores_index_offset(k, v, k_cache, v_cache, loc):
@@ -175,7 +175,7 @@ def _div_codes(rows, scale, fmt):
     return tn._to_fp8_codes(rows, scale, fmt)
 
 
-def _paged(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
+def paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
            codes=_div_codes, views=None, write=True):
     """torch.reshape_and_cache_flash with its checks (run first on a zero-length call), the fp8
     conversion ``codes(rows, scale, fmt)`` and the cache views ``views(key_cache, value_cache)``
@@ -206,23 +206,23 @@ def paged_v_uses_k_strides(*args):
     def views(key_cache, value_cache):
         return key_cache, value_cache.as_strided(value_cache.shape, key_cache.stride(),
                                                  value_cache.storage_offset())
-    _paged(*args, views=views)
+    paged_write(*args, views=views)
 
 
 def paged_assumes_nhd(*args):
     def views(key_cache, value_cache):
-        return tuple(_contiguous(c) for c in (key_cache, value_cache))
-    _paged(*args, views=views)
+        return tuple(read_packed(c) for c in (key_cache, value_cache))
+    paged_write(*args, views=views)
 
 
 def paged_inverted_scale(*args):
     def codes(rows, scale, fmt):
         return (rows.float() * scale.reshape(1, -1, 1)).to(tn.FP8_DTYPES[fmt]).view(torch.uint8)
-    _paged(*args, codes=codes)
+    paged_write(*args, codes=codes)
 
 
 def paged_noop(*args):
-    _paged(*args, write=False)
+    paged_write(*args, write=False)
 
 
 # --- quantize_fp8 (base torch.quantize_fp8, or the satfinite variant) --------------------------
@@ -274,7 +274,7 @@ def translate_wraps_negative(mapping, loc):
 
 
 def translate_ignores_index_stride(mapping, loc):
-    return tn.translate_full_to_swa(mapping, _contiguous(loc))
+    return tn.translate_full_to_swa(mapping, read_packed(loc))
 
 
 # --- the catalogue -----------------------------------------------------------------------------
