@@ -145,3 +145,17 @@ def test_the_block_size_taken_from_the_wrong_dimension_is_named():
     case = next(c for c in catalogue("reshape_and_cache_flash", "quick") if c.p.get("shape") == (32, 128))
     outcome = run_case(kernel, case)
     assert outcome.status == FAIL and outcome.cause["id"] == "block_size_wrong_dim", outcome.message
+
+
+def translate_from_storage_start(mapping, loc):
+    return tn.translate_full_to_swa(mapping, loc.as_strided(loc.shape, loc.stride(), 0))
+
+
+def test_a_translation_that_ignores_the_index_offset_is_named():
+    """The returned-tensor op is diagnosed through the same index hypotheses (the guard band
+    before every index holds valid table entries, as a storage-start read sees)."""
+    kernel = Kernel(Contract(op="translate_full_to_swa", name="start", backend="test", padding="negative"),
+                    translate_from_storage_start, "test")
+    case = next(c for c in catalogue("translate_full_to_swa", "quick") if c.id == "int32-offset_index")
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "index_offset_ignored", outcome.message

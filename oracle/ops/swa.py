@@ -15,13 +15,15 @@ padding class for ops that return.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
 from .. import reference
-from ..buffers import NUMPY_DTYPES, TORCH_DTYPES, Arena, dtype_name, to_numpy
+from ..buffers import NUMPY_DTYPES, TORCH_DTYPES, Arena, dtype_name, numpy_view, to_numpy
 from ..contract import Contract
-from ..diagnose.hypothesis import Hypothesis
+from ..diagnose.generic import index_hypotheses
 from . import _build
 from .base import Case, OpSpec, Prepared
 
@@ -149,23 +151,20 @@ class TranslateFullToSwa(OpSpec):
 
     @staticmethod
     def _misreads(prepared: Prepared):
-        """What a kernel returns when it reads loc contiguously from its first element (stride
-        ignored) or from its storage's start (storage offset ignored)."""
-        views = prepared.arena.views
-        if "loc_storage" not in views or "loc" not in views:
-            return
-        spec = views["loc"]
-        storage = prepared.numpy("loc_storage").astype(np.int64)
+        """What a kernel returns when it reads loc as the generic index hypotheses say (its stride
+        or its storage offset ignored): (hypothesis, the translation of what it read)."""
+        arena = prepared.arena
         mapping = prepared.numpy("mapping").astype(np.int64)
-        start = spec.offset // spec.itemsize
-        n = int(np.prod(spec.shape))
-        for hypothesis, begin in ((Hypothesis("index_stride_ignored", "loc read contiguously (its "
-                                              "stride ignored)"), start),
-                                  (Hypothesis("index_offset_ignored", "loc read from its storage's "
-                                              "start (its storage offset ignored)"), 0)):
-            if (spec.strides == (1,) and begin == start) or begin + n > storage.size:
+        for hypothesis in index_hypotheses(arena):
+            if hypothesis.cause not in ("index_stride_ignored", "index_offset_ignored"):
                 continue
-            read = storage[begin: begin + n]
+            shape, strides, offset = hypothesis.views["loc"]
+            spec = replace(arena.views["loc"], shape=tuple(shape), strides=tuple(strides), offset=offset)
+            try:
+                read = numpy_view(prepared.before[spec.region], spec,
+                                  arena.regions[spec.region].guard).astype(np.int64)
+            except ValueError:  # reaches past the allocation
+                continue
             if np.all((read >= -len(mapping)) & (read < len(mapping))):
                 yield hypothesis, mapping[read]
 
