@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..buffers import NUMPY_DTYPES, Arena
+from ..buffers import NUMPY_DTYPES, Arena, contiguous_strides
 from ..reference.slots import Padding
 
 GUARD_MIN = 256
@@ -160,7 +160,7 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
     arena.region(region, max(n * row * dtype.itemsize, 1), GUARD_MIN)
     out, column = [], lead
     for name, a, w in zip(names, arrays, widths):
-        strides = (row,) + _inner_strides(a.shape[1:])
+        strides = (row,) + contiguous_strides(a.shape[1:])
         out.append(arena.view(name, region, a.shape, strides, column * dtype.itemsize,
                               _dtype_name(dtype), role="source", values=a))
         column += w
@@ -188,7 +188,7 @@ def caches(arena: Arena, names: tuple, shapes: tuple, dtype: str, layout: str, s
     arena.region(region, shapes[0][0] * stride0 * itemsize, max(GUARD_MIN, 2 * stride0 * itemsize))
     out, column = [], 0
     for name, shape, width in zip(names, shapes, per_slot):
-        strides = (stride0,) + _inner_strides(shape[1:])
+        strides = (stride0,) + contiguous_strides(shape[1:])
         out.append(arena.view(name, region, shape, strides, column * itemsize, dtype, role="cache"))
         column += width
     return tuple(out)
@@ -204,7 +204,7 @@ def large_caches(arena: Arena, names: tuple, shapes: tuple):
     payload = LARGE_LEAD + (LARGE_UNITS - 1) * LARGE_STRIDE + (len(names) - 1) * share + rows[-1]
     region = "_".join(names) + "_large"
     arena.region(region, payload, GUARD_MIN, sparse=True)
-    return tuple(arena.view(name, region, shape, (LARGE_STRIDE,) + _inner_strides(shape[1:]),
+    return tuple(arena.view(name, region, shape, (LARGE_STRIDE,) + contiguous_strides(shape[1:]),
                             LARGE_LEAD + i * share, "uint8", role="cache")
                  for i, (name, shape) in enumerate(zip(names, shapes)))
 
@@ -217,14 +217,6 @@ def large_slots(rng: np.random.Generator, n: int, per_unit: int = 1) -> np.ndarr
     units = np.concatenate([[LARGE_UNITS - 1, LARGE_UNITS - 2],
                             rng.choice(np.arange(1, LARGE_UNITS // 2), size=n - 2, replace=False)])
     return (units * per_unit + rng.integers(0, per_unit, size=n)).astype(np.int64)
-
-
-def _inner_strides(shape) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
 
 
 def dtype_of(array: np.ndarray) -> str:
