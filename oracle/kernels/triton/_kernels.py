@@ -16,10 +16,18 @@ a tile of ``BLOCK_N`` rows by ``BLOCK_R`` row elements (MLA: ``BLOCK_A`` + ``BLO
 per part); the host picks the tile and the warps (few, large tiles under the interpreter, where
 every program is one Python call).
 
-Slots outside ``[0, num_slots)`` are never written: the host rejects them before the launch where
-the op's padding policy does not skip them, and the mask drops them (negative padding, and
-anything a CUDA graph replays without host validation). ``HAS_PAD_SLOT`` also skips slot
-``pad_slot`` (padding ``reserved:K``).
+Slots outside ``[0, num_slots)`` are never written: the mask drops them (negative padding, and
+anything an unvalidated call passes). ``HAS_PAD_SLOT`` also skips slot ``pad_slot`` (padding
+``reserved:K``).
+
+Validation happens on the device (``CHECK``), so a validating call never synchronizes the host:
+before any store, the writer decides whether every slot of the call is legal (``< num_slots``, and
+``>= 0`` unless ``NEGATIVE_OK``), and if one is not, no program stores anything and program 0
+writes the first illegal entry into the host-mapped mailbox (:mod:`oracle.kernels._deferred`).
+``CHECK == 1``: every program scans the whole index itself (small N: one launch, no communication
+between programs). ``CHECK == 2``: :func:`check_slots` ran first and left each chunk's first
+illegal entry in ``verdict``; the writer, launched with programmatic dependent launch after it,
+reads those few words after ``griddepcontrol.wait``.
 """
 
 from __future__ import annotations
@@ -44,6 +52,70 @@ def _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
     if HAS_PAD_SLOT:
         keep = keep & (slot != pad_slot)
     return slot, keep
+
+
+@triton.jit
+def _first_illegal(idx_ptr, idx_stride, start, end, sentinel, num_slots,
+                   NEGATIVE_OK: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+    """The first entry in ``[start, end)`` of the index whose slot is illegal (``>= num_slots``,
+    or ``< 0`` unless ``NEGATIVE_OK``), as int64; ``sentinel`` if none is. ``STEPS * BLOCK``
+    must reach ``end - start`` (a loop with a constant trip count: the CPU interpreter cannot
+    loop to a run-time bound)."""
+    first = sentinel + tl.zeros([], tl.int64)
+    for step in range(STEPS):
+        r = start + step * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+        inside = r < end
+        slot = tl.load(idx_ptr + r * idx_stride, mask=inside, other=0).to(tl.int64)
+        legal = slot < num_slots
+        if not NEGATIVE_OK:
+            legal = legal & (slot >= 0)
+        bad = inside & (legal == 0)
+        first = tl.minimum(first, tl.min(tl.where(bad, r, sentinel), axis=0))
+    return first
+
+
+@triton.jit
+def _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr, arg_code,
+                   pad_code, pad_slot, is_first_program, CHECK: tl.constexpr, NEGATIVE_OK: tl.constexpr,
+                   CHECK_BLOCK: tl.constexpr, SYS_FENCE: tl.constexpr):
+    """Whether every slot of the call is legal (see the module docstring for ``CHECK``; under
+    ``CHECK == 1``, ``CHECK_BLOCK >= n``); where one is not, ``is_first_program`` records the first illegal entry in the mailbox."""
+    if CHECK == 1:
+        first = _first_illegal(idx_ptr, idx_stride, 0, n, n, num_slots, NEGATIVE_OK, CHECK_BLOCK, 1)
+    else:
+        part = tl.arange(0, CHECK_BLOCK)
+        first = tl.min(tl.load(verdict_ptr + part, mask=part < verdict_count, other=n).to(tl.int64), axis=0)
+    if (first < n) & is_first_program:
+        value = tl.load(idx_ptr + first * idx_stride).to(tl.int64)
+        tl.store(mailbox_ptr + 1, first)
+        tl.store(mailbox_ptr + 2, value)
+        tl.store(mailbox_ptr + 3, num_slots + tl.zeros([], tl.int64))
+        tl.store(mailbox_ptr + 4, arg_code + tl.zeros([], tl.int64))
+        tl.store(mailbox_ptr + 5, pad_code + tl.zeros([], tl.int64))
+        tl.store(mailbox_ptr + 6, pad_slot + tl.zeros([], tl.int64))
+        if SYS_FENCE:  # the host may read word 0 without synchronizing: the words before it land first
+            tl.inline_asm_elementwise("fence.sc.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        tl.store(mailbox_ptr, 1 + tl.zeros([], tl.int64))
+    return first >= n
+
+
+@triton.jit
+def check_slots(idx_ptr, idx_stride, n, num_slots, chunk, verdict_ptr,
+                NEGATIVE_OK: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr, PDL: tl.constexpr,
+                TRIGGER: tl.constexpr):
+    """``verdict[p]`` = the first illegal entry among entries ``[p * chunk, (p + 1) * chunk)``,
+    or ``n``. ``TRIGGER`` (sm_90+): let the writer that follows, launched with programmatic
+    dependent launch, be scheduled at once; it waits for this grid to complete before it reads
+    the verdict. ``PDL``: this grid was itself launched with PDL, so it waits for the previous one."""
+    if PDL:
+        gdc_wait()
+    if TRIGGER:
+        gdc_launch_dependents()
+    start = tl.program_id(0).to(tl.int64) * chunk
+    end = tl.minimum(start + chunk, n)
+    tl.store(verdict_ptr + tl.program_id(0), _first_illegal(idx_ptr, idx_stride, start, end, n, num_slots,
+                                                            NEGATIVE_OK, BLOCK, STEPS))
 
 
 @triton.jit
@@ -92,9 +164,11 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
                 idx_ptr, idx_stride, scale_ptr, scale_stride,
                 n, heads, dim, block_size, num_slots, pad_slot,
                 src2_ptr, dst2_ptr, scale2_ptr,
+                verdict_ptr, verdict_count, mailbox_ptr, arg_code, pad_code,
                 HAS_INDEX: tl.constexpr, HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
                 FLAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr,
-                PF_R: tl.constexpr = 0, PF_SECTOR: tl.constexpr = 1):
+                PF_R: tl.constexpr = 0, PF_SECTOR: tl.constexpr = 1, CHECK: tl.constexpr = 0,
+                NEGATIVE_OK: tl.constexpr = 0, CHECK_BLOCK: tl.constexpr = 64, SYS_FENCE: tl.constexpr = 0):
     """Grid axis 2 is the side: programs ``(i, j, 1)`` write ``src2`` into ``dst2`` with
     ``scale2`` (V next to K in one launch; the host passes both sides' shared strides).
 
@@ -104,7 +178,7 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
 
     ``PDL`` (launched with programmatic dependent launch): see :func:`_pdl_prologue`. ``PF_R``
     (FLAT rows with unit element stride only): first ask the L2 for the tile's source rows, ``PF_R``
-    sectors each (:func:`_prefetch_l2`), before the PDL wait."""
+    sectors each (:func:`_prefetch_l2`), before the PDL wait. ``CHECK``: see the module docstring."""
     if tl.program_id(2) == 1:
         src_ptr = src2_ptr
         dst_ptr = dst2_ptr
@@ -118,6 +192,11 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
     _pdl_prologue(PDL)
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         HAS_INDEX, HAS_PAD_SLOT)
+    if CHECK != 0:
+        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+        keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
+                                     arg_code, pad_code, pad_slot, first, CHECK, NEGATIVE_OK, CHECK_BLOCK,
+                                     SYS_FENCE)
     # a row has fewer than 2**31 elements: 32-bit element numbers, widened before any stride product
     e = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     e_mask = e < heads * dim
@@ -151,14 +230,18 @@ def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
               dst_ptr, dst_block_stride, dst_token_stride, dst_s1,
               idx_ptr, idx_stride, scale_ptr,
               n, width_a, width_b, block_size, num_slots, pad_slot,
+              verdict_ptr, verdict_count, mailbox_ptr, arg_code, pad_code,
               HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr,
-              PF_A: tl.constexpr = 0, PF_B: tl.constexpr = 0, PF_SECTOR: tl.constexpr = 1):
+              PF_A: tl.constexpr = 0, PF_B: tl.constexpr = 0, PF_SECTOR: tl.constexpr = 1,
+              CHECK: tl.constexpr = 0, NEGATIVE_OK: tl.constexpr = 0, CHECK_BLOCK: tl.constexpr = 64,
+              SYS_FENCE: tl.constexpr = 0):
     """Columns ``[j * BLOCK_A, (j + 1) * BLOCK_A)`` of part a and ``[j * BLOCK_B, ...)`` of part
     b for program ``(i, j)``: each part in its own power-of-two tile, so no lane is spent on the
     padding of one tile over the whole ``a | b`` row, and both copies vectorize. ``PDL``: see
     :func:`_pdl_prologue`. ``PF_A``, ``PF_B`` (unit column strides only): first ask the L2 for the
-    tile's source rows, that many sectors of each part (:func:`_prefetch_l2`), before the PDL wait."""
+    tile's source rows, that many sectors of each part (:func:`_prefetch_l2`), before the PDL wait.
+    ``CHECK``: see the module docstring."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     if PF_A != 0:
@@ -170,6 +253,11 @@ def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
     _pdl_prologue(PDL)
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         True, HAS_PAD_SLOT)
+    if CHECK != 0:
+        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+        keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
+                                     arg_code, pad_code, pad_slot, first, CHECK, NEGATIVE_OK, CHECK_BLOCK,
+                                     SYS_FENCE)
     rows64 = rows.to(tl.int64)[:, None]
     dst_row = ((slot // block_size) * dst_block_stride + (slot % block_size) * dst_token_stride)[:, None]
     j = tl.program_id(1).to(tl.int64)

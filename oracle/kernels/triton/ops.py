@@ -8,11 +8,15 @@ first launch. Each writer takes a keyword-only ``padding`` (``"none"``, ``"negat
 skips. Copies are bitwise: sources and caches are reinterpreted as integers of the same width, so
 the kernel moves bits, never floats.
 
-The checks that read device values (slot ranges, scale values, the sentinel) cost a
-synchronization, tens of microseconds that dwarf a decode step's launch. They are skipped under
-CUDA-graph capture (reading would break it) and with the keyword ``validate=False``, the fast path
-for callers that vouch for their slots (serving engines in decode; registered as
-``triton.<op>.unchecked`` with ``validates=False``). The writers' keyword ``pdl=True`` launches
+The writers check their slots on the device, never reading them on the host (a synchronization
+costs tens of microseconds, and a CUDA graph cannot capture one): a call with an illegal slot
+writes nothing, and its error is raised by the next validating call, by
+``oracle.kernels.raise_deferred_errors()``, or at once with ``validate="sync"`` or
+``KV_ORACLE_SYNC_ERRORS=1`` (:mod:`._validate`, :mod:`oracle.kernels._deferred`); the check runs in
+CUDA graphs too. ``validate=False`` skips it, the fast path for callers that vouch for their slots
+(serving engines in decode; registered as ``triton.<op>.unchecked`` with ``validates=False``).
+concat_and_cache_mla's scale value (finite, > 0) is read, and so checked, under
+``validate="sync"`` only. The writers' keyword ``pdl=True`` launches
 with programmatic dependent launch (sm_90+): the kernel may start while the previous one on the
 stream finishes and waits for it (``griddepcontrol.wait``) before touching memory, so only launch
 latency overlaps; registered as ``triton.<op>.pdl`` (with ``validate=False``, the way a decode
@@ -30,6 +34,7 @@ import torch
 
 from .._checks import (FLOAT_DTYPES, FP8_FORMATS, INDEX_DTYPES, KV_CACHE_DTYPES, check_concat_mla,
                        check_paged_write, check_rows, check_scale, check_translate, check_translate_values)
+from . import _validate
 
 KERNEL_FP8 = {"e4m3fn": 1, "e5m2": 2}  # formats the kernels implement (Triton float8e4nv, float8e5)
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -81,6 +86,7 @@ class Padding:
         self.spec = spec
         self.negative = spec == "negative"
         self.reserved = None
+        self.kind = spec if spec in ("none", "negative") else "reserved"
         if spec.startswith("reserved:"):
             try:
                 self.reserved = int(spec.split(":", 1)[1])
@@ -125,28 +131,24 @@ def _reads_device(validate: bool, tensor: torch.Tensor) -> bool:
     return validate and not _capturing(tensor)
 
 
-def _check_slots(name: str, index: torch.Tensor, num_slots: int, padding: Padding,
-                 validate: bool = True) -> None:
-    """Every entry in ``[0, num_slots)`` or skipped by ``padding`` (reads the index, one
-    synchronization; see :func:`_reads_device` for when it is skipped)."""
-    if not index.numel() or not _reads_device(validate, index):
-        return
-    low, high = torch.aminmax(index)
-    low, high = int(low), int(high)
-    if high >= num_slots:
-        raise ValueError(f"{name} holds slot {high}, out of range [0, {num_slots})"
-                         + (" (negative slots are padding)" if padding.negative else ""))
-    if low >= 0 or padding.negative:
-        return
-    if padding.reserved is not None and padding.reserved < num_slots:
-        bad = index[(index < 0)]
-        raise ValueError(f"{name} holds slot {int(bad[0])}, out of range [0, {num_slots}) "
-                         f"(padding={padding.spec!r} skips only slot {padding.reserved})")
-    raise ValueError(f"{name} holds slot {low}, out of range [0, {num_slots})")
+def _begin_check(argument: str, index: torch.Tensor, n: int, num_slots: int, padding: Padding, validate,
+                 device: torch.device, placeholder: torch.Tensor, pdl: bool) -> _validate.Check:
+    """The device check of a writer call (:mod:`._validate`): none with ``validate=False``, else
+    planned (and, for a long index, the check grid launched) before the writer's launch."""
+    if validate is False:
+        return _validate.unchecked(placeholder)
+    return _validate.plan(kernels(), _launch, index, n, num_slots, padding, argument, validate, device,
+                          interpreting(), _capturing(index), _pdl_capable(device), pdl)
 
 
+@functools.lru_cache(maxsize=16)
+def _pdl_capable_index(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
+def _pdl_capable(device: torch.device) -> bool:
+    """Whether launches on ``device`` can use programmatic dependent launch (sm_90+)."""
+    return device.type == "cuda" and not interpreting() and _pdl_capable_index(device.index)
 
 
 def _kernel_format(fmt: str, allow_interpreter_fp8: bool) -> int:
@@ -346,15 +348,17 @@ _launcher = None  # ._launch.launcher, imported (with triton) on the first GPU l
 
 
 def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, fp8: int = 0,
-                scale=None, device=None, second=None, pdl: bool = False):
+                scale=None, device=None, second=None, pdl: bool = False, check: _validate.Check | None = None):
     """Launch ``paged_write`` for rows ``src`` ``[N, H, D]`` into a cache addressed by
     ``cache5 = (tensor, block_stride, token_stride, head_stride, dim_stride)``; ``second``, a
     ``(src, cache, scale)`` with the same shapes and strides, rides along as side 1 of the same
-    launch."""
+    launch. ``check``: the call's device slot check (:func:`_begin_check`; none by default)."""
     (_, heads, dim), (s0, s1, s2) = _rows3("source", src)
     cache, block_stride, token_stride, c_h, c_d = cache5
     if n == 0 or heads * dim == 0:
         return
+    check = check or _validate.unchecked(cache)
+    pdl = pdl or check.pdl
     flat = (heads == 1 or (s1 == dim * s2 and c_h == dim * c_d)) and (scale is None or scale.numel() == 1)
     t = tile(n, heads * dim, "paged_write_fp8" if fp8 else "paged_write")
     scale_t = scale if scale is not None else cache
@@ -367,9 +371,9 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, 
             index_t, index.stride(0) if index is not None else 0, scale_t, scale_stride,
             n, heads, dim, block_size, num_slots,
             padding.reserved if padding.reserved is not None else 0,
-            src2, cache2, scale2 if scale2 is not None else scale_t,
+            src2, cache2, scale2 if scale2 is not None else scale_t, *check.args,
             HAS_INDEX=index is not None, HAS_PAD_SLOT=padding.reserved is not None, FP8=fp8, FLAT=flat,
-            BLOCK_N=t.block_n, BLOCK_R=t.block_r, PDL=pdl, num_warps=t.num_warps,
+            BLOCK_N=t.block_n, BLOCK_R=t.block_r, PDL=pdl, num_warps=t.num_warps, **check.meta,
             **_prefetch_counts(pdl, src.element_size(), (("PF_R", t.block_r, heads * dim, flat and s2 == 1),)))
 
 
@@ -393,17 +397,19 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, p
             raise ValueError(f"{name} has shape {tuple(t.shape)}; expected [S, H, D] or [S, W]")
     device = _device(k, v, k_cache, v_cache, loc)
     num_slots = k_cache.shape[0]
-    _check_slots("loc", loc, num_slots, pad, validate)
     n = loc.shape[0]
+    check = _begin_check("loc", loc, n, num_slots, pad, validate, device, k_cache, pdl)
     if _same_layout(k, v) and _same_layout(k_cache, v_cache):  # the usual case: one launch
         _, strides = _rows3("cache", k_cache)
         _paged_rows(_as_bits(k), (_as_bits(k_cache), strides[0], 0, strides[1], strides[2]), loc, n,
-                    1, num_slots, pad, device=device, second=(_as_bits(v), _as_bits(v_cache), None), pdl=pdl)
-        return
-    for src, cache in ((k, k_cache), (v, v_cache)):
-        _, strides = _rows3("cache", cache)
-        _paged_rows(_as_bits(src), (_as_bits(cache), strides[0], 0, strides[1], strides[2]), loc, n,
-                    1, num_slots, pad, device=device, pdl=pdl)
+                    1, num_slots, pad, device=device, second=(_as_bits(v), _as_bits(v_cache), None), pdl=pdl,
+                    check=check)
+    else:
+        for src, cache in ((k, k_cache), (v, v_cache)):
+            _, strides = _rows3("cache", cache)
+            _paged_rows(_as_bits(src), (_as_bits(cache), strides[0], 0, strides[1], strides[2]), loc, n,
+                        1, num_slots, pad, device=device, pdl=pdl, check=check)
+    _validate.finish(check)
 
 
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none", validate=True, pdl=False):
@@ -422,18 +428,21 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
     if kv_buffer.shape[1] < width:
         raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")
     device = _device(kv_buffer, loc, cache_k_nope, cache_k_rope)
-    _check_slots("loc", loc, kv_buffer.shape[0], pad, validate)
     n = loc.shape[0]
+    check = _begin_check("loc", loc, n, kv_buffer.shape[0], pad, validate, device, kv_buffer, pdl)
     if n == 0 or width == 0:
         return
     _mla_rows(_as_bits(cache_k_nope), _as_bits(cache_k_rope),
               (_as_bits(kv_buffer), kv_buffer.stride(0), 0, kv_buffer.stride(1)), loc, n, 1,
-              kv_buffer.shape[0], pad, 0, None, device, pdl)
+              kv_buffer.shape[0], pad, 0, None, device, pdl, check=check)
+    _validate.finish(check)
 
 
 def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, scale, device, pdl=False,
-              tiles="mla_write"):
+              tiles="mla_write", check: _validate.Check | None = None):
     cache, block_stride, token_stride, elem_stride = cache4
+    check = check or _validate.unchecked(cache)
+    pdl = pdl or check.pdl
     width_a, width_b = a.shape[1], b.shape[1]
     t = tile(n, max(width_a, width_b), tiles, (width_a, width_b), device, pdl and _prefetching(pdl))
     grid = (_cdiv(n, t.block_n), max(_cdiv(width_a, t.block_a), _cdiv(width_b, t.block_b)))
@@ -444,9 +453,9 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, 
             cache, block_stride, token_stride, elem_stride,
             index, index.stride(0), scale if scale is not None else cache,
             n, width_a, width_b, block_size, num_slots,
-            pad.reserved if pad.reserved is not None else 0,
+            pad.reserved if pad.reserved is not None else 0, *check.args,
             HAS_PAD_SLOT=pad.reserved is not None, FP8=fp8, BLOCK_N=t.block_n, BLOCK_A=t.block_a,
-            BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps,
+            BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps, **check.meta,
             **_prefetch_counts(pdl, a.element_size(), (("PF_A", t.block_a, width_a, a1 == 1),
                                                        ("PF_B", t.block_b, width_b, b1 == 1))))
 
@@ -464,20 +473,21 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     num_tokens = slot_mapping.shape[0]
     tensors = (kv_c, k_pe, kv_cache, slot_mapping) + ((scale,) if fmt else ())
     device = _device(*tensors)
-    if fmt and _reads_device(validate, scale):
+    if fmt and validate == "sync" and not _capturing(scale):  # reads the scale: synchronizes
         if not (torch.isfinite(scale).all() and (scale > 0).all()):
             raise ValueError(f"scale must be finite and > 0, got {float(scale.reshape(()))}")
-    _check_slots("slot_mapping", slot_mapping, num_slots, pad, validate)
     code = _kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
     if num_tokens == 0 or width == 0:
         return
+    check = _begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, kv_cache, pdl)
     s0, s1, s2 = kv_cache.stride()
     if code:
         _mla_rows(kv_c, k_pe, (kv_cache, s0, s1, s2), slot_mapping, num_tokens, block_size,
-                  num_slots, pad, code, scale, device, pdl, tiles="concat_mla")
+                  num_slots, pad, code, scale, device, pdl, tiles="concat_mla", check=check)
     else:
         _mla_rows(_as_bits(kv_c), _as_bits(k_pe), (_as_bits(kv_cache), s0, s1, s2), slot_mapping,
-                  num_tokens, block_size, num_slots, pad, 0, None, device, pdl, tiles="concat_mla")
+                  num_tokens, block_size, num_slots, pad, 0, None, device, pdl, tiles="concat_mla", check=check)
+    _validate.finish(check)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -497,27 +507,29 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     tensors = (key, value, key_cache, value_cache, slot_mapping)
     device = _device(*(tensors + ((k_scale, v_scale) if fmt else ())))
     num_slots = num_blocks * block_size
-    _check_slots("slot_mapping", slot_mapping, num_slots, pad, validate)
     code = _kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
+    check = _begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, key_cache, pdl)
     c0, c1, c2, c3 = key_cache.stride()
     if _same_layout(key, value) and _same_layout(key_cache, value_cache) and \
             (not code or _same_layout(k_scale, v_scale)):  # the usual case: one launch
         if code:
             _paged_rows(key, (key_cache, c0, c1, c2, c3), slot_mapping, num_tokens, block_size,
-                        num_slots, pad, code, k_scale, device, second=(value, value_cache, v_scale), pdl=pdl)
+                        num_slots, pad, code, k_scale, device, second=(value, value_cache, v_scale), pdl=pdl,
+                        check=check)
         else:
             _paged_rows(_as_bits(key), (_as_bits(key_cache), c0, c1, c2, c3), slot_mapping, num_tokens,
                         block_size, num_slots, pad, device=device,
-                        second=(_as_bits(value), _as_bits(value_cache), None), pdl=pdl)
-        return
-    for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
-        c0, c1, c2, c3 = cache.stride()
-        if code:
-            _paged_rows(src, (cache, c0, c1, c2, c3), slot_mapping, num_tokens, block_size,
-                        num_slots, pad, code, scale, device, pdl=pdl)
-        else:
-            _paged_rows(_as_bits(src), (_as_bits(cache), c0, c1, c2, c3), slot_mapping, num_tokens,
-                        block_size, num_slots, pad, device=device, pdl=pdl)
+                        second=(_as_bits(value), _as_bits(value_cache), None), pdl=pdl, check=check)
+    else:
+        for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+            c0, c1, c2, c3 = cache.stride()
+            if code:
+                _paged_rows(src, (cache, c0, c1, c2, c3), slot_mapping, num_tokens, block_size,
+                            num_slots, pad, code, scale, device, pdl=pdl, check=check)
+            else:
+                _paged_rows(_as_bits(src), (_as_bits(cache), c0, c1, c2, c3), slot_mapping, num_tokens,
+                            block_size, num_slots, pad, device=device, pdl=pdl, check=check)
+    _validate.finish(check)
 
 
 def quantize_fp8(out, x, scale, fmt, *, allow_interpreter_fp8=False):

@@ -1,0 +1,120 @@
+"""Errors that a GPU writer finds on the device and the host raises later, without synchronizing.
+
+A validating writer must reject a call whose index holds an illegal slot, and write nothing for
+it. Reading the index on the host to find out costs a synchronization (tens of microseconds, and a
+CUDA graph cannot capture it). So our GPU writers check their slots on the device instead: a check
+decides, before any store, whether every slot of the call is legal; if one is not, no program of
+the call stores anything, and one program writes the error into this module's **mailbox**, a few
+words of pinned host memory per device that the GPU writes directly (zero-copy).
+
+The host raises what the mailbox holds, as a :class:`DeferredSlotError` (a ``ValueError`` naming
+the argument, the entry and its value, in the reference's own words):
+
+- at the start of the next validating call on that device (reading host memory: no
+  synchronization), or
+- when the caller asks: :func:`raise_deferred_errors` synchronizes the device and raises; this is
+  "the next synchronization" of the contract field ``errors="deferred"``, and the conformance
+  suite calls it after every call of such a kernel;
+- at once, where the caller asks for it: ``validate="sync"`` on one call, or the environment
+  variable ``KV_ORACLE_SYNC_ERRORS=1`` for every call (each validating call then synchronizes its
+  stream after the launch, as a host-side check would).
+
+Nothing here uses a device-side assert: the CUDA context stays usable after an error.
+
+Mailbox layout (int64 words): ``[0]`` error kind (0: none; :data:`SLOT`: a slot out of range),
+``[1]`` the entry (position in the index), ``[2]`` its value, ``[3]`` the number of slots,
+``[4]`` the argument code (:data:`ARGUMENTS`), ``[5]`` the padding code (:data:`PADDINGS`),
+``[6]`` the reserved slot of ``reserved:K``. A kernel writes words 1-6 before word 0.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+WORDS = 8
+SLOT = 1  # error kind: an index entry outside the slots its padding policy allows
+ARGUMENTS = ("loc", "slot_mapping")  # argument code -> the argument's name in the op's signature
+PADDINGS = ("none", "negative", "reserved")  # padding code -> policy kind
+
+SYNC_ENV = "KV_ORACLE_SYNC_ERRORS"
+
+
+class DeferredSlotError(ValueError):
+    """A slot a writer found illegal on the device; nothing of that call was written."""
+
+
+def sync_by_default() -> bool:
+    """Whether ``KV_ORACLE_SYNC_ERRORS`` asks every validating call to raise at once."""
+    return os.environ.get(SYNC_ENV, "").strip().lower() in ("1", "true", "on", "yes")
+
+
+_lock = threading.Lock()
+_boxes: dict = {}  # device index (-1: the CPU, for the Triton interpreter) -> (tensor, numpy view)
+
+
+def mailbox(device: torch.device) -> torch.Tensor:
+    """The mailbox of ``device``: int64[WORDS], pinned host memory the GPU can write (a plain CPU
+    tensor for the CPU), zeroed, allocated once per device and kept for the process."""
+    index = device.index if device.type == "cuda" else -1
+    if index is None:
+        index = torch.cuda.current_device()
+    found = _boxes.get(index)
+    if found is None:
+        with _lock:
+            found = _boxes.get(index)
+            if found is None:
+                box = torch.zeros(WORDS, dtype=torch.int64, pin_memory=index >= 0)
+                found = _boxes[index] = (box, box.numpy())
+    return found[0]
+
+
+def encode_padding(kind: str, reserved: int | None) -> tuple[int, int]:
+    """(padding code, reserved slot) as a kernel stores them in words 5 and 6."""
+    return PADDINGS.index(kind), reserved if reserved is not None else 0
+
+
+def message(words) -> str:
+    """The error a mailbox holds, in the reference's words (oracle.reference.slots)."""
+    _, row, value, num_slots, argument, padding, reserved = (int(w) for w in words[:7])
+    name = ARGUMENTS[argument] if 0 <= argument < len(ARGUMENTS) else f"argument {argument}"
+    kind = PADDINGS[padding] if 0 <= padding < len(PADDINGS) else "none"
+    policy = f"reserved:{reserved}" if kind == "reserved" else kind
+    return (f"{name}[{row}] = {value} is out of range [0, {num_slots}) under padding='{policy}'; "
+            "found on the device, nothing of that call was written")
+
+
+def take(device_index: int) -> None:
+    """Raise and clear the error the mailbox of ``device_index`` holds, if the GPU has written one
+    (reads host memory only: never synchronizes)."""
+    found = _boxes.get(device_index)
+    if found is None or not found[1][0]:
+        return
+    words = found[1].copy()
+    found[1][:] = 0
+    raise DeferredSlotError(message(words))
+
+
+def raise_deferred_errors(device=None) -> None:
+    """Synchronize ``device`` (default: every device with a mailbox) and raise the error any
+    earlier validating call left there, clearing it. The contract's ``raise_deferred`` for our
+    GPU writers."""
+    if device is None:
+        indices = sorted(_boxes)
+    else:
+        device = torch.device(device)
+        indices = [device.index if device.type == "cuda" and device.index is not None
+                   else (torch.cuda.current_device() if device.type == "cuda" else -1)]
+    for index in indices:
+        if index >= 0:
+            torch.cuda.synchronize(index)
+        take(index)
+
+
+def clear(device_index: int | None = None) -> None:
+    """Forget any pending error (all devices by default) without raising it."""
+    for index, (_, words) in list(_boxes.items()):
+        if device_index is None or index == device_index:
+            words[:] = 0

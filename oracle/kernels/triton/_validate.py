@@ -1,0 +1,116 @@
+"""The host side of the Triton writers' device-side slot check (:mod:`._kernels`, ``CHECK``).
+
+A validating call never reads the index on the host. :func:`plan` decides how the device checks
+it and returns the writer's extra arguments and constexprs:
+
+- up to :data:`FUSED_CHECK_MAX` entries, ``CHECK = 1``: every program of the writer scans the whole
+  index (a few L2 reads next to its own slot load), so the call stays one launch, in a CUDA graph
+  too;
+- above, ``CHECK = 2``: :func:`plan` first launches ``check_slots`` (one program per chunk of at
+  least :data:`CHUNK` entries, at most :data:`MAX_CHUNKS` of them), which leaves each chunk's first
+  illegal entry in a small verdict buffer; the writer, launched with programmatic dependent launch
+  on sm_90+ (its L2 prefetch overlaps the check), reads the verdict after ``griddepcontrol.wait``.
+
+Either way an illegal slot stops every store of the call, and the first one lands in the
+mailbox of :mod:`oracle.kernels._deferred`; :func:`finish` raises it at once when the caller asked
+for it (``validate="sync"``, ``KV_ORACLE_SYNC_ERRORS=1``) or on the CPU interpreter, where the
+launch has already run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import _deferred
+
+FUSED_CHECK_MAX = 256  # entries every program scans itself; above, a separate check grid
+CHUNK = 2048  # entries per check program at least
+MAX_CHUNKS = 64  # check programs at most (the writer reads one verdict word per program)
+CHECK_SCAN = 1024  # entries a check program loads per step
+
+
+@dataclass
+class Check:
+    """What one writer launch carries for the device check: ``args`` (verdict, verdict count,
+    mailbox, argument code, padding code: appended to the writer's arguments), ``meta`` (its
+    constexprs), whether the writer must be launched with PDL, and whether to raise at once."""
+
+    args: tuple
+    meta: dict
+    pdl: bool = False
+    sync: bool = False
+    device_index: int = -1
+    keep: list = field(default_factory=list)  # tensors the launch reads, alive until it is queued
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def unchecked(placeholder: torch.Tensor) -> Check:
+    """No device check (``validate=False``): placeholder pointers, ``CHECK = 0``."""
+    return Check((placeholder, 0, placeholder, 0, 0),
+                 {"CHECK": 0, "NEGATIVE_OK": 0, "CHECK_BLOCK": 16, "SYS_FENCE": 0})
+
+
+_verdicts: dict = {}  # (device index, stream) -> int64[MAX_CHUNKS] reused by calls in stream order
+
+
+def _verdict_buffer(device: torch.device, interpreting: bool, capturing: bool) -> torch.Tensor:
+    """A verdict buffer for one call. Calls on one stream run in order, so they share one buffer;
+    a call captured into a CUDA graph gets its own (from the graph's pool), since its replays may
+    run beside later calls on that stream."""
+    if interpreting or capturing:
+        return torch.empty(MAX_CHUNKS, dtype=torch.int64, device=device)
+    index = device.index
+    key = (index, torch.cuda.current_stream(index).cuda_stream)
+    found = _verdicts.get(key)
+    if found is None:
+        found = _verdicts[key] = torch.empty(MAX_CHUNKS, dtype=torch.int64, device=device)
+    return found
+
+
+def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, argument: str, validate,
+         device: torch.device, interpreting: bool, capturing: bool, pdl_capable: bool, pdl: bool) -> Check:
+    """The device check of a validating call (``validate`` True or "sync"); launches the check
+    grid where the index is longer than FUSED_CHECK_MAX. ``launch(kernel, grid, device, *args,
+    **meta)`` launches a Triton kernel as the writers do."""
+    if validate is not True and validate != "sync":
+        raise ValueError(f"validate={validate!r} is not True, False or 'sync'")
+    box = _deferred.mailbox(device)
+    device_index = device.index if device.type == "cuda" else -1
+    _deferred.take(device_index)  # an earlier call's error, if the GPU has written one by now
+    pad_code, reserved = _deferred.encode_padding(padding.kind, padding.reserved)
+    negative = 1 if padding.kind == "negative" else 0
+    sync = (validate == "sync" or _deferred.sync_by_default()) and not capturing
+    meta = {"NEGATIVE_OK": negative, "SYS_FENCE": 0 if interpreting else 1}
+    code = _deferred.ARGUMENTS.index(argument)
+    if n <= FUSED_CHECK_MAX:
+        meta.update(CHECK=1, CHECK_BLOCK=max(16, _pow2(n)))  # one step covers the index
+        return Check((index, 0, box, code, pad_code), meta, sync=sync or interpreting, device_index=device_index)
+    chunks = min(MAX_CHUNKS, _cdiv(n, CHUNK))
+    chunk = _cdiv(n, chunks)
+    verdict = _verdict_buffer(device, interpreting, capturing)
+    overlap = pdl_capable and not interpreting  # the writer waits for the check grid by PDL
+    launch(kernels.check_slots, (chunks,), device, index, index.stride(0), n, num_slots, chunk, verdict,
+           NEGATIVE_OK=negative, BLOCK=CHECK_SCAN, STEPS=_pow2(_cdiv(chunk, CHECK_SCAN)),
+           PDL=bool(pdl and overlap), TRIGGER=overlap)
+    meta.update(CHECK=2, CHECK_BLOCK=max(16, _pow2(chunks)))
+    return Check((verdict, chunks, box, code, pad_code), meta, pdl=overlap, sync=sync or interpreting,
+                 device_index=device_index, keep=[verdict])
+
+
+def finish(check: Check) -> None:
+    """After the writer's launch: raise the call's own error at once where that was asked for (the
+    stream is synchronized first on a GPU)."""
+    if not check.sync:
+        return
+    if check.device_index >= 0:
+        torch.cuda.current_stream(check.device_index).synchronize()
+    _deferred.take(check.device_index)
