@@ -76,24 +76,79 @@ SATURATE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("preset", sorted(p for p in PRESETS if p not in ("cuda_satfinite",
+                                                                         "cuda_nosat",
+                                                                         "triton_sm90",
+                                                                         "torch_2_11_cuda")))
 @pytest.mark.parametrize("fmt,x,sat,nonsat", SATURATE_CASES)
-def test_saturate(fmt, x, sat, nonsat):
-    # On the ml_dtypes preset the inf knob is unset (None), so it follows saturate: "max" when
-    # saturating, the format's natural inf / NaN otherwise (Fp8Knobs' documented default).
-    assert q1(x, fmt, preset="ml_dtypes", saturate=True) == sat
-    assert q1(x, fmt, preset="ml_dtypes", saturate=False) == nonsat
-    if np.isfinite(x):  # finite overflow does not depend on the preset's inf knob
-        assert q1(x, fmt, saturate=True) == sat
-        assert q1(x, fmt, saturate=False) == nonsat
+def test_saturate(fmt, x, sat, nonsat, preset):
+    """Naming saturate alone decides overflow and ±inf on every preset (those with the canonical
+    NaN byte here; tests/test_fp8_saturate_vs_ml_dtypes.py covers all of them): the preset's
+    own inf applies only when the caller names neither saturate nor inf."""
+    assert q1(x, fmt, preset=preset, saturate=True) == sat
+    assert q1(x, fmt, preset=preset, saturate=False) == nonsat
+    assert q1(x, fmt, saturate=True) == sat  # the default preset, ocp_satfinite
+    assert q1(x, fmt, saturate=False) == nonsat
 
 
-def test_default_preset_pins_inf_to_max():
-    """ocp_satfinite sets inf="max" explicitly, so overriding only saturate=False on the default
-    preset keeps inf -> ±max while finite overflow becomes NaN / inf / 0x80."""
-    x = np.array([INF, 1e30], np.float32)
-    assert quantize(x, "e4m3fn", saturate=False).tolist() == [0x7E, 0x7F]
-    assert quantize(x, "e5m2", saturate=False).tolist() == [0x7B, 0x7C]
-    assert quantize(x, "e4m3fnuz", saturate=False).tolist() == [0x7F, 0x80]
+# --- how saturate, inf and a preset combine -------------------------------------------------
+def test_saturate_false_alone_is_non_saturating_for_inf_too():
+    """The default preset (ocp_satfinite) sends ±inf to ±max, but naming saturate=False gives the
+    non-saturating rule for inf as for finite overflow: NaN S.1111.111 (e4m3fn), inf S.11111.00
+    (e5m2), 0x80 (fnuz)."""
+    x = np.array([INF, 1e30, -INF, -1e30], np.float32)
+    assert quantize(x, "e4m3fn").tolist() == [0x7E, 0x7E, 0xFE, 0xFE]
+    assert quantize(x, "e4m3fn", saturate=False).tolist() == [0x7F, 0x7F, 0xFF, 0xFF]
+    assert quantize(x, "e5m2", saturate=False).tolist() == [0x7C, 0x7C, 0xFC, 0xFC]
+    assert quantize(x, "e4m3fnuz", saturate=False).tolist() == [0x80] * 4
+    assert quantize(x, "e5m2fnuz", saturate=False).tolist() == [0x80] * 4
+
+
+def test_a_named_inf_wins_over_the_saturation_mode():
+    # inf="max" named with saturate=False: ±inf -> ±max, finite overflow still NaN
+    x = np.array([INF, 1e30, -INF, -1e30], np.float32)
+    assert quantize(x, "e4m3fn", saturate=False, inf="max").tolist() == [0x7E, 0x7F, 0xFE, 0xFF]
+    # inf named alone keeps the preset's saturate: ml_dtypes does not saturate 1e30
+    assert quantize(x, "e4m3fn", preset="ml_dtypes", inf="max").tolist() == [0x7E, 0x7F, 0xFE, 0xFF]
+
+
+def test_a_preset_keeps_its_inf_until_saturate_is_named():
+    """onnx_saturate saturates but keeps e5m2 inf as inf (0x7C) and sends fnuz inf to 0x80.
+    Naming saturate=True (even the preset's own value) chooses the saturating inf rule, ±max;
+    naming inf as well restores the preset's choice. inf=None is the rule of whichever saturate
+    applies, here the preset's (True): ±max."""
+    assert q1(INF, "e5m2", preset="onnx_saturate") == 0x7C
+    assert q1(INF, "e5m2", preset="onnx_saturate", saturate=True) == 0x7B
+    assert q1(INF, "e5m2", preset="onnx_saturate", saturate=True, inf="inf") == 0x7C
+    assert q1(INF, "e5m2", preset="onnx_saturate", inf=None) == 0x7B
+    assert q1(-INF, "e4m3fnuz", preset="onnx_saturate") == 0x80
+    assert q1(-INF, "e4m3fnuz", preset="onnx_saturate", saturate=True) == 0xFF
+    # other knobs never reset inf: naming nan or scale_op keeps the preset's inf
+    assert q1(INF, "e5m2", preset="onnx_saturate", nan="0x7E|sign", scale_op="mul_reciprocal") == 0x7C
+
+
+def test_nan_bytes_stay_the_presets_under_a_named_saturate():
+    """cuda_satfinite writes NaN 0x7F without sign; made non-saturating it is CUDA __NV_NOSAT
+    (preset cuda_nosat): -1000 and -inf become 0x7F too (e4m3fn); e5m2 -inf stays -inf and
+    -1000 is in range (-1024 = -2**10: exponent 10+15 = 25, 0x80 | 25<<2 = 0xE4)."""
+    x = np.array([-1000.0, -INF, NAN], np.float32)
+    x[2] = np.array([NEG_NAN_BITS], np.uint32).view(np.float32)[0]
+    for fmt, expected in (("e4m3fn", [0x7F, 0x7F, 0x7F]), ("e5m2", [0xE4, 0xFC, 0x7F])):
+        got = quantize(x, fmt, preset="cuda_satfinite", saturate=False).tolist()
+        assert got == expected == quantize(x, fmt, preset="cuda_nosat").tolist(), fmt
+
+
+def test_contract_knobs_follow_the_same_rule():
+    """A contract that names saturate=False in its fp8_knobs gets the non-saturating inf rule;
+    one that names inf too gets that inf."""
+    from oracle.contract import Contract
+
+    plain = Contract(op="quantize_fp8", name="test.quantize_fp8", backend="test",
+                     fp8_formats=("e4m3fn", "e5m2"), fp8_knobs=(("saturate", False),))
+    assert (plain.knobs("e4m3fn").inf, plain.knobs("e5m2").inf) == ("nan", "inf")
+    pinned = Contract(op="quantize_fp8", name="test.quantize_fp8", backend="test",
+                      fp8_formats=("e4m3fn",), fp8_knobs=(("saturate", False), ("inf", "max")))
+    assert pinned.knobs("e4m3fn").inf == "max"
 
 
 # --- inf ---------------------------------------------------------------------------------------

@@ -114,7 +114,10 @@ class Fp8Knobs:
     - ``saturate``: finite values that overflow (after rounding) become ±max; otherwise they become
       inf (formats with inf), NaN (e4m3fn) or 0x80 (fnuz).
     - ``inf``: what ±inf becomes: ``"max"`` (±max), ``"nan"`` (the NaN encoding) or ``"inf"``
-      (formats with inf only). ``None``: ``"max"`` when saturating, else the format's natural one.
+      (formats with inf only). ``None``: the rule of the saturation mode, ``"max"`` when
+      saturating, else the format's natural one (OCP non-saturating: ``"inf"`` for e5m2, ``"nan"``
+      for e4m3fn and the fnuz formats). A preset's ``inf`` belongs to the preset's ``saturate``:
+      :func:`resolve_knobs` drops it when the caller names ``saturate`` without naming ``inf``.
     - ``nan``: the NaN encoding, e.g. ``"0x7F|sign"`` (torch), ``"0x7E|sign"`` (ml_dtypes e5m2),
       ``"0x7F"`` (CUDA and Triton on sm_90: sign dropped). ``None``: the format's canonical one.
     - ``overflow_nan``: the NaN encoding of NaNs the conversion makes (from overflow without
@@ -190,7 +193,9 @@ def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: in
     (see :mod:`oracle.reference.presets`; default ``ocp_satfinite``) and may be overridden one by
     one: ``saturate``, ``inf``, ``nan``, ``overflow_nan``, ``scale_op``, ``intermediate``,
     ``quotient_ulps``, ``rounding``, ``subnormals``, ``negative_zero`` (see :class:`Fp8Knobs`).
-    The input is never modified.
+    A named knob always wins over the preset; naming ``saturate`` alone also chooses that mode's
+    ``inf`` rule (see :func:`resolve_knobs`), so ``saturate=False`` is the OCP non-saturating
+    conversion, ±inf included. The input is never modified.
     """
     form = get_format(fmt)
     resolved = resolve_knobs(form, preset, knobs)
@@ -202,6 +207,18 @@ def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: in
 
 
 def resolve_knobs(form: Fp8Format, preset: str | None, overrides: dict) -> Fp8Knobs:
+    """The validated knobs of ``preset`` (default ``ocp_satfinite``) for ``form`` with the
+    caller's ``overrides`` (knob name -> value) applied.
+
+    Precedence: a knob the caller names wins; the preset supplies only the knobs the caller does
+    not name. ``saturate`` and ``inf`` are one decision, what out-of-range values become, so the
+    preset's ``inf`` applies only when the caller names neither of them: naming ``saturate``
+    without ``inf`` gives that mode's own inf rule (``inf=None``: ±max when saturating, else inf
+    for e5m2 and NaN for e4m3fn and fnuz). Naming ``inf`` (a policy) wins in every case; naming
+    ``inf=None`` asks for the rule of whichever ``saturate`` applies. The NaN bytes (``nan``,
+    ``overflow_nan``) stay the preset's: they are how an implementation encodes NaN, in either
+    mode.
+    """
     from .presets import get_preset  # presets name knob values; they import this module
 
     unknown = set(overrides) - set(Fp8Knobs.__dataclass_fields__)
@@ -209,6 +226,9 @@ def resolve_knobs(form: Fp8Format, preset: str | None, overrides: dict) -> Fp8Kn
         raise TypeError(f"unknown fp8 knob(s): {sorted(unknown)}; knobs are "
                         f"{sorted(Fp8Knobs.__dataclass_fields__)}")
     base = get_preset(preset or "ocp_satfinite").knobs(form.name)
+    if "saturate" in overrides and "inf" not in overrides:
+        # the preset chose its inf for its own saturation mode, not for the one named here
+        base = replace(base, inf=None)
     return replace(base, **overrides).validated(form)
 
 
