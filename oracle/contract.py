@@ -26,6 +26,7 @@ SOURCE_ROWS = ("index", "equal")
 SOURCE_ROWS_BY_OP = {"reshape_and_cache_flash": "index", "concat_and_cache_mla": "index"}
 DCP_MODULI = ("truncate", "floor")
 FP8_DIVISIONS = ("ieee", "approx")
+ERRORS = ("raise", "deferred")
 
 
 def always_available() -> str | None:
@@ -79,6 +80,10 @@ class Contract:
     # default float32 division), so a code may be the neighbouring one where the exact quotient
     # lies that close to a rounding boundary
     validates: bool = False  # rejects bad input with an error, writing nothing
+    errors: str = "raise"  # "raise": the call itself raises; "deferred": a GPU kernel that checks on
+    # the device may return first, and the error is raised by raise_deferred() after the device
+    # synchronizes (the suite calls it after every call, so a false alarm fails the case too)
+    raise_deferred: Callable[[], None] | None = field(default=None, compare=False)
     tolerance: Tolerance | None = None
     available: Callable[[], str | None] = field(default=always_available, compare=False)
     notes: str = ""
@@ -115,7 +120,7 @@ class Contract:
         if self.duplicates not in ("forbid", "any"):
             out.append(f"duplicates={self.duplicates!r} is not 'forbid' or 'any'")
         for attr, allowed in (("source_rows", SOURCE_ROWS), ("dcp_modulo", DCP_MODULI),
-                              ("fp8_division", FP8_DIVISIONS)):
+                              ("fp8_division", FP8_DIVISIONS), ("errors", ERRORS)):
             if getattr(self, attr) not in allowed:
                 out.append(f"{attr}={getattr(self, attr)!r} is not one of {', '.join(allowed)}")
         world, rank = self.dcp_world, self.dcp_rank
@@ -135,6 +140,9 @@ class Contract:
             out.append(f"reasons must be (key, why) pairs with keys among {', '.join(keys)}, got {self.reasons!r}")
         if not callable(self.available):
             out.append("available must be a callable returning None or a reason")
+        if self.errors == "deferred" and not callable(self.raise_deferred):
+            out.append(f"errors='deferred' needs raise_deferred, a callable that raises the pending error "
+                       f"after the device synchronizes, got {self.raise_deferred!r}")
         return out
 
     def knobs(self, fmt: str) -> _fp8.Fp8Knobs:
@@ -159,12 +167,14 @@ class Contract:
         if self.row_bytes_multiple > 1:
             parts.append(f"row bytes % {self.row_bytes_multiple}")
         parts.append("validates" if self.validates else "no validation")
+        if self.errors == "deferred":
+            parts.append("errors deferred to the next synchronization")
         return ", ".join(parts)
 
     def as_dict(self) -> dict:
         out = {}
         for f in fields(self):
-            if f.name == "available":
+            if f.name in ("available", "raise_deferred"):
                 continue
             value = getattr(self, f.name)
             out[f.name] = value.__dict__ if isinstance(value, Tolerance) else value

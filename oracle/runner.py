@@ -71,11 +71,11 @@ def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
     if edit is not None:
         edit(prepared)
     prepared.before = arena.snapshot()
+    _drain_deferred(contract)
     if case.p.get("bad"):
         return _judge_rejection(kernel, case, prepared)
     try:
-        returned = kernel.fn(*prepared.args)
-        _synchronize(contract.device)
+        returned = _call(kernel, prepared.args)
     except Exception as exc:
         failed = Outcome(FAIL, f"the kernel raised {type(exc).__name__}: {exc}", prepared=prepared)
         if edit is not None:
@@ -118,10 +118,32 @@ def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
                    inside=lambda other: not gaps(contract, spec.needs(other)))
 
 
-def _judge_rejection(kernel: Kernel, case: Case, prepared: Prepared) -> Outcome:
+def _call(kernel: Kernel, args: tuple):
+    """Call the kernel and wait for the device; for a kernel whose errors are deferred, then raise
+    what it left pending (so a rejection, or a false alarm, surfaces here)."""
+    returned = kernel.fn(*args)
+    _synchronize(kernel.contract.device)
+    if kernel.contract.errors == "deferred":
+        kernel.contract.raise_deferred()
+    return returned
+
+
+def _drain_deferred(contract) -> None:
+    """Before a case of a kernel with deferred errors: drop an error an earlier case left pending
+    (that case was already judged; its error must not be blamed on this one)."""
+    if contract.errors != "deferred":
+        return
     try:
-        kernel.fn(*prepared.args)
-        _synchronize(kernel.contract.device)
+        _synchronize(contract.device)
+        contract.raise_deferred()
+    except Exception:
+        pass
+
+
+def _judge_rejection(kernel: Kernel, case: Case, prepared: Prepared) -> Outcome:
+    deferred = " (deferred to the synchronization)" if kernel.contract.errors == "deferred" else ""
+    try:
+        _call(kernel, prepared.args)
     except Exception as exc:
         after = prepared.arena.snapshot()
         changed = [name for name in after if not same_bytes(after[name], prepared.before[name])]
@@ -131,9 +153,9 @@ def _judge_rejection(kernel: Kernel, case: Case, prepared: Prepared) -> Outcome:
                                   prepared=prepared),
                           Hypothesis("validation_missing", f"memory changed ({', '.join(changed)}) "
                                      "before the bad input was rejected"))
-        return Outcome(PASS, f"rejected with {type(exc).__name__}: {exc}")
-    return named(Outcome(FAIL, f"accepted bad input ({case.p['bad']}) without an error; the contract "
-                                "declares validates=True", prepared=prepared),
+        return Outcome(PASS, f"rejected{deferred} with {type(exc).__name__}: {exc}")
+    return named(Outcome(FAIL, f"accepted bad input ({case.p['bad']}) without an error{deferred}; the "
+                                "contract declares validates=True", prepared=prepared),
                   Hypothesis("validation_missing", f"bad input ({case.p['bad']}) accepted without an error"))
 
 

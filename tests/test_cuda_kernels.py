@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 
+import oracle.kernels
 import oracle.kernels.cuda as cuda_kernels
 from oracle.kernels.cuda import _build, _fake, sanitize
 from oracle.registry import Registry
@@ -43,17 +44,24 @@ def _registry(plugin) -> Registry:
 def test_register_declares_honest_contracts():
     registry = _registry(cuda_kernels.register)
     ops = ("store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash")
-    assert set(registry.kernels) == {f"cuda.{op}{suffix}" for op in ops for suffix in ("", ".pdl")}
-    # the .pdl twin keeps every field of the contract but its name and notes
+    assert set(registry.kernels) == {f"cuda.{op}{suffix}" for op in ops for suffix in ("", ".pdl", ".unchecked")}
+    # the .pdl twin keeps every field of the contract but its name and notes; the .unchecked one
+    # also declares that it does not validate
     for op in ops:
         plain, pdl = registry.kernels[f"cuda.{op}"].contract, registry.kernels[f"cuda.{op}.pdl"].contract
         assert dataclasses.replace(pdl, name=plain.name, notes=plain.notes) == plain
         assert "griddepcontrol.wait" in pdl.notes
-    kernels = {k.contract.op: k for name, k in registry.kernels.items() if not name.endswith(".pdl")}
+        unchecked = registry.kernels[f"cuda.{op}.unchecked"].contract
+        assert dataclasses.replace(unchecked, name=plain.name, notes=plain.notes, validates=True) == plain
+        assert not unchecked.validates and "validate=False" in unchecked.notes
+        assert "checked on the device" not in unchecked.notes
+    kernels = {k.contract.op: k for name, k in registry.kernels.items() if name.count(".") == 1}
     for op, kernel in kernels.items():
         c = kernel.contract
         assert c.name == f"cuda.{op}" and c.backend == "cuda" and c.device == "cuda"
         assert c.validates and c.duplicates == "forbid" and c.row_bytes_multiple == 1
+        # slots are checked on the device: the error is raised after the next synchronization
+        assert c.errors == "deferred" and c.raise_deferred is oracle.kernels.raise_deferred_errors
         assert c.strided_sources and c.strided_index and c.aliased_caches and c.large_caches
     assert kernels["store_cache"].contract.padding == "none"
     assert kernels["set_mla_kv_buffer"].contract.padding == "none"

@@ -16,6 +16,12 @@ torch custom ops ``torch.ops.kv_oracle_cuda.*`` and, through :func:`register`, a
   a bitwise copy for ``"auto"``, else fp8 e4m3fn / e5m2 codes of ``x / scale`` (IEEE float32
   division, per-tensor or per-head scale) by ``cvt.rn.satfinite``; negative slots skipped.
 
+Slots are checked on the device (``validate``, default True): a call with an illegal slot writes
+nothing, returns without synchronizing, and its error is raised by the next validating call on
+that device, by ``oracle.kernels.raise_deferred_errors()``, or at once with ``validate="sync"`` or
+``KV_ORACLE_SYNC_ERRORS=1`` (:mod:`oracle.kernels._deferred`). ``validate=False`` skips the check
+(registered as ``<name>.unchecked``).
+
 The library is compiled on first use (``available()`` or the first call) and cached per machine
 and torch version (see ``_build``); registering never builds, and a machine without a CUDA torch,
 a Hopper GPU, nvcc or ninja gets a kernel whose ``available()`` says why. Each Python function
@@ -34,7 +40,7 @@ import torch
 
 import oracle
 
-from .. import _jit
+from .. import _deferred, _jit
 from . import _build
 
 NAMESPACE = _build.MAIN.namespace
@@ -52,23 +58,59 @@ def build_info() -> dict:
 
 # ---- the kernels, in the torch baseline's calling conventions -----------------------------------
 
-def store_cache(k, v, k_cache, v_cache, loc, *, pdl=False):
+_mailboxes: set = set()  # devices whose mailbox the library knows
+
+
+def _begin(cache: torch.Tensor, validate) -> tuple:
+    """(the op library, validate as the op takes it) for a call writing ``cache``; for a validating
+    call, first raise an earlier call's error on that device (host memory only: no synchronization)
+    and make sure the library knows the device's mailbox."""
+    lib = _LIB.loaded or ops()
+    if validate is False:
+        return lib, 0
+    if validate is not True and validate != "sync":
+        raise ValueError(f"validate={validate!r} is not True, False or 'sync'")
+    index = cache.get_device()
+    if index not in _mailboxes and index >= 0:
+        lib.set_error_mailbox(_deferred.mailbox(cache.device), index)
+        _mailboxes.add(index)
+    _deferred.take(index)
+    return lib, 1
+
+
+def _finish(cache: torch.Tensor, validate) -> None:
+    """Raise the call's own error at once where that was asked for (synchronizing its stream)."""
+    if validate is False or not (validate == "sync" or _deferred.sync_by_default()):
+        return
+    if cache.is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # a capture cannot synchronize: the replay's error is raised later
+    index = cache.get_device()
+    torch.cuda.current_stream(index).synchronize()
+    _deferred.take(index)
+
+
+def store_cache(k, v, k_cache, v_cache, loc, *, pdl=False, validate=True):
     """``k_cache[loc] = k; v_cache[loc] = v`` (sglang's store_cache; every slot must be in range).
-    ``pdl``: launch with programmatic dependent launch (see :data:`PDL_NOTE`; every writer takes it)."""
-    (_LIB.loaded or ops()).store_cache(k, v, k_cache, v_cache, loc, pdl=pdl)
+    ``pdl``: launch with programmatic dependent launch (see :data:`PDL_NOTE`; every writer takes it).
+    ``validate``: True (slots checked on the device, errors deferred), "sync" or False (see above)."""
+    lib, check = _begin(k_cache, validate)
+    lib.store_cache(k, v, k_cache, v_cache, loc, pdl=pdl, validate=check)
+    _finish(k_cache, validate)
 
 
-def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, pdl=False):
+def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, pdl=False, validate=True):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang's SM90 TMA writer; every slot in
-    range). ``pdl``: launch with programmatic dependent launch."""
-    (_LIB.loaded or ops()).set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, pdl=pdl)
+    range). ``pdl``: launch with programmatic dependent launch. ``validate``: as store_cache's."""
+    lib, check = _begin(kv_buffer, validate)
+    lib.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, pdl=pdl, validate=check)
+    _finish(kv_buffer, validate)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
-                            pdl=False):
+                            pdl=False, validate=True):
     """vLLM's paged K/V writer on any [num_blocks, block_size, H, D] cache view (NHD or HND);
     fp8 e4m3fn / e5m2 with per-tensor [1] or per-head [H] scales; negative slots skipped.
-    ``pdl``: launch with programmatic dependent launch."""
+    ``pdl``: launch with programmatic dependent launch. ``validate``: as store_cache's."""
     if kv_cache_dtype == "auto":  # scales are ignored, as vLLM does; they need not be tensors
         k_scale = k_scale if isinstance(k_scale, torch.Tensor) else None
         v_scale = v_scale if isinstance(v_scale, torch.Tensor) else None
@@ -76,16 +118,20 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if not isinstance(scale, torch.Tensor):
                 raise TypeError(f"{name} must be a float32 tensor, got {type(scale).__name__}")
-    (_LIB.loaded or ops()).reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                                                   k_scale, v_scale, pdl=pdl)
+    lib, check = _begin(key_cache, validate)
+    lib.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
+                                pdl=pdl, validate=check)
+    _finish(key_cache, validate)
 
 
 # ---- registration -------------------------------------------------------------------------------
 
-CHECKS = ("every argument is checked before anything is launched (devices, dtypes, shapes, strides, and "
-          "every slot through one synchronizing min/max read of the index); while a CUDA graph is being "
-          "captured the slot check is skipped (it would break the capture) and the kernel drops any slot "
-          "outside the cache instead")
+CHECKS = ("devices, dtypes, shapes and strides checked on the host before anything is launched; slots checked "
+          "on the device, never read on the host (in CUDA graphs too): a call with an illegal slot writes "
+          "nothing and its error is raised by the next validating call or oracle.kernels.raise_deferred_errors() "
+          "(errors='deferred'; at once with validate='sync' or KV_ORACLE_SYNC_ERRORS=1)")
+UNCHECKED_NOTE = ("validate=False: no slot check (the caller vouches for the slots); metadata still checked, "
+                  "out-of-range slots skipped")
 LAYOUT = ("any source/cache row and head strides, only the last dim contiguous; int64 byte offsets; vector "
           "width = the widest of 16/8/4/2/1 bytes dividing every pointer and stride")
 
@@ -96,16 +142,23 @@ PDL_NOTE = ("pdl=True: launched with programmatic dependent launch (cudaLaunchKe
 
 
 def _register(fn, **fields) -> None:
-    """Register ``fn`` and, as ``<name>.pdl``, the same kernel launched with PDL (same contract:
-    the checks stay, so the bad-input cases run on it too)."""
+    """Register ``fn``, as ``<name>.pdl`` the same kernel launched with PDL (same contract: the
+    checks stay, so the bad-input cases run on it too), and as ``<name>.unchecked`` the kernel
+    called with ``validate=False`` (``validates=False``: every in-contract case, no bad input)."""
+    from .. import raise_deferred_errors
+
+    fields = dict(fields, errors="deferred", raise_deferred=raise_deferred_errors)
     oracle.register(fn, **fields)
     oracle.register(functools.partial(fn, pdl=True),
                     **dict(fields, name=fields["name"] + ".pdl", notes=f"{PDL_NOTE}; {fields['notes']}"))
+    oracle.register(functools.partial(fn, validate=False),
+                    **dict(fields, name=fields["name"] + ".unchecked", validates=False,
+                           notes=f"{UNCHECKED_NOTE}; {fields['notes'].replace(CHECKS, 'slots not checked')}"))
 
 
 def register() -> None:
     """Register the CUDA kernels with :func:`oracle.register` (never builds: ``available()`` does),
-    each also as ``<name>.pdl``."""
+    each also as ``<name>.pdl`` and ``<name>.unchecked``."""
     common = dict(backend="cuda", device="cuda", validates=True, available=available, duplicates="forbid",
                   row_bytes_multiple=1)
     _register(store_cache, op="store_cache", name="cuda.store_cache",

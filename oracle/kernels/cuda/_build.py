@@ -89,7 +89,7 @@ def carries_libstdcxx(library: Path) -> bool | None:
     return _LIBSTDCXX_PROBE in out.stdout
 
 
-MAIN = Extension("kv_oracle_cuda", ("binding.cpp", "copy.cu", "fp8.cu", "mla.cu"), ("kv_cuda.h", "common.cuh", "paged_rows.cuh"))
+MAIN = Extension("kv_oracle_cuda", ("binding.cpp", "check.cu", "copy.cu", "fp8.cu", "mla.cu"), ("kv_cuda.h", "common.cuh", "paged_rows.cuh"))
 BAD = Extension("kv_oracle_cuda_bad", ("bad.cu", "bad_binding.cpp"), ())
 
 

@@ -108,8 +108,8 @@ def register() -> None:
               fp8_formats=fp8, **common, notes=fp8_note)
 
 
-UNCHECKED_NOTE = ("validate=False: the decode fast path, no synchronizing slot/scale checks (the "
-                  "caller vouches for them); metadata still checked, out-of-range slots skipped")
+UNCHECKED_NOTE = ("validate=False: the decode fast path, no slot check (the caller vouches for the "
+                  "slots); metadata still checked, out-of-range slots skipped")
 WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash")
 
 
@@ -118,16 +118,29 @@ PDL_NOTE = ("pdl=True, validate=False: launched with programmatic dependent laun
             "a hint), then griddepcontrol.wait before any load or store")
 
 
+DEFERRED_NOTE = ("slots checked on the device, never read on the host: a call with an illegal slot "
+                 "writes nothing and its error is raised by the next validating call or by "
+                 "oracle.kernels.raise_deferred_errors() (errors='deferred'; at once with validate='sync' "
+                 "or KV_ORACLE_SYNC_ERRORS=1)")
+
+
 def _register(fn, pdl: bool = False, **fields) -> None:
-    """Register ``fn``; a writer also as ``<name>.unchecked``, called with ``validate=False``: the
+    """Register ``fn`` (a writer on a GPU with ``errors="deferred"``: see DEFERRED_NOTE); a writer
+    also as ``<name>.unchecked``, called with ``validate=False``: the
     same contract with ``validates=False``, so every in-contract case runs on the fast path too
     and only the bad-input cases are left out; with ``pdl`` (an sm_90+ GPU) also as
     ``<name>.pdl``, the fast path launched with programmatic dependent launch."""
+    plain_notes = fields["notes"]
+    if fields["op"] in WRITERS and fields["device"] == "cuda":
+        from .. import raise_deferred_errors
+
+        fields = dict(fields, errors="deferred", raise_deferred=raise_deferred_errors,
+                      notes=f"{DEFERRED_NOTE}; {fields['notes']}")
     oracle.register(fn, **fields)
     if fields["op"] in WRITERS:
         unchecked = dict(fields, name=fields["name"] + ".unchecked", validates=False,
-                         notes=f"{UNCHECKED_NOTE}; {fields['notes']}")
+                         notes=f"{UNCHECKED_NOTE}; {plain_notes}")
         oracle.register(functools.partial(fn, validate=False), **unchecked)
         if pdl:
             oracle.register(functools.partial(fn, validate=False, pdl=True),
-                            **dict(unchecked, name=fields["name"] + ".pdl", notes=f"{PDL_NOTE}; {fields['notes']}"))
+                            **dict(unchecked, name=fields["name"] + ".pdl", notes=f"{PDL_NOTE}; {plain_notes}"))

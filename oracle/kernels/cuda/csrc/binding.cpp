@@ -1,18 +1,22 @@
 // kv-oracle's Hopper KV-cache writers as torch custom ops, namespace kv_oracle_cuda.
 //
-// This file is the only one that sees torch: it validates every argument (devices, dtypes, shapes,
-// strides and, outside CUDA-graph capture, every slot) before anything is launched, so a rejected
-// call leaves every cache unchanged; then it reduces each tensor to raw pointers and int64 byte
-// strides, picks the vector width every pointer and stride allows, and calls a launcher from the
-// .cu files (kv_cuda.h) on the current stream. The kernels skip any slot outside the cache, so
-// even a slot that escaped the check (under graph capture, where reading the index would break the
-// capture) never writes outside a cache.
+// This file is the only one that sees torch: it validates every argument it can see on the host
+// (devices, dtypes, shapes, strides) before anything is launched; then it reduces each tensor to
+// raw pointers and int64 byte strides, picks the vector width every pointer and stride allows, and
+// calls a launcher from the .cu files (kv_cuda.h) on the current stream. Slots are never read on
+// the host (that would synchronize, and break CUDA-graph capture): with validate=1 the kernels
+// check them on the device (SlotCheck: in every block for a short index, else a check grid whose
+// verdict the writer reads after a PDL wait), store nothing if one is illegal, and leave the error
+// in the device's mailbox (set_error_mailbox; oracle/kernels/_deferred.py raises it). The kernels
+// skip any slot outside the cache in any case, so nothing is ever written outside a cache.
 //
 // Ops (all return nothing and write their caches in place):
-//   store_cache(k, v, k_cache, v_cache, loc, max_vec=16, pdl=False)
-//   set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, path="auto", max_vec=16, pdl=False)
+//   store_cache(k, v, k_cache, v_cache, loc, max_vec=16, pdl=False, validate=1)
+//   set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, path="auto", max_vec=16, pdl=False,
+//                     validate=1)
 //   reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-//                           k_scale, v_scale, max_vec=16, pdl=False)
+//                           k_scale, v_scale, max_vec=16, pdl=False, validate=1)
+//   set_error_mailbox(mailbox, device): the pinned int64[8] validating calls on `device` report to.
 //   mla_plan(...) / store_plan(...) / paged_plan(...) -> str: the path and width a call would take.
 // max_vec (16, 8, 4, 2 or 1) caps the vector width, so tests can run the narrow paths on aligned
 // data; path forces "tma" or "direct" for set_mla_kv_buffer; pdl launches the kernel with
@@ -77,22 +81,62 @@ bool capturing() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
 
-// Every slot in [0, num_slots), negatives allowed when `negative_is_padding`. Reads the index from
-// the device (one synchronizing copy of its min and max); skipped while the stream is captured.
-void check_slots(const char* name, const Tensor& index, int64_t num_slots, bool negative_is_padding) {
-  if (index.numel() == 0 || capturing()) return;
-  const Tensor bounds = at::stack({index.min(), index.max()}).to(at::kLong).cpu();
-  const int64_t low = bounds.data_ptr<int64_t>()[0], high = bounds.data_ptr<int64_t>()[1];
-  TORCH_CHECK_VALUE(high < num_slots, name, " holds slot ", high, ", out of range [0, ", num_slots, ")",
-                    negative_is_padding ? " (negative slots are padding)" : "");
-  TORCH_CHECK_VALUE(negative_is_padding || low >= 0, name, " holds slot ", low, ", out of range [0, ",
-                    num_slots, ")");
-}
-
 void check_launch(const char* op, cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorName(err), ": ",
               cudaGetErrorString(err));
 }
+
+// ================================================================ the device-side slot check
+
+constexpr int kMaxDevices = 64;
+int64_t* g_mailbox[kMaxDevices] = {nullptr};  // pinned host memory, owned by oracle.kernels._deferred
+
+void set_error_mailbox(const Tensor& mailbox, int64_t device) {
+  TORCH_CHECK_VALUE(device >= 0 && device < kMaxDevices, "device=", device, " is out of range [0, ", kMaxDevices, ")");
+  TORCH_CHECK_VALUE(mailbox.device().is_cpu() && mailbox.is_pinned() && mailbox.scalar_type() == at::kLong &&
+                        mailbox.numel() >= 8 && mailbox.is_contiguous(),
+                    "mailbox must be a pinned contiguous int64 CPU tensor of at least 8 words");
+  g_mailbox[device] = mailbox.data_ptr<int64_t>();
+}
+
+constexpr int64_t kFusedCheckMax = 256;  // entries every block scans itself; above, a check grid
+constexpr int64_t kCheckChunk = 4096;    // entries per check block at least
+constexpr int kMaxCheckBlocks = 64;      // check blocks at most (a writer block reads one word each)
+
+// Plans the device-side slot check of a validating call (validate != 0) and, for an index longer
+// than kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it. `verdict`
+// keeps the check grid's output alive (the caching allocator reuses it in stream order).
+kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
+                               bool negative_ok, int32_t arg_code, int32_t& pdl, Tensor& verdict,
+                               cudaStream_t stream) {
+  kvo_cuda::SlotCheck c{};
+  TORCH_CHECK_VALUE(validate == 0 || validate == 1, "validate=", validate, " must be 0 or 1");
+  if (validate == 0 || n == 0) return c;
+  const int device = index.device().index();
+  TORCH_CHECK(device >= 0 && device < kMaxDevices && g_mailbox[device] != nullptr,
+              "no error mailbox for cuda:", device, "; call set_error_mailbox first (oracle.kernels.cuda does)");
+  c.mailbox = g_mailbox[device];
+  c.negative_ok = negative_ok ? 1 : 0;
+  c.arg_code = arg_code;
+  c.pad_code = negative_ok ? 1 : 0;
+  if (n <= kFusedCheckMax) {
+    c.mode = 1;
+    return c;
+  }
+  const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;
+  const int blocks = static_cast<int>(want < kMaxCheckBlocks ? want : kMaxCheckBlocks);
+  const int64_t chunk = (n + blocks - 1) / blocks;
+  verdict = at::empty({blocks}, index.options().dtype(at::kLong));
+  check_launch("slot check", kvo_cuda::launch_slot_check(
+      index.data_ptr(), index.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32,
+      index.stride(0), n, num_slots, c.negative_ok, verdict.data_ptr<int64_t>(), blocks, chunk, pdl != 0, stream));
+  c.mode = 2;
+  c.verdict = verdict.data_ptr<int64_t>();
+  c.verdict_count = blocks;
+  pdl = 1;  // the writer waits for the check grid (griddepcontrol.wait) before it reads the verdict
+  return c;
+}
+
 
 int check_max_vec(int64_t max_vec) {
   TORCH_CHECK_VALUE(max_vec == 16 || max_vec == 8 || max_vec == 4 || max_vec == 2 || max_vec == 1,
@@ -263,13 +307,16 @@ StorePlan plan_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, co
 }
 
 void store_cache(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache, const Tensor& loc,
-                 int64_t max_vec, bool pdl) {
+                 int64_t max_vec, bool pdl, int64_t validate) {
   StorePlan plan = plan_store(k, v, k_cache, v_cache, loc, max_vec);
   plan.args.pdl = pdl;
   c10::cuda::CUDAGuard guard(k_cache.device());
-  check_slots("loc", loc, plan.args.num_slots, /*negative_is_padding=*/false);
   if (plan.empty) return;
-  check_launch("store_cache", kvo_cuda::launch_paged_copy(plan.args, plan.vec, stream_of(k_cache)));
+  const cudaStream_t stream = stream_of(k_cache);
+  Tensor verdict;
+  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, verdict,
+                               stream);
+  check_launch("store_cache", kvo_cuda::launch_paged_copy(plan.args, plan.vec, stream));
 }
 
 std::string store_plan(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
@@ -359,13 +406,15 @@ MlaPlan plan_mla(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope,
 }
 
 void set_mla_kv_buffer(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope, const Tensor& rope,
-                       c10::string_view path, int64_t max_vec, bool pdl) {
+                       c10::string_view path, int64_t max_vec, bool pdl, int64_t validate) {
   MlaPlan plan = plan_mla(kv_buffer, loc, nope, rope, std::string(path), max_vec);
   plan.args.pdl = pdl;
   c10::cuda::CUDAGuard guard(kv_buffer.device());
-  check_slots("loc", loc, plan.args.num_slots, /*negative_is_padding=*/false);
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(kv_buffer);
+  Tensor verdict;
+  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, verdict,
+                               stream);
   check_launch("set_mla_kv_buffer", plan.tma ? kvo_cuda::launch_mla_tma(plan.args, plan.width, stream)
                                              : kvo_cuda::launch_mla_direct(plan.args, plan.width, stream));
 }
@@ -529,14 +578,16 @@ PagedPlan plan_paged(const Tensor& key, const Tensor& value, const Tensor& key_c
 void reshape_and_cache_flash(const Tensor& key, const Tensor& value, const Tensor& key_cache,
                              const Tensor& value_cache, const Tensor& slot_mapping, c10::string_view kv_cache_dtype,
                              const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale,
-                             int64_t max_vec, bool pdl) {
+                             int64_t max_vec, bool pdl, int64_t validate) {
   PagedPlan plan = plan_paged(key, value, key_cache, value_cache, slot_mapping, std::string(kv_cache_dtype), k_scale,
                               v_scale, max_vec);
   plan.args.pdl = pdl;
   c10::cuda::CUDAGuard guard(key_cache.device());
-  check_slots("slot_mapping", slot_mapping, plan.args.num_slots, /*negative_is_padding=*/true);
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(key_cache);
+  Tensor verdict;
+  plan.args.check = plan_check(validate, slot_mapping, plan.args.n, plan.args.num_slots, true, 1, plan.args.pdl,
+                               verdict, stream);
   if (plan.fmt == kvo_cuda::kFp8None) {
     check_launch("reshape_and_cache_flash", kvo_cuda::launch_paged_copy(plan.args, plan.width, stream));
   } else {
@@ -586,12 +637,13 @@ int64_t tune(c10::string_view knob, int64_t value) {
 TORCH_LIBRARY(kv_oracle_cuda, m) {
   m.set_python_module("oracle.kernels.cuda._fake");
   m.def("store_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor loc, int max_vec=16, "
-        "bool pdl=False) -> ()");
+        "bool pdl=False, int validate=1) -> ()");
   m.def("set_mla_kv_buffer(Tensor(a!) kv_buffer, Tensor loc, Tensor cache_k_nope, Tensor cache_k_rope, "
-        "str path=\"auto\", int max_vec=16, bool pdl=False) -> ()");
+        "str path=\"auto\", int max_vec=16, bool pdl=False, int validate=1) -> ()");
   m.def("reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
         "Tensor slot_mapping, str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale, int max_vec=16, "
-        "bool pdl=False) -> ()");
+        "bool pdl=False, int validate=1) -> ()");
+  m.def("set_error_mailbox(Tensor mailbox, int device) -> ()", &kvo_bind::set_error_mailbox);
   m.def("store_plan(Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor loc, int max_vec=16) -> str");
   m.def("mla_plan(Tensor kv_buffer, Tensor loc, Tensor cache_k_nope, Tensor cache_k_rope, str path=\"auto\", "
         "int max_vec=16) -> str");

@@ -2,6 +2,7 @@
 // instructions the kernels issue, and launch sizing. CUDA and plain C++ only.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -144,6 +145,62 @@ __device__ __forceinline__ void pdl_prologue(int32_t pdl) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   }
+}
+
+// ---------------------------------------------------------------- the device-side slot check
+
+constexpr int64_t kNoEntry = INT64_MAX;
+
+// The minimum of v over the block (every thread gets it). Call at most once per kernel, from
+// every thread of the block.
+__device__ __forceinline__ int64_t block_min(int64_t v) {
+  __shared__ int64_t warp_min[32];
+  for (int o = 16; o > 0; o >>= 1) v = min(v, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, v, o)));
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) warp_min[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = lane < static_cast<int>((blockDim.x + 31) >> 5) ? warp_min[lane] : kNoEntry;
+  for (int o = 16; o > 0; o >>= 1) v = min(v, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, v, o)));
+  return v;
+}
+
+// The first illegal entry (see SlotCheck) of [start, end) scanned by this thread at `step`
+// strides from start + offset, or kNoEntry.
+template <typename IdxT>
+__device__ __forceinline__ int64_t first_illegal(const void* index, int64_t stride, int64_t start, int64_t end,
+                                                 int64_t offset, int64_t step, int64_t num_slots,
+                                                 int32_t negative_ok) {
+  for (int64_t i = start + offset; i < end; i += step) {
+    const int64_t slot = load_slot<IdxT>(index, i, stride);
+    if (slot >= num_slots || (!negative_ok && slot < 0)) return i;
+  }
+  return kNoEntry;
+}
+
+// Whether every slot of the call is legal (uniform over the grid). Every thread of the block must
+// call it, before the block's first store; where a slot is illegal, block 0 records it.
+template <typename IdxT>
+__device__ bool call_is_legal(const SlotCheck& c, const void* index, int64_t stride, int64_t n, int64_t num_slots) {
+  int64_t mine = kNoEntry;
+  if (c.mode == 1) {
+    mine = first_illegal<IdxT>(index, stride, 0, n, threadIdx.x, blockDim.x, num_slots, c.negative_ok);
+  } else {
+    for (int i = threadIdx.x; i < c.verdict_count; i += blockDim.x) mine = min(mine, c.verdict[i]);
+  }
+  const int64_t first = block_min(mine);
+  if (first >= n) return true;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    volatile int64_t* box = c.mailbox;
+    box[1] = first;
+    box[2] = load_slot<IdxT>(index, first, stride);
+    box[3] = num_slots;
+    box[4] = c.arg_code;
+    box[5] = c.pad_code;
+    box[6] = c.pad_slot;
+    __threadfence_system();  // the host may read word 0 without synchronizing
+    box[0] = 1;
+  }
+  return false;
 }
 
 // Ask the L2 for bytes [p, p + bytes): one prefetch per 32-byte sector, spread over the warp's

@@ -15,6 +15,32 @@ enum IndexType : int32_t { kIndexInt32 = 0, kIndexInt64 = 1 };
 enum SrcType : int32_t { kSrcFloat32 = 0, kSrcFloat16 = 1, kSrcBFloat16 = 2 };
 enum Fp8Format : int32_t { kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 
+// The device-side slot check of a validating call (check.cu; the binding plans it). Mode 0: none.
+// Mode 1: every block scans the whole index before its first store (short indices: one launch).
+// Mode 2: launch_slot_check ran first and left each chunk's first illegal entry in `verdict`; the
+// writer, launched with PDL after it (args.pdl set), reads those words after griddepcontrol.wait.
+// An entry is illegal when its slot is >= num_slots, or < 0 unless negative_ok. If any is, no block
+// stores anything and block 0 writes the first one into `mailbox` (pinned host memory, zero-copy;
+// layout in oracle/kernels/_deferred.py): words 1-6, a system fence, then word 0.
+struct SlotCheck {
+  const int64_t* verdict;    // mode 2: one word per check block
+  int64_t* mailbox;          // int64[8] the host reads
+  int32_t mode;
+  int32_t verdict_count;
+  int32_t negative_ok;
+  int32_t arg_code;          // oracle.kernels._deferred.ARGUMENTS
+  int32_t pad_code;          // oracle.kernels._deferred.PADDINGS
+  int32_t pad_;
+  int64_t pad_slot;          // padding reserved:K's K (for the message)
+};
+
+// verdict[b] = the first illegal entry (see SlotCheck) among entries [b * chunk, (b + 1) * chunk)
+// of the index, or n, for b < blocks. With `pdl` it waits for the previous grid first; it lets the
+// next PDL launch be scheduled at once (that launch waits for this grid to complete).
+cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
+                              int64_t num_slots, int32_t negative_ok, int64_t* verdict, int blocks, int64_t chunk,
+                              bool pdl, cudaStream_t stream);
+
 // One tensor pair a paged/flat writer copies: source rows [N, heads, head] into cache rows.
 // A cache row (slot s) starts at dst + (s / block_size) * dst_block + (s % block_size) * dst_token;
 // flat caches have block_size 1 and use dst_block as the slot stride. All strides in BYTES.
@@ -45,6 +71,7 @@ struct PagedArgs {
   int64_t block_size;        // slots per block (1 for flat caches)
   int32_t dense;             // every side has one head: chunk c sits at c * chunk bytes (the fast path)
   int32_t pdl;               // launched with programmatic dependent launch (see launch_kernel)
+  SlotCheck check;           // the device-side slot check (mode 0: none)
 };
 
 // Every launcher honours args.pdl: when set, the kernel is launched with programmatic dependent
@@ -80,6 +107,7 @@ struct MlaArgs {
   int64_t index_stride;
   int64_t n;
   int64_t num_slots;
+  SlotCheck check;           // the device-side slot check (mode 0: none)
 };
 
 // TMA path: each warp stages a whole row (nope then rope) in shared memory with `load_bytes`-wide
@@ -96,7 +124,11 @@ cudaError_t launch_mla_direct(const MlaArgs& args, int vec_bytes, cudaStream_t s
 // largest row the MLA TMA path stages (a warp holds two sets of its rows in shared memory, and a
 // block stays within the 48 KiB default dynamic shared memory with at least one warp).
 constexpr int kThreads = 256;
-constexpr int64_t kMlaMaxTmaRowBytes = 48 * 1024 / 2;
+// The slot check's block reduction takes kCheckSmemBytes of static shared memory in every kernel;
+// the staging buffers get the rest of the 48 KiB.
+constexpr int64_t kCheckSmemBytes = 256;
+constexpr int64_t kStageSmemBytes = 48 * 1024 - kCheckSmemBytes;
+constexpr int64_t kMlaMaxTmaRowBytes = kStageSmemBytes / 2;
 
 // Launch tuning, process-wide. The defaults are what the H100 sweep (benchmarks/tune_gpu.py, with
 // inputs rotated past the L2; docs/benchmarks.md) measured fastest for 2 KiB MHA rows and 1152-byte

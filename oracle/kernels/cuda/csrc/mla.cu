@@ -19,8 +19,9 @@
 // Both paths take `prefetch`: each warp first asks the L2 for its first rows' nope, rope and slot
 // (under PDL before griddepcontrol.wait; see prefetch_l2).
 //
-// Slots outside [0, num_slots) are skipped; the binding rejects them before launching (except
-// under CUDA-graph capture), so that is only a guard against writing outside the buffer.
+// Slots outside [0, num_slots) are skipped, so nothing is written outside the buffer; a validating
+// call first decides on the device whether every slot is legal (SlotCheck, call_is_legal) and
+// stores nothing if one is not.
 #include "common.cuh"
 
 namespace kvo_cuda {
@@ -61,6 +62,7 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
     for (int j = 0; j < Rows && row + j < a.n; ++j) prefetch_row<IdxT>(a, row + j, lane);
   }
   pdl_prologue(a.pdl);
+  if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
   int set = 0;
   for (int64_t first = (static_cast<int64_t>(blockIdx.x) * warps + warp) * Rows; first < a.n; first += step) {
     int64_t slot[Rows];
@@ -132,6 +134,7 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
   if (prefetch && first < a.n) prefetch_row<IdxT>(a, first, lane);
   pdl_prologue(a.pdl);
+  if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
   for (int64_t row = first; row < a.n; row += step) {
     const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
     const unsigned char* nope = a.nope + row * a.nope_row;
@@ -160,13 +163,13 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // Rows per warp iteration: the tuned value, halved while two sets of them would not fit.
 int mla_rows_for(int64_t stage_bytes) {
   int rows = launch_tuning().mla_rows;
-  while (rows > 1 && 2 * rows * stage_bytes > 48 * 1024) rows /= 2;
+  while (rows > 1 && 2 * rows * stage_bytes > kStageSmemBytes) rows /= 2;
   return rows;
 }
 
 template <typename IdxT, int Load, int Rows>
 cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t stream) {
-  int64_t warps = (48 * 1024) / (2 * Rows * stage_bytes);
+  int64_t warps = kStageSmemBytes / (2 * Rows * stage_bytes);
   if (warps > launch_tuning().mla_warps) warps = launch_tuning().mla_warps;
   if (warps < 1) return cudaErrorInvalidValue;
   const int threads = static_cast<int>(warps) * 32;

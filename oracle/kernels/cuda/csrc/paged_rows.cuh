@@ -12,9 +12,10 @@
 // Work item w in [0, sides * n): side w / n, row w % n. A warp loads the row's slot and its first
 // U chunks per lane together (the data loads do not wait for the slot), then stores them, so each
 // warp keeps 32 * U * kIn bytes in flight. With `prefetch` set, each warp first asks the L2 for
-// its first item's source row and slot (under PDL before the wait; see prefetch_l2). Slots outside [0, num_slots) are skipped (the binding
-// rejects them before launching unless a CUDA graph is being captured; the kernel never writes
-// outside a cache). Dense: every side's row is one head (with one scale), so chunk c sits at
+// its first item's source row and slot (under PDL before the wait; see prefetch_l2). Slots outside
+// [0, num_slots) are skipped, so the kernel never writes outside a cache; a validating call first
+// decides on the device whether every slot is legal (SlotCheck, call_is_legal) and stores nothing
+// if one is not. Dense: every side's row is one head (with one scale), so chunk c sits at
 // c * kIn of the source row and c * kOut of the cache row: no head split, no per-chunk offsets
 // kept in registers.
 #pragma once
@@ -49,6 +50,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   const int64_t items = a.n * a.sides;
   if (prefetch && first < items) prefetch_item<IdxT, Chunk::kIn>(a, first, lane);
   pdl_prologue(a.pdl);
+  if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
   for (int64_t item = first; item < items; item += step) {
     const int s = item >= a.n ? 1 : 0;
     const int64_t row = item - (s ? a.n : 0);
