@@ -7,6 +7,7 @@ as from a clone (``pytest --pyargs conformance``). Test ids read
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -14,6 +15,8 @@ import warnings
 from collections import Counter, defaultdict
 
 import pytest
+
+from . import limits
 
 PROFILE_DEFAULT = "quick"
 
@@ -45,6 +48,25 @@ def pytest_addoption(parser):
                     help="write the JSON conformance report (docs/report-schema.md) here")
     group.addoption("--oracle-target", default=None, metavar="NAME",
                     help="the execution target's name in the report (default: GPU or CPU model)")
+    limits.add_options(group)
+
+
+_CONFIG: list = []  # the session's config, for hooks that get none (the controller's crash reports)
+
+
+def pytest_configure(config):
+    limits.configure(config)
+    _CONFIG[:] = [config]
+
+
+def pytest_unconfigure(config):
+    limits.unconfigure(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist: each worker gets the limits' shared directory."""
+    limits.configure_node(node.config, node)
 
 
 def _kernels(config, op):
@@ -94,8 +116,9 @@ def pytest_generate_tests(metafunc):
 
 
 def check_case(request, oracle_case) -> None:
-    """Run one (kernel, case) and turn the outcome into a pytest outcome."""
-    from .runner import FAIL, NOT_SUPPORTED, UNAVAILABLE, UNDECLARED, run_case
+    """Run one (kernel, case) within the limits (time, and memory for a large case) and turn the
+    outcome into a pytest outcome."""
+    from .runner import FAIL, UNAVAILABLE, run_case
 
     kernel, case, reason = oracle_case
     if kernel is None:
@@ -107,14 +130,26 @@ def check_case(request, oracle_case) -> None:
         pytest.skip(f"unavailable: {reason}")
     node.user_properties += [("oracle_class", case.cls), ("oracle_case", case.id),
                              ("oracle_seed", case.seed), ("oracle_params", _jsonable_params(case))]
-    try:
-        outcome = run_case(kernel, case)
-    except Exception as exc:
-        # the oracle itself broke: the report must still count the case, as pytest does
-        node.user_properties += [("oracle_status", FAIL), ("oracle_message",
-                                  f"kv-oracle raised {type(exc).__name__}: {exc} (a bug in the oracle, "
-                                  "not a verdict on the kernel)")]
-        raise
+    with limits.reserve_memory(request.config, kernel, case) as refused:
+        if refused:
+            node.user_properties += [("oracle_status", limits.NOT_RUN), ("oracle_message", refused)]
+            pytest.skip(refused)
+        try:
+            with limits.time_limit(request.config, node.nodeid, _case_record(case)):
+                outcome = run_case(kernel, case)
+        except Exception as exc:
+            # the oracle itself broke: the report must still count the case, as pytest does
+            node.user_properties += [("oracle_status", FAIL), ("oracle_message",
+                                      f"kv-oracle raised {type(exc).__name__}: {exc} (a bug in the oracle, "
+                                      "not a verdict on the kernel)")]
+            raise
+        _judge(request, kernel, case, outcome)
+
+
+def _judge(request, kernel, case, outcome) -> None:
+    from .runner import FAIL, NOT_SUPPORTED, UNAVAILABLE, UNDECLARED
+
+    node = request.node
     node.user_properties += [("oracle_status", outcome.status), ("oracle_message", outcome.message),
                              ("oracle_seconds", round(outcome.seconds, 6))]
     if kernel.contract.device.startswith("cuda"):
@@ -144,18 +179,31 @@ def check_case(request, oracle_case) -> None:
             lines.append(f"bundle: {path}\nreplay elsewhere: oracle replay {shlex.quote(str(path))} "
                          f"--kernel {kernel.name}")
         lines.append("re-run exactly this case: " + replay_command(request))
+        # the caches (GBs for a large case) go now, before the memory budget gets them back;
+        # pytest keeps the exception's frames alive after the test
+        outcome.prepared = outcome.expected = None
         raise ConformanceFailure("\n".join(lines))
 
 
+def _case_record(case) -> dict:
+    return {"case_id": case.id, "case_class": case.cls, "params": _jsonable_params(case), "seed": case.seed}
+
+
 def replay_command(request) -> str:
-    path = str(request.node.path)
-    name = request.node.name
+    return _replay_line(request.config, str(request.node.path), request.node.name)
+
+
+def _replay_line(config, path: str, name: str) -> str:
+    """The one command that re-runs exactly the test ``name`` of file ``path``."""
     plugins = os.environ.get("ORACLE_PLUGINS")
     env = f"ORACLE_PLUGINS={shlex.quote(plugins)} " if plugins else ""
+    defaults = (("--oracle-profile", "oracle_profile", PROFILE_DEFAULT),
+                ("--oracle-timeout", "oracle_timeout", limits.DEFAULT_TIMEOUT_S),
+                ("--oracle-memory", "oracle_memory", None))
     return f"{env}{shlex.quote(sys.executable)} -m pytest {shlex.quote(path + '::' + name)}" + \
-        "".join(f" {opt}={shlex.quote(str(request.config.getoption(key)))}"
-                for opt, key in (("--oracle-profile", "oracle_profile"),) if request.config.getoption(key)
-                != PROFILE_DEFAULT)
+        "".join(f" {opt}={shlex.quote(f'{value:g}' if isinstance(value, float) else str(value))}"
+                for opt, key, default in defaults
+                if (value := config.getoption(key, default)) != default)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -192,13 +240,16 @@ _OUTCOMES: dict = defaultdict(Counter)
 _CASES: dict = {}  # nodeid -> the report's case record (controller side)
 
 
+@pytest.hookimpl(tryfirst=True)  # before JUnit and the terminal read a crash report
 def pytest_runtest_logreport(report):
     props = dict(report.user_properties)
     if report.when == "???":  # xdist: the worker died while running this item
         record = _crash_record(report)
         if record is not None:
             _CASES[report.nodeid] = record
-            _OUTCOMES[(record["op"], record["kernel"])]["crashed"] += 1
+            _OUTCOMES[(record["op"], record["kernel"])][record["status"]] += 1
+            report.longrepr = ("TIMEOUT: " if record["status"] == limits.TIMEOUT else "") + record["message"]
+            _junit_properties(report, record)
         return
     if report.when != "call" or "oracle_status" not in props:
         return
@@ -217,12 +268,13 @@ def pytest_runtest_logreport(report):
 
 
 def _crash_record(report) -> dict | None:
-    """The case a crashed worker was running, from its node id alone (the worker is gone):
-    ``...test_<op>[<kernel>][<case id>]``."""
+    """The case a dead worker was running: from its node id (``...test_<op>[<kernel>][<case
+    id>]``) and the case's limit file (a property test's example; the watchdog's dump when the case
+    ran past its time limit, which makes it a timeout rather than a crash)."""
     from .cases import catalogue
     from .registry import default_registry
 
-    name = report.nodeid.rpartition("::")[2]
+    path, _, name = report.nodeid.rpartition("::")
     func, _, rest = name.partition("[")
     if not func.startswith("test_") or not rest.endswith("]"):
         return None
@@ -233,11 +285,49 @@ def _crash_record(report) -> dict | None:
     cases = ({c.id: c for profile in ("quick", "full") for c in catalogue(op, profile, contract)}
              if case_id else {})
     case = cases.get(case_id)
-    return {"op": op, "kernel": kernel, "case_id": case_id or "(property)",
-            "case_class": case.cls if case else "property", "params": _jsonable_params(case) if case else {},
-            "seed": case.seed if case else None, "status": "crashed", "seconds": report.duration or 0.0,
-            "message": str(report.longrepr), "first_difference": None, "cause": None, "pattern": [],
-            "nodeid": report.nodeid}
+    record = {"op": op, "kernel": kernel, "case_id": case_id or "(property)",
+              "case_class": case.cls if case else "property", "params": _jsonable_params(case) if case else {},
+              "seed": case.seed if case else None, "status": "crashed", "seconds": report.duration or 0.0,
+              "message": str(report.longrepr), "first_difference": None, "cause": None, "pattern": [],
+              "nodeid": report.nodeid}
+    config = _CONFIG[0]
+    in_flight = limits.case_in_flight(config, report.nodeid)
+    if in_flight is not None:
+        running, dump = in_flight
+        if case is None:  # a property test: the example it was running
+            record.update(case_id=running["case_id"], params=running["params"], seed=running["seed"])
+        if dump:
+            record.update(status=limits.TIMEOUT, seconds=running["limit_s"], message=(
+                f"ran past the time limit of {running['limit_s']:g} s (--oracle-timeout): {kernel} on {op} case "
+                f"{record['case_id']} (class {record['case_class']}, seed {record['seed']}, params "
+                f"{json.dumps(record['params'])}); its worker was ended and replaced\n"
+                f"where it was, most recent call first:\n{_case_stack(dump)}"))
+    replay = _replay_line(config, os.path.normpath(config.rootpath / path), name)
+    record["message"] += "\nre-run exactly this case: " + replay
+    return record
+
+
+def _case_stack(dump: str, limit: int = 40) -> str:
+    """From the watchdog's dump (every thread's stack), the stack of the thread that ran the case,
+    down to the test function (pytest's own frames below it say nothing about the kernel)."""
+    threads = [[line for line in block.splitlines() if line.startswith("  ")] for block in dump.split("\n\n")]
+    ran = next((t for t in threads if any(" in check_case" in line for line in t)), sum(threads, []))
+    end = next((i for i, line in enumerate(ran) if " in check_case" in line), len(ran) - 2) + 2
+    kept = ran[:min(end, limit)]
+    return "\n".join(kept + ([f"  ... ({len(ran) - len(kept)} more frames)"] if len(ran) > len(kept) else []))
+
+
+def _junit_properties(report, record: dict) -> None:
+    """A dead worker's case in JUnit, with the properties a living one would have had."""
+    from _pytest.junitxml import xml_key
+
+    xml = _CONFIG[0].stash.get(xml_key, None)
+    if xml is None:
+        return
+    reporter = xml.node_reporter(report)
+    for key in ("kernel", "op", "case_class", "case_id", "seed", "params", "status", "message"):
+        reporter.add_property("oracle_" + {"case_class": "class", "case_id": "case"}.get(key, key),
+                              str(record[key]))
 
 
 _STARTED: dict = {}
@@ -269,13 +359,16 @@ def pytest_sessionfinish(session, exitstatus):
         "duration_s": round(time.time() - _STARTED.get("wall", time.time()), 3),
         "command": list(config.invocation_params.args),
         "kernels": [k for k in kernels if k["name"] in selected], "plugin_errors": errors,
+        "limits": {"timeout_s": config.getoption("oracle_timeout"), "memory_gb": config.getoption("oracle_memory"),
+                   "memory_budgets": limits.budgets(config)},
         "cases": [_CASES[n] for n in sorted(_CASES)]})
 
 
 def pytest_terminal_summary(terminalreporter):
     if not _OUTCOMES:
         return
-    columns = ("pass", "fail", "crashed", "not supported", "works, not declared", "unavailable")
+    columns = ("pass", "fail", "crashed", "timeout", "not supported", "works, not declared", "not run",
+               "unavailable")
     terminalreporter.section("kv-oracle conformance")
     width = max(len(f"{op} / {kernel}") for op, kernel in _OUTCOMES) + 2
     terminalreporter.write_line(f"{'op / kernel':<{width}}" + "".join(f"{c:>21}" for c in columns))

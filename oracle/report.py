@@ -19,9 +19,11 @@ from pathlib import Path
 
 from . import __version__
 
-SCHEMA_VERSION = 2  # 2: each case's diagnosed "cause" and difference "pattern"
-STATUSES = ("pass", "fail", "crashed", "not supported", "works, not declared", "unavailable")
-FAILING = ("fail", "crashed")
+SCHEMA_VERSION = 3  # 2: each case's diagnosed "cause" and difference "pattern"; 3: the run's "limits",
+# the statuses "timeout" and "not run"
+STATUSES = ("pass", "fail", "crashed", "timeout", "not supported", "works, not declared", "not run",
+            "unavailable")
+FAILING = ("fail", "crashed", "timeout")
 
 # The schema, field by field: name -> (type or types, required). Nested objects have their own
 # entries; lists name their item schema. docs/report-schema.md explains each field.
@@ -30,7 +32,10 @@ SCHEMA = {
     "report": {"schema_version": ((int,), True), "tool": (("tool",), True), "target": (("target",), True),
                "profile": (_STR, True), "started": (_STR, True), "duration_s": (_NUM, True),
                "command": (([str],), True), "kernels": (([("kernel",)],), True),
-               "plugin_errors": (([("plugin_error",)],), True), "cases": (([("case",)],), True)},
+               "plugin_errors": (([("plugin_error",)],), True), "limits": (("limits", type(None)), True),
+               "cases": (([("case",)],), True)},
+    "limits": {"timeout_s": (_NUM, True), "memory_gb": ((int, float, type(None)), True),
+               "memory_budgets": ((dict,), True)},
     "tool": {"name": (_STR, True), "version": (_STR, True), "git_commit": (_OPT_STR, True)},
     "target": {"name": (_STR, True), "hostname": (_STR, True), "platform": (_STR, True),
                "cpu": (("cpu",), True), "gpu": (("gpu", type(None)), True),
@@ -180,13 +185,15 @@ def write(path, report: dict) -> Path:
 
 
 def load(path) -> dict:
-    """A report, validated; a version 1 report (no diagnosis yet) is read as version 2 with no
-    cause and no pattern in any case."""
+    """A report, validated. Older versions are read as this one: version 1 (no diagnosis yet) with
+    no cause and no pattern in any case; versions 1 and 2 (no limits yet) with ``limits: null``."""
     report = json.loads(Path(path).read_text())
     if isinstance(report, dict) and report.get("schema_version") == 1:
-        report = dict(report, schema_version=SCHEMA_VERSION,
+        report = dict(report, schema_version=2,
                       cases=[dict(c, cause=None, pattern=[]) if isinstance(c, dict) else c
                              for c in report.get("cases", [])])
+    if isinstance(report, dict) and report.get("schema_version") == 2:
+        report = dict(report, schema_version=SCHEMA_VERSION, limits=None)
     problems = validate(report)
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems[:5]))
@@ -197,19 +204,23 @@ def load(path) -> dict:
 
 
 def cell(statuses: Counter) -> str:
-    """One matrix cell: FAIL (with counts) beats pass; n/s and unavailable only when alone."""
+    """One matrix cell: CRASH, TIMEOUT or FAIL (with counts) beats pass; n/s, not run and
+    unavailable only when nothing ran."""
     total = sum(statuses.values())
-    bad = statuses["fail"] + statuses["crashed"]
-    if statuses["crashed"]:
-        return f"CRASH {bad}/{total}"
-    if bad:
-        return f"FAIL {bad}/{total}"
+    bad = sum(statuses[s] for s in FAILING)
+    for status, label in (("crashed", "CRASH"), ("timeout", "TIMEOUT"), ("fail", "FAIL")):
+        if statuses[status]:
+            return f"{label} {bad}/{total}"
+    aside = "".join(f" ({statuses[s]} {short})" for s, short in (("not supported", "n/s"), ("not run", "not run"))
+                    if statuses[s])
     ran = statuses["pass"] + statuses["works, not declared"]
     if ran:
         note = f" +{statuses['works, not declared']}wnd" if statuses["works, not declared"] else ""
-        return f"pass {ran}{note}" + (f" ({statuses['not supported']} n/s)" if statuses["not supported"] else "")
+        return f"pass {ran}{note}{aside}"
     if statuses["unavailable"]:
         return "unavailable"
+    if statuses["not run"]:
+        return "not run" + (f" ({statuses['not supported']} n/s)" if statuses["not supported"] else "")
     return "n/s" if total else ""
 
 
@@ -251,10 +262,12 @@ def render_markdown(reports: list[dict]) -> str:
     columns, rows, cells = matrix(reports)
     out = ["# kv-oracle conformance matrix", "",
            "Legend: **pass N**: N cases passed (`+Kwnd`: K of them work but are not declared in the "
-           "contract; `(M n/s)`: M more are outside the contract); **FAIL b/N** or **CRASH b/N**: b of "
-           "N cases failed or crashed their worker; **n/s**: every case is outside the declared "
-           "contract; **unavailable**: the kernel cannot run on that target (reason below); blank: "
-           "not run there.", "", "## Targets", ""]
+           "contract; `(M n/s)`: M more are outside the contract; `(M not run)`: M more did not fit the "
+           "memory budget); **FAIL b/N**, **TIMEOUT b/N** or **CRASH b/N**: b of N cases failed, "
+           "ran past the time limit, or crashed their worker; **n/s**: every case is outside the "
+           "declared contract; **not run**: no case fitted the memory budget (reason below); "
+           "**unavailable**: the kernel cannot run on that target (reason below); blank: no such case "
+           "there.", "", "## Targets", ""]
     for column, report in zip(columns, reports):
         t = report["target"]
         gpu = f", GPU {t['gpu']['name']} (sm {t['gpu']['capability']}, driver {t['gpu']['driver']}, " \
@@ -293,6 +306,8 @@ def _notes(reports: list[dict], columns: list[str]) -> list[str]:
             if case["status"] == "works, not declared":
                 notes.append(f"{column}: {case['kernel']} works, not declared: {case['case_id']} "
                              f"({case['message']})")
+            elif case["status"] == "not run":
+                notes.append(f"{column}: {case['kernel']} {case['case_id']} {case['message']}")
             elif case["status"] in FAILING:
                 first = case["message"].splitlines()[0] if case["message"] else ""
                 cause = f" (cause: {case['cause']['text']} [{case['cause']['id']}])" if case.get("cause") else ""

@@ -16,6 +16,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from . import limits
 from . import report as _report
 
 
@@ -39,6 +40,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", metavar="PATH", help="write the matrix as Markdown here")
     parser.add_argument("--target", help="the execution target's name in the report")
     parser.add_argument("--dump", metavar="DIR", help="write each failing case as an .npz bundle")
+    parser.add_argument("--timeout", metavar="SECONDS", type=limits.seconds_argument, default=limits.DEFAULT_TIMEOUT_S,
+                        help="per-case time limit: a case past it is reported TIMEOUT, its worker is replaced "
+                             f"and the run goes on; 0 for none (default {limits.DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--memory", metavar="GB", type=limits.gigabytes_argument,
+                        help="memory budget of the large cases (~4.7 GB each): they run only as many at a "
+                             "time as fit, and one that cannot fit is reported 'not run' (default: 90%% of "
+                             "the memory available when the first one starts)")
     parser.add_argument("--self-check", action="store_true",
                         help="run the catalogue of deliberately wrong kernels instead, and print "
                              "the kill rate")
@@ -51,12 +59,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def pytest_arguments(args: argparse.Namespace, report_path: str) -> list[str]:
     ini = _ini()
     out = ["-c", str(ini), "--rootdir", str(ini.parent), "--pyargs", "conformance",
-           "--oracle-profile", args.profile, "--oracle-origin", args.origin, "--oracle-report", report_path]
+           "--oracle-profile", args.profile, "--oracle-origin", args.origin, "--oracle-report", report_path,
+           "--oracle-timeout", f"{args.timeout:g}"]
     if str(args.workers) != "0":
         out += ["-n", str(args.workers), "--dist", "load", "--max-worker-restart", "1000"]
     for option, value in (("--oracle-backend", args.backend), ("--oracle-kernel", args.kernel),
                           ("--oracle-op", args.op), ("--oracle-target", args.target),
-                          ("--oracle-dump", args.dump), ("--junitxml", args.junit)):
+                          ("--oracle-dump", args.dump), ("--junitxml", args.junit),
+                          ("--oracle-memory", args.memory and f"{args.memory:g}")):
         if value:
             out += [option, value]
     return out + list(args.pytest_args)

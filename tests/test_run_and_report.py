@@ -99,6 +99,7 @@ def minimal_report():
     return {"schema_version": report.SCHEMA_VERSION, "tool": report.describe_tool(),
             "target": report.describe_target("t"), "profile": "quick", "started": "2026-11-22T00:00:00+00:00",
             "duration_s": 1.5, "command": ["--pyargs", "conformance"], "kernels": [], "plugin_errors": [],
+            "limits": {"timeout_s": 300.0, "memory_gb": None, "memory_budgets": {"cpu": 19.5}},
             "cases": [{"op": "store_cache", "kernel": "k", "case_id": "N7", "case_class": "sizes",
                        "params": {"n": 7}, "seed": 3, "status": "pass", "seconds": 0.1, "message": "",
                        "first_difference": None, "cause": None, "pattern": [], "nodeid": "x"}]}
@@ -112,6 +113,8 @@ def minimal_report():
     (lambda r: r["target"]["cpu"].update(cores=True), "$.target.cpu.cores"),
     (lambda r: r.update(extra=1), "$.extra is not in the schema"),
     (lambda r: r["command"].append(3), "$.command[2]"),
+    (lambda r: r["limits"].update(timeout_s="3"), "$.limits.timeout_s"),
+    (lambda r: r.pop("limits"), "$.limits is missing"),
 ])
 def test_validator_names_what_is_wrong(mutate, problem):
     good = minimal_report()
@@ -121,16 +124,35 @@ def test_validator_names_what_is_wrong(mutate, problem):
     assert any(problem in p for p in problems), problems
 
 
-def test_a_version_1_report_is_read_as_version_2_without_causes(tmp_path):
+def test_a_version_1_report_is_read_as_version_3_without_causes_or_limits(tmp_path):
     old = minimal_report()
     old["schema_version"] = 1
+    del old["limits"]
     for case in old["cases"]:
         del case["cause"], case["pattern"]
     path = tmp_path / "v1.json"
     path.write_text(json.dumps(old))
     loaded = report.load(path)
-    assert loaded["schema_version"] == report.SCHEMA_VERSION == 2
+    assert loaded["schema_version"] == report.SCHEMA_VERSION == 3
     assert [(c["cause"], c["pattern"]) for c in loaded["cases"]] == [(None, [])]
+    assert loaded["limits"] is None
+
+
+def test_a_version_2_report_is_read_as_version_3_without_limits(tmp_path):
+    old = minimal_report()
+    old["schema_version"] = 2
+    del old["limits"]
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(old))
+    loaded = report.load(path)
+    assert loaded["schema_version"] == 3 and loaded["limits"] is None
+    assert loaded["cases"] == old["cases"]
+
+
+@pytest.mark.parametrize("name", ["cpu.json", "h100.json", "h100-quick.json"])  # versions 1, 1, 2
+def test_the_committed_reports_still_load(name):
+    loaded = report.load(Path(__file__).parent.parent / "reports" / name)
+    assert loaded["schema_version"] == 3 and loaded["limits"] is None and loaded["cases"]
 
 
 def test_a_cause_must_name_its_id_and_text():
