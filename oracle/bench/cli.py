@@ -26,6 +26,15 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="comma-separated row counts N (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=15,
                         help="timed samples per kernel and N; the median is reported (default %(default)s)")
+    parser.add_argument("--mode", choices=("eager", "graph", "both"), default="both",
+                        help="how CUDA kernels are timed: launched call by call as a user calls them (eager), "
+                             "replayed from a CUDA graph, or both (default)")
+    parser.add_argument("--l2", choices=("cold", "hot", "both"), default="cold",
+                        help="CUDA inputs rotated past the L2 (cold, default), the same inputs every call (hot), "
+                             "or both")
+    parser.add_argument("--peer-file", action="append", default=[], metavar="PY",
+                        help="a peer's Triton writer file to time beside ours, loaded by path (sglang's "
+                             "kvcache/cache_ops.py, vLLM's triton_reshape_and_cache_flash.py); repeatable")
     parser.add_argument("--quiet", action="store_true",
                         help="on a shared machine: keep only samples during which no other process ran "
                              "(Linux /proc accounting), retaking the others for up to 2 minutes per cell")
@@ -66,7 +75,14 @@ def main(args: argparse.Namespace) -> int:
         except ImportError:
             print("error: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
             return 2
-    result = run(ops, sizes, args.repeats, args.backend, only, quiet=getattr(args, "quiet", False))
+    modes = ("eager", "graph") if args.mode == "both" else (args.mode,)
+    l2_states = ("cold", "hot") if args.l2 == "both" else (args.l2,)
+    try:
+        result = run(ops, sizes, args.repeats, args.backend, only, quiet=getattr(args, "quiet", False),
+                     modes=modes, l2_states=l2_states, peer_files=tuple(args.peer_file))
+    except ValueError as exc:  # a peer file that is missing or defines no known writer
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     result["command"] = " ".join(sys.argv)
     if args.json:
         with open(args.json, "w") as f:

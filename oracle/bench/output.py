@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 
-def format_table(rows: list, op: str, variant: str) -> str:
-    """The rows (runner.Row) of one op and variant as a plain-text table."""
-    header = f"{op} [{variant}]"
+def format_table(rows: list, op: str, variant: str, how: str = "") -> str:
+    """The rows (runner.Row) of one op, variant and timing (``how``: "eager, L2 cold", ...) as a
+    plain-text table."""
+    header = f"{op} [{variant}]" + (f" ({how})" if how else "")
     cols = ("kernel", "N", "us", "GB/s", "x baseline", "% of copy", "% of same-size copy", "check")
     body = [(r.kernel, str(r.n), f"{r.us:.1f}", f"{r.gbps:.2f}",
              "-" if r.x_baseline is None else f"{r.x_baseline:.2f}",
@@ -30,10 +31,15 @@ def plot(result: dict, path: str) -> None:
     nrows = -(-len(panels) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.8 * nrows), squeeze=False)
     for ax, (op, variant) in zip(axes.flat, panels):
-        mine = [r for r in rows if r["op"] == op and r["variant"] == variant]
+        mine = [r for r in rows if r["op"] == op and r["variant"] == variant
+                and (r.get("mode"), r.get("l2")) in (("graph", "cold"), ("eager", "hot"))]
         for kernel in dict.fromkeys(r["kernel"] for r in mine):
-            pts = sorted((r["n"], r["gbps"]) for r in mine if r["kernel"] == kernel)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kernel)
+            for mode, style in (("graph", "-"), ("eager", ":")):
+                pts = sorted((r["n"], r["gbps"]) for r in mine if r["kernel"] == kernel and r.get("mode", "graph") == mode
+                             and (r.get("l2") == "cold" or not r["device"].startswith("cuda")))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o",
+                            label=kernel + ("" if mode == "graph" or not r["device"].startswith("cuda") else " (eager)"))
         for device, copy in result["copy"].items():
             ax.axhline(copy["gbps"], linestyle="--", color="grey", linewidth=1)
             ax.annotate(f"copy_ ({device})", (1, copy["gbps"]), xycoords=("axes fraction", "data"),

@@ -9,6 +9,7 @@ import platform
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
 
 import torch
 
@@ -16,7 +17,11 @@ from ..reference.fp8 import FORMATS as FP8_FORMATS
 from .output import format_table
 from .timers import (COPY_BYTES, SAMPLE_SECONDS, Sampler, _sync, cold_sets, copy_bandwidth, make_timer,
                      same_size_copy_timer)
+from .references import index_put, load_peers, seed_mla_writer
 from .workloads import VARIANTS, Workload, make_workload
+
+MODES = ("eager", "graph")  # how CUDA calls are timed: launched one by one, or replayed from a CUDA graph
+L2_STATES = ("cold", "hot")  # inputs rotated past the L2, or the same inputs every call
 
 
 @dataclass
@@ -42,6 +47,8 @@ class Row:
     dropped: int = 0  # samples dropped as disturbed (--quiet)
     baseline: str = ""  # the kernel "x baseline" and "check" compare with (same device)
     pct_same_copy: float | None = None  # % of a copy_ of the same bytes, timed in the same cell
+    mode: str = "eager"  # CUDA: "eager" (launched call by call) or "graph" (replayed); CPU: eager
+    l2: str = "hot"  # CUDA: "cold" (inputs rotated past the L2) or "hot"; CPU: hot
 
 
 def _baseline(op: str, device: str = "cpu"):
@@ -125,25 +132,54 @@ def _device_of(kernel) -> str:
     return "cuda" if kernel.contract.device.startswith("cuda") else "cpu"
 
 
+def _reference(name: str, backend: str, fn) -> SimpleNamespace:
+    """A reference writer (index_put_, the seed's writer, a peer) shaped like a registered CUDA
+    kernel, so it is timed and checked like one."""
+    return SimpleNamespace(name=name, fn=fn, unavailable=lambda: None,
+                           contract=SimpleNamespace(backend=backend, device="cuda", fp8_formats=("e4m3fn", "e5m2")))
+
+
+def references(op: str, peers: list) -> list:
+    """The CUDA references of ``op``: index_put_, the seed's MLA writer, the peers' writers."""
+    out = []
+    fn = index_put(op)
+    if fn is not None:
+        out.append(_reference("ref:index_put_", "reference", fn))
+    if op == "set_mla_kv_buffer":
+        try:
+            out.append(_reference("ref:seed 1-D Triton BLOCK=128", "reference", seed_mla_writer()))
+        except ImportError:
+            pass
+    out += [_reference(f"peer:{name}", "peer", fn) for name, peer_op, fn in peers if peer_op == op]
+    return out
+
+
 def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, variants: dict | None = None,
-        quiet: bool = False, log=print) -> dict:
+        quiet: bool = False, log=print, modes: tuple = MODES, l2_states: tuple = ("cold",),
+        peer_files: tuple = ()) -> dict:
     """Time every op (its variants: ``variants[op]`` or all) at every size; the JSON-able result.
+    CUDA kernels are timed in every mode of ``modes`` (eager, graph) and L2 state of ``l2_states``
+    (cold, hot), beside the references (:func:`references`: index_put_, the seed's MLA writer, the
+    writers of ``peer_files``); CPU kernels once, eagerly.
 
     Within one (op, variant, N) cell the kernels' samples are interleaved (baseline, kernel 1,
     kernel 2, baseline, ...), so load from other processes hits them alike; ``quiet`` drops the
     samples other processes disturbed (see Sampler). The copy bandwidth is measured before and
     after everything; the reference is the higher of the two medians (the conservative choice for
     "% of copy")."""
+    peers = [p for path in peer_files for p in load_peers(path)]  # a bad file fails before any timing
     load_before = _loadavg()
     sampler = Sampler(repeats, quiet=quiet)
     sample_seconds = 10 * SAMPLE_SECONDS if quiet else SAMPLE_SECONDS  # long enough for tick accounting
     first_copy = {"cpu": copy_bandwidth("cpu", sampler=Sampler(10, quiet=quiet))}
     log(f"copy bandwidth (cpu): {first_copy['cpu']['gbps']:.1f} GB/s (torch copy_ of {COPY_BYTES >> 20} MiB, "
         f"bytes read + written)")
-    cells = []  # (op, variant, n, [(kernel, workload, samples, dropped, calls, timer name, check)], clean)
+    cells = []  # (op, variant, n, mode, l2, [(kernel, workload, samples, ...)], same-size copy, clean)
     notes: dict[str, list[str]] = {}
     for op in ops:
         kernels, left_out = select_kernels(op, backend)
+        if torch.cuda.is_available() and any(_device_of(k) == "cuda" for k in kernels):
+            kernels = kernels + references(op, peers)
         notes[op] = left_out
         for line in left_out:
             log(f"note: {line}")
@@ -158,25 +194,30 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
                     notes[op].append(f"{k.name}: [{variant}] skipped (its contract declares no {variant})")
                     log(f"note: {notes[op][-1]}")
             for n in sizes:
-                kernels_here = declared
-                workloads = [make_workload(op, variant, n, device=_device_of(k)) for k in kernels_here]
-                cuda_first = next((w for k, w in zip(kernels_here, workloads) if _device_of(k) == "cuda"), None)
+                all_here = declared
+                workloads_all = [make_workload(op, variant, n, device=_device_of(k)) for k in all_here]
+                base_all = _baseline_index(all_here)
+                checks_all = {k.name: "baseline" if base_all[i] == i else _check(k, all_here[base_all[i]], w)
+                              for i, (k, w) in enumerate(zip(all_here, workloads_all))}
+                cuda_first = next((w for k, w in zip(all_here, workloads_all) if _device_of(k) == "cuda"), None)
                 rotation = cold_sets(op, variant, n, cuda_first) if cuda_first is not None else ()
-                timers = [make_timer(k.fn, w.args, _device_of(k), sample_seconds,
-                                     rotation if _device_of(k) == "cuda" else ())
-                          for k, w in zip(kernels_here, workloads)]
-                devices = list(dict.fromkeys(_device_of(k) for k in kernels_here))
-                timers += [same_size_copy_timer(workloads[0].bytes, d, sample_seconds) for d in devices]
-                samples, dropped, clean = sampler.collect(timers)
-                same_copy = {d: statistics.median(s) for d, s in zip(devices, samples[len(kernels_here):])}
-                base = _baseline_index(kernels_here)
-                checks = ["baseline" if base[i] == i else _check(k, kernels_here[base[i]], w)
-                          for i, (k, w) in enumerate(zip(kernels_here, workloads))]
-                cells.append((op, variant, n, list(zip(kernels_here, workloads, samples, dropped,
-                                                       [t.calls for t in timers], [t.name for t in timers],
-                                                       checks, [kernels_here[b].name for b in base],
-                                                       [statistics.median(samples[b]) for b in base])),
-                              same_copy, clean))
+                for mode, l2, devices in _passes(all_here, modes, l2_states):
+                    picked = [i for i, k in enumerate(all_here) if _device_of(k) in devices]
+                    kernels_here = [all_here[i] for i in picked]
+                    workloads = [workloads_all[i] for i in picked]
+                    timers = [make_timer(k.fn, w.args, _device_of(k), sample_seconds,
+                                         rotation if l2 == "cold" else (), graph=mode == "graph")
+                              for k, w in zip(kernels_here, workloads)]
+                    timers += [same_size_copy_timer(workloads[0].bytes, d, sample_seconds, cold=l2 == "cold",
+                                                    graph=mode == "graph") for d in devices]
+                    samples, dropped, clean = sampler.collect(timers)
+                    same_copy = {d: statistics.median(s) for d, s in zip(devices, samples[len(kernels_here):])}
+                    base = _baseline_index(kernels_here)
+                    cells.append((op, variant, n, mode, l2, list(zip(
+                        kernels_here, workloads, samples, dropped, [t.calls for t in timers],
+                        [t.name for t in timers], [checks_all[k.name] for k in kernels_here],
+                        [kernels_here[b].name for b in base], [statistics.median(samples[b]) for b in base])),
+                        same_copy, clean))
                 if sys.stderr.isatty():
                     print(f"  timed {op} [{variant}] N={n}      ", end="\r", file=sys.stderr, flush=True)
     copies = {}
@@ -185,7 +226,7 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
         best = max((first, again), key=lambda c: c["gbps"])
         copies[device] = dict(best, runs_gbps=[first["gbps"], again["gbps"]])
     rows: list[Row] = []
-    for op, variant, n, entries, same_copy, clean in cells:
+    for op, variant, n, mode, l2, entries, same_copy, clean in cells:
         for kernel, workload, samples, dropped, calls, timer, check, base_name, base_seconds in entries:
             base_us = base_seconds * 1e6
             median = statistics.median(samples)
@@ -196,17 +237,38 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
                             workload.bytes_read, workload.bytes_written, len(samples), calls,
                             min(samples) * 1e6, check if clean or not quiet else check + " (noisy)", timer,
                             [x * 1e6 for x in samples], dropped, base_name,
-                            100 * same_copy[_device_of(kernel)] / median))
+                            100 * same_copy[_device_of(kernel)] / median,
+                            *((mode, l2) if _device_of(kernel) == "cuda" else ("eager", "hot"))))
     for device, copy in copies.items():
         log(f"copy bandwidth ({device}), the reference for % of copy: {copy['gbps']:.1f} GB/s "
             f"(runs: {', '.join(f'{g:.1f}' for g in copy['runs_gbps'])})")
-    for op, variant in dict.fromkeys((r.op, r.variant) for r in rows):
+    for op, variant, mode, l2 in dict.fromkeys((r.op, r.variant, r.mode, r.l2) for r in rows):
         log("")
-        log(format_table([r for r in rows if r.op == op and r.variant == variant], op, variant))
+        log(format_table([r for r in rows if (r.op, r.variant, r.mode, r.l2) == (op, variant, mode, l2)], op,
+                         variant, f"{mode}, L2 {l2}" if r_device_cuda(rows, op, variant, mode, l2) else "CPU"))
     machine = machine_info()
     machine["loadavg_before"], machine["loadavg_after"] = load_before, _loadavg()
     return {"machine": machine, "copy": copies, "rows": [asdict(r) for r in rows], "notes": notes,
-            "sizes": sizes, "repeats": repeats, "quiet": quiet}
+            "sizes": sizes, "repeats": repeats, "quiet": quiet, "modes": list(modes), "l2": list(l2_states),
+            "peer_files": [os.path.basename(p) for p in peer_files]}
+
+
+def r_device_cuda(rows: list, op: str, variant: str, mode: str, l2: str) -> bool:
+    return any(r.device.startswith("cuda") for r in rows if (r.op, r.variant, r.mode, r.l2) == (op, variant, mode, l2))
+
+
+def _passes(kernels: list, modes: tuple, l2_states: tuple):
+    """(mode, l2, devices) for each timing pass of one cell: the CPU kernels once (eager, hot),
+    with the first CUDA pass; the CUDA kernels in every mode and L2 state asked for."""
+    has_cpu = any(_device_of(k) == "cpu" for k in kernels)
+    if not any(_device_of(k) == "cuda" for k in kernels):
+        yield "eager", "hot", ["cpu"]
+        return
+    first = True
+    for mode in modes:
+        for l2 in l2_states:
+            yield mode, l2, (["cpu", "cuda"] if first and has_cpu else ["cuda"])
+            first = False
 
 
 def _loadavg():

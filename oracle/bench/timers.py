@@ -183,9 +183,11 @@ def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
-def same_size_copy_timer(nbytes: int, device: str, sample_seconds: float = SAMPLE_SECONDS):
+def same_size_copy_timer(nbytes: int, device: str, sample_seconds: float = SAMPLE_SECONDS, cold: bool = True,
+                         graph: bool = True):
     """A timer of ``copy_`` moving ``nbytes`` (read + written, so ``nbytes // 2`` copied), timed
-    like the kernels on ``device``: on CUDA rotating among buffers that span COLD_FACTOR x the L2."""
+    like the kernels on ``device``: on CUDA replayed from a graph or launched eagerly (``graph``),
+    rotating among buffers that span COLD_FACTOR x the L2 where ``cold``."""
     half = max(1, nbytes // 2)
 
     def pair():
@@ -194,13 +196,16 @@ def same_size_copy_timer(nbytes: int, device: str, sample_seconds: float = SAMPL
     if not device.startswith("cuda"):
         return CpuTimer(_copy_into, pair(), sample_seconds)
     l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 << 20)
-    sets = min(MAX_SETS, -(-COLD_FACTOR * l2 // (2 * half)))
-    return CudaTimer(_copy_into, pair(), rotation=tuple(pair() for _ in range(1, sets)))
+    sets = min(MAX_SETS, -(-COLD_FACTOR * l2 // (2 * half))) if cold else 1
+    return CudaTimer(_copy_into, pair(), use_graph=graph, rotation=tuple(pair() for _ in range(1, sets)))
 
 
-def make_timer(fn, args, device: str, sample_seconds: float = SAMPLE_SECONDS, rotation: tuple = ()):
+def make_timer(fn, args, device: str, sample_seconds: float = SAMPLE_SECONDS, rotation: tuple = (),
+               graph: bool = True):
+    """A CudaTimer (``graph``: replayed from a CUDA graph, else launched call by call, as a user
+    calls the kernel eagerly) on CUDA, else a CpuTimer."""
     if device.startswith("cuda"):
-        return CudaTimer(fn, args, rotation=rotation)
+        return CudaTimer(fn, args, use_graph=graph, rotation=rotation)
     return CpuTimer(fn, args, sample_seconds)
 
 
