@@ -252,13 +252,15 @@ def test_gpu_writers_validate_without_synchronizing(n):
                            match=rf"\[{n // 2}\] = {num_slots + 5} is out of range \[0, {num_slots}\)"):
             oracle.kernels.raise_deferred_errors()
         assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(caches, before)), kernel.name
+        for cache in caches:
+            cache.fill_(3.0)
         torch.cuda.set_sync_debug_mode("error")
         try:
             kernel.fn(*args)  # legal: written, no synchronization
         finally:
             torch.cuda.set_sync_debug_mode("default")
         oracle.kernels.raise_deferred_errors()  # nothing pending
-        assert not all(torch.equal(a, b) for a, b in zip(caches, before)), kernel.name
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(caches, before)), kernel.name
 
 
 @gpu

@@ -46,7 +46,19 @@ from . import _build
 NAMESPACE = _build.MAIN.namespace
 FP8_FORMATS = ("e4m3fn", "e5m2")
 
-_LIB = _jit.Library("CUDA", NAMESPACE, lambda: _build.load(_build.MAIN), f"{__name__}._fake")
+def _load() -> str | None:
+    """Build or load the library, then give it every visible device's error mailbox (so a direct
+    ``torch.ops.kv_oracle_cuda`` call validates and reports as the wrappers' calls do)."""
+    reason = _build.load(_build.MAIN)
+    if reason is None:
+        for index in range(torch.cuda.device_count()):
+            torch.ops.kv_oracle_cuda.set_error_mailbox(_deferred.mailbox(torch.device("cuda", index)), index)
+            _mailboxes.add(index)
+    return reason
+
+
+_mailboxes: set = set()  # devices whose mailbox the library knows
+_LIB = _jit.Library("CUDA", NAMESPACE, _load, f"{__name__}._fake")
 available = _LIB.available  # None when the CUDA kernels are loaded (built on first use), else why not
 ops = _LIB.ops  # torch.ops.kv_oracle_cuda, loading the library first; RuntimeError when unavailable
 
@@ -57,8 +69,6 @@ def build_info() -> dict:
 
 
 # ---- the kernels, in the torch baseline's calling conventions -----------------------------------
-
-_mailboxes: set = set()  # devices whose mailbox the library knows
 
 
 def _begin(cache: torch.Tensor, validate) -> tuple:
