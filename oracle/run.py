@@ -3,7 +3,9 @@
 Cases run in xdist worker processes, never in the ``oracle`` process itself. A kernel that
 segfaults takes down only its worker: xdist reports the case it was running as crashed and starts
 a fresh worker for the rest. A CUDA kernel that leaves a sticky error ends its worker right after
-that case (the plug-in's teardown check), so no later case inherits a poisoned context. (One xdist
+that case (the plug-in's teardown check), so no later case inherits a poisoned context. A case
+that runs past ``--timeout`` ends its worker the same way and is reported TIMEOUT; large cases run
+only as many at a time as the memory budget (``--memory``) allows (oracle/limits.py). (One xdist
 group per kernel, ``--dist loadgroup``, would be tidier, but xdist 3.8 fails with an internal
 error when it replaces a crashed worker under that scheduler.)
 """
@@ -40,9 +42,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", metavar="PATH", help="write the matrix as Markdown here")
     parser.add_argument("--target", help="the execution target's name in the report")
     parser.add_argument("--dump", metavar="DIR", help="write each failing case as an .npz bundle")
-    parser.add_argument("--timeout", metavar="SECONDS", type=limits.seconds_argument, default=limits.DEFAULT_TIMEOUT_S,
+    parser.add_argument("--timeout", metavar="SECONDS", type=limits.seconds_argument,
                         help="per-case time limit: a case past it is reported TIMEOUT, its worker is replaced "
-                             f"and the run goes on; 0 for none (default {limits.DEFAULT_TIMEOUT_S:g})")
+                             f"and the run goes on; 0 for none (default {limits.DEFAULT_TIMEOUT_S:g}; none "
+                             "under --sanitize)")
     parser.add_argument("--memory", metavar="GB", type=limits.gigabytes_argument,
                         help="memory budget of the large cases (~4.7 GB each): they run only as many at a "
                              "time as fit, and one that cannot fit is reported 'not run' (default: 90%% of "
@@ -60,7 +63,7 @@ def pytest_arguments(args: argparse.Namespace, report_path: str) -> list[str]:
     ini = _ini()
     out = ["-c", str(ini), "--rootdir", str(ini.parent), "--pyargs", "conformance",
            "--oracle-profile", args.profile, "--oracle-origin", args.origin, "--oracle-report", report_path,
-           "--oracle-timeout", f"{args.timeout:g}"]
+           "--oracle-timeout", f"{limits.DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout:g}"]
     if str(args.workers) != "0":
         out += ["-n", str(args.workers), "--dist", "load", "--max-worker-restart", "1000"]
     for option, value in (("--oracle-backend", args.backend), ("--oracle-kernel", args.kernel),
@@ -82,6 +85,8 @@ def main(args: argparse.Namespace) -> int:
 
         if args.backend is None:
             args.backend = "cuda,triton"
+        if args.timeout is None:  # memcheck slows kernels 100-fold, in one process: no worker to replace
+            args.timeout = 0.0
         summary = sanitize(pytest_arguments(args, str(Path(args.sanitize) / "report.json")), args.sanitize)
         print(json.dumps({k: v for k, v in summary.items() if k != "command"}, indent=1, default=str))
         return 0 if summary.get("ok") else 1
