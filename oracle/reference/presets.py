@@ -3,6 +3,11 @@
 Each preset is the set of :class:`~oracle.reference.fp8.Fp8Knobs` one real implementation uses,
 per format (torch 2.13 saturates e4m3fn only). Facts: ../shared/peer-semantics.md, "fp8 conversion
 facts" and section 4; every row there was measured on all 2**32 float32 inputs.
+
+A preset's knobs apply only where the caller names none; its ``inf`` goes with its ``saturate``, so
+a caller that names ``saturate`` without ``inf`` gets that mode's own inf rule
+(:func:`oracle.reference.fp8.resolve_knobs`). Saturating presets name ``inf`` explicitly; the
+non-saturating ones leave it to the mode (inf for e5m2, NaN for e4m3fn and fnuz).
 """
 
 from __future__ import annotations
