@@ -105,7 +105,7 @@ def configure(config) -> None:
     else:
         state.update(directory=tempfile.mkdtemp(prefix="kv-oracle-limits-"), owns=True)
     if worker is None:  # the watchdog's dump must reach the terminal: capture is suspended now
-        state["stderr"] = os.dup(sys.__stderr__.fileno())
+        state["stderr"] = os.dup(sys.__stderr__.fileno() if sys.__stderr__ is not None else 2)
 
 
 def configure_node(config, node) -> None:
@@ -269,8 +269,9 @@ class MemoryBudget:
                            f"(the memory budget of large cases on {self.pool}; --oracle-memory)")
             else:
                 # free memory unknown: every reservation takes the one unit, one case at a time
-                total = capacity // UNIT_BYTES if capacity is not None else 1
-                wanted = -(-need // UNIT_BYTES) if capacity is not None else 1
+                total = max(1, capacity // UNIT_BYTES) if capacity is not None else 1
+                # need <= capacity, so a need within a unit of the whole budget takes all of it
+                wanted = max(1, min(total, -(-need // UNIT_BYTES))) if capacity is not None else 1
                 units = os.open(self._units, os.O_RDWR | os.O_CREAT, 0o600)
                 held: set[int] = set()
                 while len(held) < wanted:

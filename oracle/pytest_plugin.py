@@ -51,16 +51,18 @@ def pytest_addoption(parser):
     limits.add_options(group)
 
 
-_CONFIG: list = []  # the session's config, for hooks that get none (the controller's crash reports)
+_CONFIG: list = []  # the sessions' configs, innermost last, for hooks that get none (crash reports)
 
 
 def pytest_configure(config):
     limits.configure(config)
-    _CONFIG[:] = [config]
+    _CONFIG.append(config)
 
 
 def pytest_unconfigure(config):
     limits.unconfigure(config)
+    if config in _CONFIG:
+        _CONFIG.remove(config)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -290,7 +292,7 @@ def _crash_record(report) -> dict | None:
               "seed": case.seed if case else None, "status": "crashed", "seconds": report.duration or 0.0,
               "message": str(report.longrepr), "first_difference": None, "cause": None, "pattern": [],
               "nodeid": report.nodeid}
-    config = _CONFIG[0]
+    config = _CONFIG[-1]
     in_flight = limits.case_in_flight(config, report.nodeid)
     if in_flight is not None:
         running, dump = in_flight
@@ -321,7 +323,7 @@ def _junit_properties(report, record: dict) -> None:
     """A dead worker's case in JUnit, with the properties a living one would have had."""
     from _pytest.junitxml import xml_key
 
-    xml = _CONFIG[0].stash.get(xml_key, None)
+    xml = _CONFIG[-1].stash.get(xml_key, None)
     if xml is None:
         return
     reporter = xml.node_reporter(report)
