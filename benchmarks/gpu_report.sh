@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU report in one call (run on the H100 through the device tool, results under $OUT):
 # the conformance matrix of every GPU backend (full profile), the CUDA-graph replay check of the
-# Triton kernels (each registered variant), oracle bench on the GPU, and the compute-sanitizer lane
+# Triton kernels (each registered variant), oracle bench on the GPU (eager and graph, beside index_put_,
+# the seed's writer and the peers' files in .peers/), and the compute-sanitizer lane
 # over the CUDA and Triton kernels. Eight files land in $OUT; commit them under reports/.
 set -uo pipefail
 OUT=${OUT:-reports/gpu}
@@ -24,8 +25,13 @@ export TARGET="${TARGET:-$(nvidia-smi --query-gpu=name --format=csv,noheader | h
   python3 -c 'import json, sys; json.dump({v: json.load(open(f"{sys.argv[1]}/{v}/gpu_check.json"))
                 for v in ("default", "unchecked", "pdl")}, open(sys.argv[2], "w"), indent=1)' "$graphs" "$OUT/graphs.json"
   echo "== oracle bench (GPU kernels vs torch on CUDA vs the copy ceiling)"
-  time timeout 200 oracle bench --backend triton,cuda --sizes 1,16,64,256,4096,16384,65536 \
+  # eager and graph-replayed, inputs rotated past the L2; peers' Triton writers where .peers/ holds
+  # their files (never committed: copy them from the sglang and vLLM wheels)
+  peers=(); for f in .peers/*.py; do [ -f "$f" ] && peers+=(--peer-file "$f"); done
+  time timeout 340 oracle bench --backend triton,cuda --op set_mla_kv_buffer,store_cache,reshape_and_cache_flash \
+      --sizes 1,16,64,4096,16384 --repeats 7 --mode both --l2 cold "${peers[@]}" \
       --json "$OUT/bench.json" --plot "$OUT/bench.png"
+  python3 benchmarks/bench_goals.py "$OUT/bench.json"
   echo "== sanitizer lane (quick profile, cuda + triton, one process under memcheck)"
   time timeout 300 oracle run --sanitize "$san" --backend cuda,triton | tail -30
   cp "$san/summary.json" "$OUT/sanitize.json"

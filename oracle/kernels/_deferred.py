@@ -16,8 +16,9 @@ the argument, the entry and its value, in the reference's own words):
   "the next synchronization" of the contract field ``errors="deferred"``, and the conformance
   suite calls it after every call of such a kernel;
 - at once, where the caller asks for it: ``validate="sync"`` on one call, or the environment
-  variable ``KV_ORACLE_SYNC_ERRORS=1`` for every call (each validating call then synchronizes its
-  stream after the launch, as a host-side check would).
+  variable ``KV_ORACLE_SYNC_ERRORS=1`` (read at import; :func:`set_sync` at run time) for every
+  call (each validating call then synchronizes its stream after the launch, as a host-side check
+  would).
 
 Nothing here uses a device-side assert: the CUDA context stays usable after an error.
 
@@ -49,6 +50,17 @@ class DeferredSlotError(ValueError):
 def sync_by_default() -> bool:
     """Whether ``KV_ORACLE_SYNC_ERRORS`` asks every validating call to raise at once."""
     return os.environ.get(SYNC_ENV, "").strip().lower() in ("1", "true", "on", "yes")
+
+
+# Read once, when this module is imported (a per-call environment lookup costs microseconds of a
+# decode step); set_sync() changes it for the process.
+SYNC = sync_by_default()
+
+
+def set_sync(flag: bool) -> None:
+    """Make every validating call raise at once (True) or defer its error (False)."""
+    global SYNC
+    SYNC = bool(flag)
 
 
 _lock = threading.Lock()

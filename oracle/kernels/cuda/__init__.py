@@ -90,7 +90,7 @@ def _begin(cache: torch.Tensor, validate) -> tuple:
 
 def _finish(cache: torch.Tensor, validate) -> None:
     """Raise the call's own error at once where that was asked for (synchronizing its stream)."""
-    if validate is False or not (validate == "sync" or _deferred.sync_by_default()):
+    if validate is False or not (validate == "sync" or _deferred.SYNC):
         return
     if cache.is_cuda and torch.cuda.is_current_stream_capturing():
         return  # a capture cannot synchronize: the replay's error is raised later

@@ -26,7 +26,7 @@ import torch
 from .. import _deferred
 
 FUSED_CHECK_MAX = 256  # entries every program scans itself; above, a separate check grid
-CHUNK = 2048  # entries per check program at least
+CHUNK = 1024  # entries per check program at least: one step of CHECK_SCAN loads
 MAX_CHUNKS = 64  # check programs at most (the writer reads one verdict word per program)
 CHECK_SCAN = 1024  # entries a check program loads per step
 
@@ -76,11 +76,25 @@ def _verdict_buffer(device: torch.device, interpreting: bool, capturing: bool) -
     return found
 
 
+_metas: dict = {}
+
+
+def _meta(check: int, negative: int, block: int, interpreting: bool) -> dict:
+    """The writer's check constexprs (one dict per combination, shared: callers copy to change)."""
+    key = (check, negative, block, interpreting)
+    found = _metas.get(key)
+    if found is None:
+        found = _metas[key] = {"CHECK": check, "NEGATIVE_OK": negative, "CHECK_BLOCK": block,
+                               "SYS_FENCE": 0 if interpreting else 1}
+    return found
+
+
 def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, argument: str, validate,
-         device: torch.device, interpreting: bool, capturing: bool, pdl_capable: bool, pdl: bool) -> Check:
+         device: torch.device, interpreting: bool, capturing, pdl_capable: bool, pdl: bool) -> Check:
     """The device check of a validating call (``validate`` True or "sync"); launches the check
     grid where the index is longer than FUSED_CHECK_MAX. ``launch(kernel, grid, device, *args,
-    **meta)`` launches a Triton kernel as the writers do."""
+    **meta)`` launches a Triton kernel as the writers do; ``capturing()`` says whether the stream
+    is being captured (asked only where it matters: it costs microseconds)."""
     if validate is not True and validate != "sync":
         raise ValueError(f"validate={validate!r} is not True, False or 'sync'")
     box = _deferred.mailbox(device)
@@ -88,12 +102,14 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
     _deferred.take(device_index)  # an earlier call's error, if the GPU has written one by now
     pad_code, reserved = _deferred.encode_padding(padding.kind, padding.reserved)
     negative = 1 if padding.kind == "negative" else 0
-    sync = (validate == "sync" or _deferred.sync_by_default()) and not capturing
-    meta = {"NEGATIVE_OK": negative, "SYS_FENCE": 0 if interpreting else 1}
+    sync = validate == "sync" or _deferred.SYNC
     code = _deferred.ARGUMENTS.index(argument)
-    if n <= FUSED_CHECK_MAX:
-        meta.update(CHECK=1, CHECK_BLOCK=max(16, _pow2(n)))  # one step covers the index
+    if n <= FUSED_CHECK_MAX:  # one step covers the index
+        meta = _meta(1, negative, max(16, _pow2(n)), interpreting)
         return Check((index, 0, box, code, pad_code), meta, sync=sync or interpreting, device_index=device_index)
+    capturing = capturing()
+    sync = sync and not capturing
+    meta = dict(_meta(2, negative, 16, interpreting))
     chunks = min(MAX_CHUNKS, _cdiv(n, CHUNK))
     chunk = _cdiv(n, chunks)
     verdict = _verdict_buffer(device, interpreting, capturing)
@@ -101,7 +117,7 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
     launch(kernels.check_slots, (chunks,), device, index, index.stride(0), n, num_slots, chunk, verdict,
            NEGATIVE_OK=negative, BLOCK=CHECK_SCAN, STEPS=_pow2(_cdiv(chunk, CHECK_SCAN)),
            PDL=bool(pdl and overlap), TRIGGER=overlap)
-    meta.update(CHECK=2, CHECK_BLOCK=max(16, _pow2(chunks)))
+    meta["CHECK_BLOCK"] = max(16, _pow2(chunks))
     return Check((verdict, chunks, box, code, pad_code), meta, pdl=overlap, sync=sync or interpreting,
                  device_index=device_index, keep=[verdict])
 

@@ -138,7 +138,7 @@ def _begin_check(argument: str, index: torch.Tensor, n: int, num_slots: int, pad
     if validate is False:
         return _validate.unchecked(placeholder)
     return _validate.plan(kernels(), _launch, index, n, num_slots, padding, argument, validate, device,
-                          interpreting(), _capturing(index), _pdl_capable(device), pdl)
+                          interpreting(), lambda: _capturing(index), _pdl_capable(device), pdl)
 
 
 @functools.lru_cache(maxsize=16)

@@ -100,7 +100,7 @@ void set_error_mailbox(const Tensor& mailbox, int64_t device) {
 }
 
 constexpr int64_t kFusedCheckMax = 256;  // entries every block scans itself; above, a check grid
-constexpr int64_t kCheckChunk = 4096;    // entries per check block at least
+constexpr int64_t kCheckChunk = 1024;    // entries per check block at least: one round of 4 loads a thread
 constexpr int kMaxCheckBlocks = 64;      // check blocks at most (a writer block reads one word each)
 
 // Plans the device-side slot check of a validating call (validate != 0) and, for an index longer
