@@ -644,12 +644,16 @@ def test_out_of_range_slot_is_rejected_before_any_write():
     loc = _slots(8, 20, 4)
     loc[5] = 20
     before = (kc.clone(), vc.clone())
-    with pytest.raises(ValueError, match="out of range"):
-        ops.store_cache(k, k, kc, vc, loc)
+    # checked on the device: the call returns, writes nothing, and the error waits in the mailbox
+    ops.store_cache(k, k, kc, vc, loc)
+    with pytest.raises(ValueError, match=r"loc\[5\] = 20 is out of range \[0, 20\)"):
+        oracle.kernels.raise_deferred_errors()
     loc[5] = -1
-    with pytest.raises(ValueError, match="out of range"):
-        ops.store_cache(k, k, kc, vc, loc)
+    ops.store_cache(k, k, kc, vc, loc)
     torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"loc\[5\] = -1 is out of range \[0, 20\)"):
+        cuda_kernels.store_cache(k, k, kc, vc, loc)  # the next validating call raises the earlier error
+    oracle.kernels.raise_deferred_errors()  # the call that raised launched nothing: nothing pending
     assert _same_bytes(kc, before[0]) and _same_bytes(vc, before[1])
 
 
