@@ -1,6 +1,6 @@
 """The speed goals of the GPU writers, judged from one ``oracle bench --json`` report.
 
-    python benchmarks/bench_goals.py reports/h100-bench.json [--markdown]
+    python benchmarks/bench_goals.py reports/h100-bench.json [--markdown] [--before OLD.json]
 
 Every figure comes from the same run (eager and graph, inputs rotated past the L2: run the bench
 with ``--mode both --l2 cold``); each goal line says what was measured, the target and whether it
@@ -13,6 +13,7 @@ is met. The goals:
 - store_cache, 2 KiB rows, N = 16384, eager: CUDA and Triton writers at >= 85% of the ceiling.
 - reshape_and_cache_flash, auto and e4m3fn, N = 1, 64, 4096, 16384, eager: every writer at least
   as fast as the fastest peer (sglang's and vLLM's Triton writers, ``--peer-file``).
+- with ``--before REPORT``: inside CUDA graphs, no writer more than 3% slower than in REPORT.
 """
 
 from __future__ import annotations
@@ -88,14 +89,38 @@ def goals(report: dict) -> list[tuple[str, str, str, bool]]:
     return out
 
 
+def graph_regressions(report: dict, before: dict, tolerance: float = 1.03) -> list[tuple[str, str, str, bool]]:
+    """Inside CUDA graphs, each kernel of ``before`` (an earlier report: its rows without a mode
+    were graph-replayed, cold) against this report's graph-replayed, cold row: at most 3% slower."""
+    now = {(r["op"], r["variant"], r["n"], r["kernel"]): r for r in report["rows"]
+           if r.get("mode") == "graph" and r.get("l2") == "cold"}
+    out = []
+    for r in before["rows"]:
+        if r.get("mode", "graph") != "graph" or r.get("l2", "cold") != "cold" or r["backend"] not in WRITER_BACKENDS:
+            continue
+        mine = now.get((r["op"], r["variant"], r["n"], r["kernel"]))
+        if mine is None:
+            continue
+        ratio = mine["us"] / r["us"]
+        out.append((f"graph {r['op']} [{r['variant']}] N={r['n']}: {r['kernel']} now / before",
+                    f"{mine['us']:.2f} / {r['us']:.2f} us = {ratio:.2f}x", f"<= {tolerance:.2f}x",
+                    ratio <= tolerance))
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("report", help="an oracle bench --json report")
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
+    parser.add_argument("--before", default=None, metavar="REPORT",
+                        help="an earlier bench report: graph-replayed figures may not regress by more than 3%%")
     args = parser.parse_args(argv)
     with open(args.report) as f:
         report = json.load(f)
     lines = goals(report)
+    if args.before:
+        with open(args.before) as f:
+            lines += graph_regressions(report, json.load(f))
     if args.markdown:
         print("| goal | measured | target | met |\n| --- | --- | --- | --- |")
         for goal, measured, target, met in lines:

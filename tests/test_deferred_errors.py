@@ -284,9 +284,10 @@ def test_a_pending_error_is_raised_by_the_next_validating_call_and_sync_mode_rai
 
 
 @gpu
-def test_a_captured_validating_write_checks_every_replay():
-    """The check runs inside a CUDA graph: a replay with an illegal slot writes nothing and its
-    error is raised after the replay; a legal replay writes."""
+def test_a_captured_write_replays_without_the_check_and_drops_what_lies_outside():
+    """Under CUDA-graph capture the check is left out (a replayed decode step costs what it did
+    before the check existed): a replay with a slot past the cache writes the other rows, drops
+    that one (nothing outside the buffer changes) and leaves no error pending."""
     for kernel in _writers():
         if kernel.contract.op != "set_mla_kv_buffer":
             continue
@@ -306,10 +307,9 @@ def test_a_captured_validating_write_checks_every_replay():
         buf.fill_(3.0)
         loc[3] = 64
         graph.replay()
-        with pytest.raises(oracle.kernels.DeferredSlotError, match=r"loc\[3\] = 64"):
-            oracle.kernels.raise_deferred_errors()
-        assert bool(buf.eq(3.0).all()), kernel.name
-        loc[3] = 5
-        graph.replay()
-        oracle.kernels.raise_deferred_errors()
-        assert torch.equal(buf[loc.long(), :512], nope) and torch.equal(buf[loc.long(), 512:], rope), kernel.name
+        oracle.kernels.raise_deferred_errors()  # nothing pending: the replay did not check
+        kept = torch.tensor([i for i in range(n) if i != 3])
+        assert torch.equal(buf[loc[kept].long(), :512], nope[kept]), kernel.name
+        untouched = torch.ones(64, dtype=torch.bool)
+        untouched[loc[kept].long()] = False
+        assert bool(buf[untouched].eq(3.0).all()), kernel.name

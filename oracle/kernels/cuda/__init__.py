@@ -137,7 +137,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
 # ---- registration -------------------------------------------------------------------------------
 
 CHECKS = ("devices, dtypes, shapes and strides checked on the host before anything is launched; slots checked "
-          "on the device, never read on the host (in CUDA graphs too): a call with an illegal slot writes "
+          "on the device, never read on the host (not while a CUDA graph is captured: the replay then drops any "
+          "slot outside the cache, as the unchecked path does): a call with an illegal slot writes "
           "nothing and its error is raised by the next validating call or oracle.kernels.raise_deferred_errors() "
           "(errors='deferred'; at once with validate='sync' or KV_ORACLE_SYNC_ERRORS=1)")
 UNCHECKED_NOTE = ("validate=False: no slot check (the caller vouches for the slots); metadata still checked, "

@@ -118,7 +118,8 @@ PDL_NOTE = ("pdl=True, validate=False: launched with programmatic dependent laun
             "a hint), then griddepcontrol.wait before any load or store")
 
 
-DEFERRED_NOTE = ("slots checked on the device, never read on the host: a call with an illegal slot "
+DEFERRED_NOTE = ("slots checked on the device, never read on the host (not while a CUDA graph is captured: "
+                 "the replay then drops any slot outside the cache): a call with an illegal slot "
                  "writes nothing and its error is raised by the next validating call or by "
                  "oracle.kernels.raise_deferred_errors() (errors='deferred'; at once with validate='sync' "
                  "or KV_ORACLE_SYNC_ERRORS=1)")

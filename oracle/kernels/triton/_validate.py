@@ -4,8 +4,7 @@ A validating call never reads the index on the host. :func:`plan` decides how th
 it and returns the writer's extra arguments and constexprs:
 
 - up to :data:`FUSED_CHECK_MAX` entries, ``CHECK = 1``: every program of the writer scans the whole
-  index (a few L2 reads next to its own slot load), so the call stays one launch, in a CUDA graph
-  too;
+  index (a few L2 reads next to its own slot load), so the call stays one launch;
 - above, ``CHECK = 2``: :func:`plan` first launches ``check_slots`` (one program per chunk of at
   least :data:`CHUNK` entries, at most :data:`MAX_CHUNKS` of them), which leaves each chunk's first
   illegal entry in a small verdict buffer; the writer, launched with programmatic dependent launch
@@ -62,11 +61,10 @@ def unchecked(placeholder: torch.Tensor) -> Check:
 _verdicts: dict = {}  # (device index, stream) -> int64[MAX_CHUNKS] reused by calls in stream order
 
 
-def _verdict_buffer(device: torch.device, interpreting: bool, capturing: bool) -> torch.Tensor:
-    """A verdict buffer for one call. Calls on one stream run in order, so they share one buffer;
-    a call captured into a CUDA graph gets its own (from the graph's pool), since its replays may
-    run beside later calls on that stream."""
-    if interpreting or capturing:
+def _verdict_buffer(device: torch.device, interpreting: bool) -> torch.Tensor:
+    """A verdict buffer for one call (never captured: see :func:`plan`). Calls on one stream run in
+    order, so they share one buffer."""
+    if interpreting:
         return torch.empty(MAX_CHUNKS, dtype=torch.int64, device=device)
     index = device.index
     key = (index, torch.cuda.current_stream(index).cuda_stream)
@@ -90,11 +88,10 @@ def _meta(check: int, negative: int, block: int, interpreting: bool) -> dict:
 
 
 def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, argument: str, validate,
-         device: torch.device, interpreting: bool, capturing, pdl_capable: bool, pdl: bool) -> Check:
-    """The device check of a validating call (``validate`` True or "sync"); launches the check
-    grid where the index is longer than FUSED_CHECK_MAX. ``launch(kernel, grid, device, *args,
-    **meta)`` launches a Triton kernel as the writers do; ``capturing()`` says whether the stream
-    is being captured (asked only where it matters: it costs microseconds)."""
+         device: torch.device, interpreting: bool, pdl_capable: bool, pdl: bool) -> Check:
+    """The device check of a validating call (``validate`` True or "sync") outside CUDA-graph
+    capture; launches the check grid where the index is longer than FUSED_CHECK_MAX.
+    ``launch(kernel, grid, device, *args, **meta)`` launches a Triton kernel as the writers do."""
     if validate is not True and validate != "sync":
         raise ValueError(f"validate={validate!r} is not True, False or 'sync'")
     box = _deferred.mailbox(device)
@@ -107,12 +104,10 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
     if n <= FUSED_CHECK_MAX:  # one step covers the index
         meta = _meta(1, negative, max(16, _pow2(n)), interpreting)
         return Check((index, 0, box, code, pad_code), meta, sync=sync or interpreting, device_index=device_index)
-    capturing = capturing()
-    sync = sync and not capturing
     meta = dict(_meta(2, negative, 16, interpreting))
     chunks = min(MAX_CHUNKS, _cdiv(n, CHUNK))
     chunk = _cdiv(n, chunks)
-    verdict = _verdict_buffer(device, interpreting, capturing)
+    verdict = _verdict_buffer(device, interpreting)
     overlap = pdl_capable and not interpreting  # the writer waits for the check grid by PDL
     launch(kernels.check_slots, (chunks,), device, index, index.stride(0), n, num_slots, chunk, verdict,
            NEGATIVE_OK=negative, BLOCK=CHECK_SCAN, STEPS=_pow2(_cdiv(chunk, CHECK_SCAN)),

@@ -12,8 +12,9 @@ The writers check their slots on the device, never reading them on the host (a s
 costs tens of microseconds, and a CUDA graph cannot capture one): a call with an illegal slot
 writes nothing, and its error is raised by the next validating call, by
 ``oracle.kernels.raise_deferred_errors()``, or at once with ``validate="sync"`` or
-``KV_ORACLE_SYNC_ERRORS=1`` (:mod:`._validate`, :mod:`oracle.kernels._deferred`); the check runs in
-CUDA graphs too. ``validate=False`` skips it, the fast path for callers that vouch for their slots
+``KV_ORACLE_SYNC_ERRORS=1`` (:mod:`._validate`, :mod:`oracle.kernels._deferred`). While a CUDA graph
+is being captured the check is left out, so a replayed decode step costs what it cost before the
+check existed (the kernels still drop any slot outside the cache). ``validate=False`` skips it, the fast path for callers that vouch for their slots
 (serving engines in decode; registered as ``triton.<op>.unchecked`` with ``validates=False``).
 concat_and_cache_mla's scale value (finite, > 0) is read, and so checked, under
 ``validate="sync"`` only. The writers' keyword ``pdl=True`` launches
@@ -99,7 +100,8 @@ class Padding:
 
 
 def _capturing(tensor: torch.Tensor) -> bool:
-    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+    # torch's C query directly: torch.cuda.is_current_stream_capturing() adds microseconds per call
+    return tensor.is_cuda and torch._C._cuda_isCurrentStreamCapturing()
 
 
 def _device(*tensors: torch.Tensor) -> torch.device:
@@ -133,12 +135,15 @@ def _reads_device(validate: bool, tensor: torch.Tensor) -> bool:
 
 def _begin_check(argument: str, index: torch.Tensor, n: int, num_slots: int, padding: Padding, validate,
                  device: torch.device, placeholder: torch.Tensor, pdl: bool) -> _validate.Check:
-    """The device check of a writer call (:mod:`._validate`): none with ``validate=False``, else
-    planned (and, for a long index, the check grid launched) before the writer's launch."""
-    if validate is False:
+    """The device check of a writer call (:mod:`._validate`): none with ``validate=False`` or
+    while a CUDA graph is being captured (the graph then replays the writer as it was before the
+    check existed: a decode graph's slots are its engine's; the kernel still drops any slot outside
+    the cache), else planned (and, for a long index, the check grid launched) before the writer's
+    launch."""
+    if validate is False or _capturing(index):
         return _validate.unchecked(placeholder)
     return _validate.plan(kernels(), _launch, index, n, num_slots, padding, argument, validate, device,
-                          interpreting(), lambda: _capturing(index), _pdl_capable(device), pdl)
+                          interpreting(), _pdl_capable(device), pdl)
 
 
 @functools.lru_cache(maxsize=16)

@@ -4,8 +4,8 @@
 // (devices, dtypes, shapes, strides) before anything is launched; then it reduces each tensor to
 // raw pointers and int64 byte strides, picks the vector width every pointer and stride allows, and
 // calls a launcher from the .cu files (kv_cuda.h) on the current stream. Slots are never read on
-// the host (that would synchronize, and break CUDA-graph capture): with validate=1 the kernels
-// check them on the device (SlotCheck: in every block for a short index, else a check grid whose
+// the host (that would synchronize, and break CUDA-graph capture): with validate=1, outside graph
+// capture, the kernels check them on the device (SlotCheck: in every block for a short index, else a check grid whose
 // verdict the writer reads after a PDL wait), store nothing if one is illegal, and leave the error
 // in the device's mailbox (set_error_mailbox; oracle/kernels/_deferred.py raises it). The kernels
 // skip any slot outside the cache in any case, so nothing is ever written outside a cache.
@@ -111,7 +111,10 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
                                cudaStream_t stream) {
   kvo_cuda::SlotCheck c{};
   TORCH_CHECK_VALUE(validate == 0 || validate == 1, "validate=", validate, " must be 0 or 1");
-  if (validate == 0 || n == 0) return c;
+  // Not while a CUDA graph is being captured: the replayed writer then costs what it did before
+  // the check existed (a decode graph's slots are its engine's); the kernels still drop any slot
+  // outside the cache.
+  if (validate == 0 || n == 0 || capturing()) return c;
   const int device = index.device().index();
   TORCH_CHECK(device >= 0 && device < kMaxDevices && g_mailbox[device] != nullptr,
               "no error mailbox for cuda:", device, "; call set_error_mailbox first (oracle.kernels.cuda does)");
