@@ -243,18 +243,15 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
         log(f"copy bandwidth ({device}), the reference for % of copy: {copy['gbps']:.1f} GB/s "
             f"(runs: {', '.join(f'{g:.1f}' for g in copy['runs_gbps'])})")
     for op, variant, mode, l2 in dict.fromkeys((r.op, r.variant, r.mode, r.l2) for r in rows):
+        group = [r for r in rows if (r.op, r.variant, r.mode, r.l2) == (op, variant, mode, l2)]
+        how = f"{mode}, L2 {l2}" if any(r.device.startswith("cuda") for r in group) else "CPU"
         log("")
-        log(format_table([r for r in rows if (r.op, r.variant, r.mode, r.l2) == (op, variant, mode, l2)], op,
-                         variant, f"{mode}, L2 {l2}" if r_device_cuda(rows, op, variant, mode, l2) else "CPU"))
+        log(format_table(group, op, variant, how))
     machine = machine_info()
     machine["loadavg_before"], machine["loadavg_after"] = load_before, _loadavg()
     return {"machine": machine, "copy": copies, "rows": [asdict(r) for r in rows], "notes": notes,
             "sizes": sizes, "repeats": repeats, "quiet": quiet, "modes": list(modes), "l2": list(l2_states),
             "peer_files": [os.path.basename(p) for p in peer_files]}
-
-
-def r_device_cuda(rows: list, op: str, variant: str, mode: str, l2: str) -> bool:
-    return any(r.device.startswith("cuda") for r in rows if (r.op, r.variant, r.mode, r.l2) == (op, variant, mode, l2))
 
 
 def _passes(kernels: list, modes: tuple, l2_states: tuple):

@@ -83,9 +83,20 @@ def mailbox(device: torch.device) -> torch.Tensor:
     return found[0]
 
 
-def encode_padding(kind: str, reserved: int | None) -> tuple[int, int]:
-    """(padding code, reserved slot) as a kernel stores them in words 5 and 6."""
-    return PADDINGS.index(kind), reserved if reserved is not None else 0
+def sync_requested(validate) -> bool:
+    """Whether a validating call raises its own error at once: ``validate="sync"`` or
+    :data:`SYNC`. Every other value but True (and False, which checks nothing) is an error."""
+    if validate is not True and validate != "sync":
+        raise ValueError(f"validate={validate!r} is not True, False or 'sync'")
+    return validate == "sync" or SYNC
+
+
+def raise_at_once(device_index: int) -> None:
+    """Synchronize the current stream of ``device_index`` (-1: the CPU, nothing to wait for) and
+    raise what the mailbox holds: the call just launched, checked as a host-side check would."""
+    if device_index >= 0:
+        torch.cuda.current_stream(device_index).synchronize()
+    take(device_index)
 
 
 def message(words) -> str:
@@ -124,9 +135,3 @@ def raise_deferred_errors(device=None) -> None:
             torch.cuda.synchronize(index)
         take(index)
 
-
-def clear(device_index: int | None = None) -> None:
-    """Forget any pending error (all devices by default) without raising it."""
-    for index, (_, words) in list(_boxes.items()):
-        if device_index is None or index == device_index:
-            words[:] = 0

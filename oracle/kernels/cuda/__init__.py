@@ -53,11 +53,9 @@ def _load() -> str | None:
     if reason is None:
         for index in range(torch.cuda.device_count()):
             torch.ops.kv_oracle_cuda.set_error_mailbox(_deferred.mailbox(torch.device("cuda", index)), index)
-            _mailboxes.add(index)
     return reason
 
 
-_mailboxes: set = set()  # devices whose mailbox the library knows
 _LIB = _jit.Library("CUDA", NAMESPACE, _load, f"{__name__}._fake")
 available = _LIB.available  # None when the CUDA kernels are loaded (built on first use), else why not
 ops = _LIB.ops  # torch.ops.kv_oracle_cuda, loading the library first; RuntimeError when unavailable
@@ -73,30 +71,22 @@ def build_info() -> dict:
 
 def _begin(cache: torch.Tensor, validate) -> tuple:
     """(the op library, validate as the op takes it) for a call writing ``cache``; for a validating
-    call, first raise an earlier call's error on that device (host memory only: no synchronization)
-    and make sure the library knows the device's mailbox."""
+    call, first raise an earlier call's error on that device (host memory only: no synchronization;
+    the library got every device's mailbox when it loaded)."""
     lib = _LIB.loaded or ops()
     if validate is False:
         return lib, 0
-    if validate is not True and validate != "sync":
-        raise ValueError(f"validate={validate!r} is not True, False or 'sync'")
-    index = cache.get_device()
-    if index not in _mailboxes and index >= 0:
-        lib.set_error_mailbox(_deferred.mailbox(cache.device), index)
-        _mailboxes.add(index)
-    _deferred.take(index)
+    _deferred.sync_requested(validate)  # rejects any other value before the launch
+    _deferred.take(cache.get_device())
     return lib, 1
 
 
 def _finish(cache: torch.Tensor, validate) -> None:
-    """Raise the call's own error at once where that was asked for (synchronizing its stream)."""
-    if validate is False or not (validate == "sync" or _deferred.SYNC):
+    """Raise the call's own error at once where that was asked for (synchronizing its stream; not
+    under capture, where the binding leaves the check out)."""
+    if validate is False or not _deferred.sync_requested(validate) or torch._C._cuda_isCurrentStreamCapturing():
         return
-    if cache.is_cuda and torch.cuda.is_current_stream_capturing():
-        return  # a capture cannot synchronize: the replay's error is raised later
-    index = cache.get_device()
-    torch.cuda.current_stream(index).synchronize()
-    _deferred.take(index)
+    _deferred.raise_at_once(cache.get_device())
 
 
 def store_cache(k, v, k_cache, v_cache, loc, *, pdl=False, validate=True):

@@ -18,7 +18,7 @@ launch has already run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -41,7 +41,6 @@ class Check:
     pdl: bool = False
     sync: bool = False
     device_index: int = -1
-    keep: list = field(default_factory=list)  # tensors the launch reads, alive until it is queued
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -92,18 +91,16 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
     """The device check of a validating call (``validate`` True or "sync") outside CUDA-graph
     capture; launches the check grid where the index is longer than FUSED_CHECK_MAX.
     ``launch(kernel, grid, device, *args, **meta)`` launches a Triton kernel as the writers do."""
-    if validate is not True and validate != "sync":
-        raise ValueError(f"validate={validate!r} is not True, False or 'sync'")
+    sync = _deferred.sync_requested(validate) or interpreting  # the interpreter has already run it
     box = _deferred.mailbox(device)
     device_index = device.index if device.type == "cuda" else -1
     _deferred.take(device_index)  # an earlier call's error, if the GPU has written one by now
-    pad_code, reserved = _deferred.encode_padding(padding.kind, padding.reserved)
+    pad_code = _deferred.PADDINGS.index(padding.kind)  # the writer passes the reserved slot itself
     negative = 1 if padding.kind == "negative" else 0
-    sync = validate == "sync" or _deferred.SYNC
     code = _deferred.ARGUMENTS.index(argument)
     if n <= FUSED_CHECK_MAX:  # one step covers the index
         meta = _meta(1, negative, max(16, _pow2(n)), interpreting)
-        return Check((index, 0, box, code, pad_code), meta, sync=sync or interpreting, device_index=device_index)
+        return Check((index, 0, box, code, pad_code), meta, sync=sync, device_index=device_index)
     meta = dict(_meta(2, negative, 16, interpreting))
     chunks = min(MAX_CHUNKS, _cdiv(n, CHUNK))
     chunk = _cdiv(n, chunks)
@@ -113,15 +110,11 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
            NEGATIVE_OK=negative, BLOCK=CHECK_SCAN, STEPS=_pow2(_cdiv(chunk, CHECK_SCAN)),
            PDL=bool(pdl and overlap), TRIGGER=overlap)
     meta["CHECK_BLOCK"] = max(16, _pow2(chunks))
-    return Check((verdict, chunks, box, code, pad_code), meta, pdl=overlap, sync=sync or interpreting,
-                 device_index=device_index, keep=[verdict])
+    return Check((verdict, chunks, box, code, pad_code), meta, pdl=overlap, sync=sync, device_index=device_index)
 
 
 def finish(check: Check) -> None:
     """After the writer's launch: raise the call's own error at once where that was asked for (the
     stream is synchronized first on a GPU)."""
-    if not check.sync:
-        return
-    if check.device_index >= 0:
-        torch.cuda.current_stream(check.device_index).synchronize()
-    _deferred.take(check.device_index)
+    if check.sync:
+        _deferred.raise_at_once(check.device_index)
