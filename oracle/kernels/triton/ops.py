@@ -14,8 +14,8 @@ writes nothing, and its error is raised by the next validating call, by
 ``oracle.kernels.raise_deferred_errors()``, or at once with ``validate="sync"`` or
 ``KV_ORACLE_SYNC_ERRORS=1`` (:mod:`._validate`, :mod:`oracle.kernels._deferred`). While a CUDA graph
 is being captured the check is left out, so a replayed decode step costs what it cost before the
-check existed (the kernels still drop any slot outside the cache). ``validate=False`` skips it, the fast path for callers that vouch for their slots
-(serving engines in decode; registered as ``triton.<op>.unchecked`` with ``validates=False``).
+check existed (the kernels still drop any slot outside the cache). ``validate=False`` skips it,
+the fast path for callers that vouch for their slots (serving engines in decode; registered as ``triton.<op>.unchecked`` with ``validates=False``).
 concat_and_cache_mla's scale value (finite, > 0) is read, and so checked, under
 ``validate="sync"`` only. The writers' keyword ``pdl=True`` launches
 with programmatic dependent launch (sm_90+): the kernel may start while the previous one on the
