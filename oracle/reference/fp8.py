@@ -13,174 +13,25 @@ Speed: an fp8 code depends only on the top 16 bits of the float32 input and on w
 low 16 bits is set (the round bit and everything kept lie in the top 16 bits for 2- and 3-bit
 mantissas). So the integer rounding of :mod:`oracle.reference.rounding` is run once over those
 2**17 classes to build a table, and quantizing is one gather per element.
+
+The formats and knobs themselves (:data:`FORMATS`, :class:`Fp8Knobs`, :class:`NaNEncoding`) are
+defined in :mod:`oracle.reference.fp8_formats`, which the presets share, and importable from here.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-import ml_dtypes
 import numpy as np
 
 from . import _validate as v
-from .rounding import (BFLOAT16, FLOAT16, ROUNDINGS, BinaryFormat, move_float32_ulps, round_float32,
-                       round_to_16bit)
-
-
-@dataclass(frozen=True)
-class Fp8Format:
-    name: str
-    binary: BinaryFormat
-    inf_code: int | None  # magnitude code of infinity, None where the format has none
-    fnuz: bool  # "finite, no negative zero": 0x80 is the one NaN, -0 becomes +0
-    ml_dtype: type  # the ml_dtypes scalar type, used only to view codes as values
-
-    @property
-    def max_code(self) -> int:
-        return self.binary.max_code
-
-
-FORMATS = {
-    "e4m3fn": Fp8Format("e4m3fn", BinaryFormat("e4m3fn", 4, 3, 7, 0x7E), None, False,
-                        ml_dtypes.float8_e4m3fn),
-    "e5m2": Fp8Format("e5m2", BinaryFormat("e5m2", 5, 2, 15, 0x7B), 0x7C, False,
-                      ml_dtypes.float8_e5m2),
-    "e4m3fnuz": Fp8Format("e4m3fnuz", BinaryFormat("e4m3fnuz", 4, 3, 8, 0x7F), None, True,
-                          ml_dtypes.float8_e4m3fnuz),
-    "e5m2fnuz": Fp8Format("e5m2fnuz", BinaryFormat("e5m2fnuz", 5, 2, 16, 0x7F), None, True,
-                          ml_dtypes.float8_e5m2fnuz),
-}
-
-SCALE_OPS = ("div", "mul_reciprocal")
-INTERMEDIATES = {None: None, "float16": FLOAT16, "bfloat16": BFLOAT16}
-INF_POLICIES = ("max", "nan", "inf")
-SUBNORMALS = ("keep", "flush")
-NEGATIVE_ZEROS = ("keep", "positive")
-
-
-def get_format(fmt: str) -> Fp8Format:
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt={fmt!r} is not an fp8 format; expected one of {sorted(FORMATS)}")
-    return FORMATS[fmt]
-
-
-@dataclass(frozen=True)
-class NaNEncoding:
-    """The byte an implementation writes for a NaN result: ``byte`` (0..0xFF), with the input's
-    sign copied into bit 7 when ``signed``. Spelled like the docs: ``"0x7F|sign"``, ``"0x7F"``."""
-
-    byte: int
-    signed: bool
-
-    @classmethod
-    def parse(cls, spec: str, fmt: Fp8Format) -> "NaNEncoding":
-        text = spec.strip().lower()
-        signed = text.endswith("|sign")
-        if signed:
-            text = text[: -len("|sign")]
-        try:
-            byte = int(text, 16)
-        except ValueError:
-            byte = -1
-        if not 0 <= byte <= 0xFF:
-            raise ValueError(f"nan={spec!r} is not a NaN byte such as '0x7F|sign' or '0x7F'")
-        if fmt.fnuz:
-            if (byte, signed) != (0x80, False):
-                raise ValueError(f"nan={spec!r}: {fmt.name} has a single NaN, 0x80")
-        elif not _is_nan_code(fmt, byte & 0x7F) or (signed and byte & 0x80):
-            raise ValueError(f"nan={spec!r}: 0x{byte:02X} is not a NaN code of {fmt.name}")
-        return cls(byte, signed)
-
-    def __str__(self) -> str:
-        return f"0x{self.byte:02X}" + ("|sign" if self.signed else "")
-
-
-def _is_nan_code(fmt: Fp8Format, magnitude: int) -> bool:
-    exponent_all_ones = ((1 << fmt.binary.exponent_bits) - 1) << fmt.binary.mantissa_bits
-    if fmt.inf_code is not None:  # IEEE-like: exponent all ones, mantissa non-zero
-        return magnitude & exponent_all_ones == exponent_all_ones and magnitude != fmt.inf_code
-    return magnitude == 0x7F  # e4m3fn: only S.1111.111
-
-
-def canonical_nan(fmt: Fp8Format) -> str:
-    return "0x80" if fmt.fnuz else "0x7F|sign"
-
-
-@dataclass(frozen=True)
-class Fp8Knobs:
-    """How an implementation converts to fp8, where implementations legitimately differ.
-
-    - ``saturate``: finite values that overflow (after rounding) become ±max; otherwise they become
-      inf (formats with inf), NaN (e4m3fn) or 0x80 (fnuz).
-    - ``inf``: what ±inf becomes: ``"max"`` (±max), ``"nan"`` (the NaN encoding) or ``"inf"``
-      (formats with inf only). ``None``: the rule of the saturation mode, ``"max"`` when
-      saturating, else the format's natural one (OCP non-saturating: ``"inf"`` for e5m2, ``"nan"``
-      for e4m3fn and the fnuz formats). A preset's ``inf`` belongs to the preset's ``saturate``:
-      :func:`resolve_knobs` drops it when the caller names ``saturate`` without naming ``inf``.
-    - ``nan``: the NaN encoding, e.g. ``"0x7F|sign"`` (torch), ``"0x7E|sign"`` (ml_dtypes e5m2),
-      ``"0x7F"`` (CUDA and Triton on sm_90: sign dropped). ``None``: the format's canonical one.
-    - ``overflow_nan``: the NaN encoding of NaNs the conversion makes (from overflow without
-      saturation, or inf with ``inf="nan"``). ``None``: the same as ``nan``. They differ where NaN
-      inputs lose their sign before the conversion: NVIDIA float32 arithmetic returns the canonical
-      NaN, so ``x / scale`` of -NaN is +NaN, while an overflowing -1000 still converts to -NaN.
-    - ``scale_op``: ``"div"`` (x / scale in float32) or ``"mul_reciprocal"`` (x * (1/scale)).
-    - ``intermediate``: ``None``, ``"float16"`` or ``"bfloat16"``: round the quotient to that type
-      before the fp8 rounding (double rounding).
-    - ``quotient_ulps``: an int; move the float32 quotient that many float32 ulps in magnitude
-      (negative: toward zero, never crossing it; positive: away from zero, up to inf) before any
-      further rounding. Zeros, inf, NaN and elements whose scale is 1 (no division happens) are
-      left alone. 0 (the default) is the correctly rounded quotient. ``-2`` and ``2`` bound what
-      an approximate division within 2 ulps (Triton's ``div.full.f32``) can produce.
-    - ``rounding``: ``"nearest_even"`` (the default) or ``"toward_zero"``: the fp8 rounding
-      truncates the magnitude to the code at or below it (the 16-bit ``intermediate``, if any,
-      still rounds to nearest even). Overflow is then decided on the truncated value, as always:
-      a magnitude between max and the step past max (the value code ``max + 1`` would have:
-      e4m3fn 480, e5m2 65536, e4m3fnuz 256, e5m2fnuz 65536) truncates to max in either saturation
-      mode; from that step upwards it overflows and ``saturate`` decides (±max, or NaN / inf /
-      0x80). IEEE 754's roundTowardZero sends every finite overflow to ±max, as
-      ``saturate=True`` does.
-    - ``subnormals``: ``"keep"`` (the default) or ``"flush"``: a result that is an fp8 subnormal
-      after rounding (exponent field 0, mantissa non-zero) is written as zero of the input's sign
-      (fnuz: +0, its only zero). A value that rounds up to the smallest normal is kept.
-    - ``negative_zero``: ``"keep"`` (the default) or ``"positive"``: a result of -0 (0x80: -0.0 and
-      negative values that round, or are flushed, to zero) is written as +0, 0x00. The fnuz
-      formats always do this.
-    """
-
-    saturate: bool = True
-    inf: str | None = None
-    nan: str | None = None
-    overflow_nan: str | None = None
-    scale_op: str = "div"
-    intermediate: str | None = None
-    quotient_ulps: int = 0
-    rounding: str = "nearest_even"
-    subnormals: str = "keep"
-    negative_zero: str = "keep"
-
-    def validated(self, fmt: Fp8Format) -> "Fp8Knobs":
-        """The knobs with defaults filled in for ``fmt``, or a ValueError naming the bad knob."""
-        if not isinstance(self.saturate, bool):
-            raise TypeError(f"saturate must be a bool, got {self.saturate!r}")
-        v.require_choice("scale_op", self.scale_op, SCALE_OPS)
-        v.require_choice("intermediate", self.intermediate, tuple(INTERMEDIATES))
-        v.require_choice("rounding", self.rounding, ROUNDINGS)
-        v.require_choice("subnormals", self.subnormals, SUBNORMALS)
-        v.require_choice("negative_zero", self.negative_zero, NEGATIVE_ZEROS)
-        ulps = self.quotient_ulps
-        if isinstance(ulps, (bool, np.bool_)) or not isinstance(ulps, (int, np.integer)):
-            raise TypeError(f"quotient_ulps must be an int, got {ulps!r}")
-        inf = self.inf
-        if inf is None:
-            inf = "max" if self.saturate else ("inf" if fmt.inf_code is not None else "nan")
-        v.require_choice("inf", inf, INF_POLICIES)
-        if inf == "inf" and fmt.inf_code is None:
-            raise ValueError(f"inf='inf': {fmt.name} has no infinity")
-        nan = str(NaNEncoding.parse(self.nan or canonical_nan(fmt), fmt))
-        overflow_nan = str(NaNEncoding.parse(self.overflow_nan or nan, fmt))
-        return replace(self, inf=inf, nan=nan, overflow_nan=overflow_nan,
-                       quotient_ulps=int(self.quotient_ulps))
+# the formats and knobs live in fp8_formats (the presets use them too); importable from here as before
+from .fp8_formats import (FORMATS, INF_POLICIES, INTERMEDIATES, NEGATIVE_ZEROS, SCALE_OPS,  # noqa: F401
+                          SUBNORMALS, Fp8Format, Fp8Knobs, NaNEncoding, _is_nan_code, canonical_nan,
+                          get_format)
+from .presets import get_preset
+from .rounding import move_float32_ulps, round_float32, round_to_16bit
 
 
 def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: int = -2,
@@ -219,8 +70,6 @@ def resolve_knobs(form: Fp8Format, preset: str | None, overrides: dict) -> Fp8Kn
     ``overflow_nan``) stay the preset's: they are how an implementation encodes NaN, in either
     mode.
     """
-    from .presets import get_preset  # presets name knob values; they import this module
-
     unknown = set(overrides) - set(Fp8Knobs.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown fp8 knob(s): {sorted(unknown)}; knobs are "

@@ -1,8 +1,8 @@
 """Named fp8 conversion behaviours, so a kernel's contract can say which one it implements.
 
-Each preset is the set of :class:`~oracle.reference.fp8.Fp8Knobs` one real implementation uses,
-per format (torch 2.13 saturates e4m3fn only). Facts: ../shared/peer-semantics.md, "fp8 conversion
-facts" and section 4; every row there was measured on all 2**32 float32 inputs.
+Each preset is the set of :class:`~oracle.reference.fp8_formats.Fp8Knobs` one real implementation
+uses, per format (torch 2.13 saturates e4m3fn only). Facts: ../shared/peer-semantics.md, "fp8
+conversion facts" and section 4; every row there was measured on all 2**32 float32 inputs.
 
 A preset's knobs apply only where the caller names none; its ``inf`` goes with its ``saturate``, so
 a caller that names ``saturate`` without ``inf`` gets that mode's own inf rule
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .fp8 import FORMATS, Fp8Knobs
+from .fp8_formats import FORMATS, Fp8Knobs
 
 OCP = ("e4m3fn", "e5m2")
 
