@@ -83,6 +83,11 @@ def mailbox(device: torch.device) -> torch.Tensor:
     return found[0]
 
 
+def mailboxes() -> list:
+    """Every mailbox allocated so far (they live as long as the process)."""
+    return [box for box, _ in list(_boxes.values())]
+
+
 def sync_requested(validate) -> bool:
     """Whether a validating call raises its own error at once: ``validate="sync"`` or
     :data:`SYNC`. Every other value but True (and False, which checks nothing) is an error."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _deferred
+from . import _plans
 
 FUSED_CHECK_MAX = 256  # entries every program scans itself; above, a separate check grid
 CHUNK = 1024  # entries per check program at least: one step of CHECK_SCAN loads
@@ -58,15 +59,15 @@ def unchecked(placeholder: torch.Tensor) -> Check:
 
 
 _verdicts: dict = {}  # (device index, stream) -> int64[MAX_CHUNKS] reused by calls in stream order
+_plans.keep_constants(_verdicts.values)  # kept for the process: a plan may hold one
+_plans.keep_constants(_deferred.mailboxes)
 
 
 def _verdict_buffer(device: torch.device, interpreting: bool) -> torch.Tensor:
     """A verdict buffer for one call (never captured: see :func:`plan`). Calls on one stream run in
-    order, so they share one buffer."""
-    if interpreting:
-        return torch.empty(MAX_CHUNKS, dtype=torch.int64, device=device)
+    order, so they share one buffer (under the interpreter, calls run one after another)."""
     index = device.index
-    key = (index, torch.cuda.current_stream(index).cuda_stream)
+    key = (device.type, index, None if interpreting else torch.cuda.current_stream(index).cuda_stream)
     found = _verdicts.get(key)
     if found is None:
         found = _verdicts[key] = torch.empty(MAX_CHUNKS, dtype=torch.int64, device=device)
@@ -94,6 +95,7 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
     sync = _deferred.sync_requested(validate) or interpreting  # the interpreter has already run it
     box = _deferred.mailbox(device)
     device_index = device.index if device.type == "cuda" else -1
+    _plans.note("take", device_index)
     _deferred.take(device_index)  # an earlier call's error, if the GPU has written one by now
     pad_code = _deferred.PADDINGS.index(padding.kind)  # the writer passes the reserved slot itself
     negative = 1 if padding.kind == "negative" else 0
@@ -117,4 +119,5 @@ def finish(check: Check) -> None:
     """After the writer's launch: raise the call's own error at once where that was asked for (the
     stream is synchronized first on a GPU)."""
     if check.sync:
+        _plans.note("raise", check.device_index)
         _deferred.raise_at_once(check.device_index)

@@ -28,14 +28,16 @@ an out-of-range slot is skipped, not written.
 
 from __future__ import annotations
 
+import copy
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
 
 from .._checks import (FLOAT_DTYPES, FP8_FORMATS, INDEX_DTYPES, KV_CACHE_DTYPES, check_concat_mla,
                        check_paged_write, check_rows, check_scale, check_translate, check_translate_values)
-from . import _validate
+from . import _plans, _validate
 
 KERNEL_FP8 = {"e4m3fn": 1, "e5m2": 2}  # formats the kernels implement (Triton float8e4nv, float8e5)
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -327,7 +329,7 @@ def _launch(kernel, grid, device: torch.device, *args, **meta) -> None:
     (:mod:`._launch`), which costs about half the JIT's host time per call. A true ``PDL``
     constexpr also asks for programmatic dependent launch (sm_90+); the interpreter has no
     launches to overlap, so there it is turned off, and so are the L2 prefetches (``PF_*``: inline
-    PTX, which it cannot run)."""
+    PTX, which it cannot run). The launch is noted for the call's plan (:mod:`._plans`)."""
     if interpreting():  # CPU tensors, or CUDA tensors the interpreter copies to the host
         if meta.get("PDL"):
             meta["PDL"] = False
@@ -335,21 +337,56 @@ def _launch(kernel, grid, device: torch.device, *args, **meta) -> None:
             if name.startswith("PF_") and name != "PF_SECTOR":
                 meta[name] = 0
         kernel[grid](*args, **meta)
+        _plans.note("launch", kernel, grid, args, meta, None)
         return
     if meta.get("PDL"):
         meta["launch_pdl"] = True
     global _launcher
     if _launcher is None:
-        from ._launch import launcher as _launcher
+        _import_launcher()
     index = device.index
     if index != torch._C._cuda_getDevice():  # the current device, without torch.cuda's lazy-init checks
+        _plans.spoil()  # a replay launches on the current device: plan only calls made there
         with torch.cuda.device(index):
             _launcher(kernel).launch(grid, index, args, meta)
+        return
+    entry = _launcher(kernel).launch(grid, index, args, meta)
+    if entry is None:
+        _plans.spoil()
     else:
-        _launcher(kernel).launch(grid, index, args, meta)
+        _plans.note("launch", kernel, grid, args, meta, entry)
 
 
 _launcher = None  # ._launch.launcher, imported (with triton) on the first GPU launch
+_hooks_installed = None  # ._launch.hooks_installed, likewise
+
+
+def _import_launcher() -> None:
+    global _launcher, _hooks_installed
+    from ._launch import hooks_installed, launcher
+
+    _launcher, _hooks_installed = launcher, hooks_installed
+
+
+# KV_ORACLE_TRITON_PLANS=0 turns the launch plans off (every call runs the wrapper in full)
+PLANS = os.environ.get("KV_ORACLE_TRITON_PLANS", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+_settings_planned = None  # (PREFETCH, a copy of TUNING) the current plans were made under
+
+
+def _plans_enabled() -> bool:
+    """Whether writer calls may be replayed from their plans (:mod:`._plans`): not with
+    ``PLANS`` off, nor while a Triton launch hook is installed. A change of ``PREFETCH`` or
+    ``TUNING`` (tuning scripts and tests set them) forgets every plan first."""
+    global _settings_planned
+    if not PLANS or (_hooks_installed is not None and _hooks_installed()):
+        return False
+    seen = _settings_planned
+    if seen is None or seen[0] is not PREFETCH or seen[1] != TUNING:
+        _plans.clear()
+        _settings_planned = (PREFETCH, copy.deepcopy(TUNING))
+    return True
 
 
 def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: Padding, fp8: int = 0,
@@ -388,6 +425,7 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # --- the ops -------------------------------------------------------------------------------
 
+@_plans.planned(_plans_enabled)
 def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, pdl=False):
     """``k_cache[loc] = k; v_cache[loc] = v``, rows ``[H, D]`` copied bitwise (any dtype; fp8
     pools as uint8), every stride honoured. ``padding`` (default "none": every slot in range)."""
@@ -417,6 +455,7 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, p
     _validate.finish(check)
 
 
+@_plans.planned(_plans_enabled)
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none", validate=True, pdl=False):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)``, bitwise; elements past nope + rope
     untouched. ``padding`` (default "none")."""
@@ -465,6 +504,7 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: Padding, fp8, 
                                                        ("PF_B", t.block_b, width_b, b1 == 1))))
 
 
+@_plans.planned(_plans_enabled)
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
                          padding="negative", allow_interpreter_fp8=False, validate=True, pdl=False):
     """Entry ``slot`` (block ``slot // block_size``, token ``slot % block_size``) of ``kv_cache``
@@ -495,6 +535,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     _validate.finish(check)
 
 
+@_plans.planned(_plans_enabled)
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                             k_scale, v_scale, *, padding="negative", allow_interpreter_fp8=False,
                             validate=True, pdl=False):
