@@ -9,10 +9,12 @@ costs what the host spends issuing it. This splits that cost, per call, averaged
   would pass, precomputed (the launcher's cost for 19 arguments and 5 constexprs);
 - ``compiled[grid] runner``: the same launch through the CompiledKernel's runner, skipping the JIT's
   binder and cache-key work;
-- ``oracle.kernels.triton.ops.set_mla_kv_buffer(validate=False)`` and the validated call;
-- the same three for ``store_cache`` (K and V in one launch).
+- ``oracle.kernels.triton.ops.set_mla_kv_buffer(validate=False)`` and the validated call, each with
+  its wrapper run in full on every call (``ops.PLANS = False``) and replayed from its launch plan;
+- the same for ``store_cache`` (K and V in one launch), the validated ``reshape_and_cache_flash``,
+  and torch's ``index_put_`` of K and V for scale.
 
-With ``--profile`` it also prints cProfile's top entries for the unchecked wrapper.
+With ``--profile`` it also prints cProfile's top entries for the validated, replayed MLA call.
 
     python benchmarks/host_cost.py [--calls 3000] [--json OUT] [--profile]
 """
@@ -89,7 +91,7 @@ def main() -> int:
 
     flag = torch.zeros(1, device=dev)
     row("empty kernel[grid]", 0, lambda: _empty[(1,)](flag))
-    for n in (1, 64):
+    for n in (1, 64, 4096):
         loc = torch.randperm(4096, device=dev)[:n]
         nope = torch.randn(n, 512, device=dev, dtype=torch.bfloat16)
         rope = torch.randn(n, 64, device=dev, dtype=torch.bfloat16)
@@ -104,16 +106,25 @@ def main() -> int:
         ok = torch.equal(written[:, :512], nope) and torch.equal(written[:, 512:], rope)
         rows[-1]["writes_the_rows"] = ok
         print(f"  the runner wrote the rows: {ok}")
-        row("ops.set_mla_kv_buffer(validate=False)", n,
-            lambda: ops.set_mla_kv_buffer(buf, loc, nope, rope, validate=False))
-        row("ops.set_mla_kv_buffer (validated)", n, lambda: ops.set_mla_kv_buffer(buf, loc, nope, rope))
-        row("ops.store_cache(validate=False)", n, lambda: ops.store_cache(k, v, kc, vc, loc, validate=False))
-        row("ops.store_cache (validated)", n, lambda: ops.store_cache(k, v, kc, vc, loc))
+        for plans in (False, True):  # each wrapper run in full on every call, then replayed from its plan
+            ops.PLANS = plans
+            tag = "replayed" if plans else "wrapper in full"
+            row(f"ops.set_mla_kv_buffer(validate=False), {tag}", n,
+                lambda: ops.set_mla_kv_buffer(buf, loc, nope, rope, validate=False))
+            row(f"ops.set_mla_kv_buffer (validated), {tag}", n, lambda: ops.set_mla_kv_buffer(buf, loc, nope, rope))
+            row(f"ops.store_cache(validate=False), {tag}", n,
+                lambda: ops.store_cache(k, v, kc, vc, loc, validate=False))
+            row(f"ops.store_cache (validated), {tag}", n, lambda: ops.store_cache(k, v, kc, vc, loc))
+            pk, pv = (c.view(256, 16, 8, 128) for c in (kc, vc))
+            scale = torch.ones(1, device=dev)
+            row(f"ops.reshape_and_cache_flash auto (validated), {tag}", n,
+                lambda: ops.reshape_and_cache_flash(k, v, pk, pv, loc, "auto", scale, scale))
+        row("torch index_put_ (K and V)", n, lambda: (kc.index_put_((loc,), k), vc.index_put_((loc,), v)))
         if opts.profile and n == 1:
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(opts.calls):
-                ops.set_mla_kv_buffer(buf, loc, nope, rope, validate=False)
+                ops.set_mla_kv_buffer(buf, loc, nope, rope)  # validated, replayed from its plan
             prof.disable()
             torch.cuda.synchronize()
             text = io.StringIO()

@@ -209,3 +209,34 @@ def test_a_plan_refuses_a_tensor_the_wrapper_made():
         emit({"refused": str(exc)})
     """)
     assert out["refused"] and "made" in out["refused"]
+
+
+def test_a_gpu_replay_calls_the_launcher_with_each_calls_own_addresses():
+    """The compiled path, with a stand-in for Triton's C launcher: a replay passes the grid, the
+    launcher's leading arguments, every kernel argument in order (this call's tensors as their
+    addresses, a device buffer the plan keeps as its address, pinned host memory as the tensor),
+    then the constexprs."""
+    out = scenario("""
+    calls = []
+    launcher = lambda *a: calls.append(a)  # noqa: E731
+    head, tail = ("stream", "function", 0, 1, None, None, "packed", None, None, None), (64, 4)
+    src, cache = torch.zeros(3, 8), torch.zeros(16, 8)
+    kept = torch.zeros(4)  # stands for a verdict buffer (on the CPU here, so kept as a tensor)
+    box = _deferred.mailbox(torch.device("cpu"))
+    _plans.keep_constants(lambda: (kept,))
+    event = ("launch", None, (2, 3), (src, 7, cache, box, kept, src), {}, (launcher, head, tail))
+    plan = _plans.Plan([("take", -1), event], [src, cache], [src.data_ptr(), cache.data_ptr()], -1)
+    other_src, other_cache = torch.ones(3, 8), torch.ones(16, 8)
+    plan.replay([other_src, other_cache], [other_src.data_ptr(), other_cache.data_ptr()])
+    plan.replay([src, cache], [src.data_ptr(), cache.data_ptr()])
+    got = calls[0]
+    emit({"grid": list(got[:3]), "head": list(got[3:13]) == list(head), "tail": list(got[-2:]),
+          "src": got[13] == other_src.data_ptr() == got[18], "scalar": got[14],
+          "cache": got[15] == other_cache.data_ptr(), "box": got[16] is box, "kept": got[17] is kept,
+          "second": calls[1][13] == src.data_ptr() and calls[1][15] == cache.data_ptr(),
+          "length": len(got)})
+    """)
+    assert out["grid"] == [2, 3, 1] and out["head"] and out["tail"] == [64, 4]
+    assert out["src"] and out["scalar"] == 7 and out["cache"] and out["second"]
+    assert out["box"] and out["kept"]
+    assert out["length"] == 3 + 10 + 6 + 2

@@ -143,7 +143,9 @@ class Plan:
                 j = where.get(p)
                 if j is None:
                     if p in constants and constants[p] is a:
-                        fixed[pos] = a if entry is None else p
+                        # a device buffer goes as its address; pinned host memory (the mailbox) as
+                        # the tensor, so the launcher asks the driver for its device address
+                        fixed[pos] = p if entry is not None and a.is_cuda else a
                         continue
                     raise Unplannable(f"argument {pos} of {getattr(kernel, '__name__', kernel)} is a tensor "
                                       "the wrapper made")
