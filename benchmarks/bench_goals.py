@@ -1,136 +1,17 @@
-"""The speed goals of the GPU writers, judged from one ``oracle bench --json`` report.
+"""The speed goals of the GPU writers, judged from one ``oracle bench --json`` report: a thin script
+over ``oracle report bench-goals`` (the goals are listed in ``oracle/bench/goals.py``).
 
-    python benchmarks/bench_goals.py reports/h100-bench.json [--markdown] [--before OLD.json]
+    python benchmarks/bench_goals.py reports/h100-bench.json [--before OLD.json]
 
-Every figure comes from the same run (eager and graph, inputs rotated past the L2: run the bench
-with ``--mode both --l2 cold``); each goal line says what was measured, the target and whether it
-is met. The goals:
-
-- MLA 512+64 bf16, N = 16384, eager: every CUDA and Triton writer at >= 85% of the copy ceiling
-  and >= 2.9x the seed's baseline writer; each validating writer <= 1.1x its ``.unchecked`` twin.
-- N = 1, 16, 64, eager: each validating writer within 1.5 us of its ``.unchecked`` twin and no
-  slower than plain ``index_put_``.
-- store_cache, 2 KiB rows, N = 16384, eager: CUDA and Triton writers at >= 85% of the ceiling.
-- reshape_and_cache_flash, auto and e4m3fn, N = 1, 64, 4096, 16384, eager: every writer at least
-  as fast as the fastest peer (sglang's and vLLM's Triton writers, ``--peer-file``).
-- with ``--before REPORT``: inside CUDA graphs, no writer more than 3% slower than in REPORT.
+Prints the goals as a Markdown table, then how many are met. ``--markdown``, which earlier versions
+needed for the table, is accepted and changes nothing.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
-WRITER_BACKENDS = ("cuda", "triton")
-
-
-def _rows(report: dict, op: str, variant: str, n: int, mode: str = "eager", l2: str = "cold") -> dict:
-    return {r["kernel"]: r for r in report["rows"] if (r["op"], r["variant"], r["n"], r.get("mode"), r.get("l2"))
-            == (op, variant, n, mode, l2)}
-
-
-def _writers(rows: dict) -> dict:
-    return {name: r for name, r in rows.items() if r["backend"] in WRITER_BACKENDS}
-
-
-def _validating(rows: dict) -> list[str]:
-    return [name for name in _writers(rows) if name.count(".") == 1]
-
-
-def goals(report: dict) -> list[tuple[str, str, str, bool]]:
-    """(goal, measured, target, met) lines."""
-    out = []
-    ceiling = report["copy"]["cuda"]["gbps"]
-    mla = _rows(report, "set_mla_kv_buffer", "bf16", 16384)
-    seed = next((r for name, r in mla.items() if name.startswith("ref:seed")), None)
-    for name, r in sorted(_writers(mla).items()):
-        pct = 100 * r["gbps"] / ceiling
-        out.append((f"MLA N=16384 eager: {name} vs the copy ceiling", f"{r['us']:.1f} us, {pct:.0f}%", ">= 85%",
-                    pct >= 85))
-        if seed is not None:
-            x = seed["us"] / r["us"]
-            out.append((f"MLA N=16384 eager: {name} vs the seed's writer ({seed['us']:.1f} us)", f"{x:.2f}x",
-                        ">= 2.9x", x >= 2.9))
-    for name in _validating(mla):
-        twin = mla.get(name + ".unchecked")
-        if twin:
-            ratio = mla[name]["us"] / twin["us"]
-            out.append((f"MLA N=16384 eager: {name} / {twin['kernel']}", f"{ratio:.2f}x", "<= 1.1x", ratio <= 1.1))
-    for op, variant in (("set_mla_kv_buffer", "bf16"), ("store_cache", "bf16"), ("reshape_and_cache_flash", "auto"),
-                        ("reshape_and_cache_flash", "e4m3fn")):
-        for n in (1, 16, 64):
-            rows = _rows(report, op, variant, n)
-            put = rows.get("ref:index_put_")
-            for name in _validating(rows):
-                twin = rows.get(name + ".unchecked")
-                if twin:
-                    gap = rows[name]["us"] - twin["us"]
-                    out.append((f"{op} [{variant}] N={n} eager: {name} - .unchecked", f"{gap:+.2f} us", "<= 1.5 us",
-                                gap <= 1.5))
-                if put:
-                    out.append((f"{op} [{variant}] N={n} eager: {name} vs index_put_",
-                                f"{rows[name]['us']:.1f} vs {put['us']:.1f} us", "<=", rows[name]["us"] <= put["us"]))
-    store = _rows(report, "store_cache", "bf16", 16384)
-    for name, r in sorted(_writers(store).items()):
-        pct = 100 * r["gbps"] / ceiling
-        out.append((f"store_cache N=16384 eager: {name} vs the copy ceiling", f"{r['us']:.1f} us, {pct:.0f}%",
-                    ">= 85%", pct >= 85))
-    for variant in ("auto", "e4m3fn"):
-        for n in (1, 64, 4096, 16384):
-            rows = _rows(report, "reshape_and_cache_flash", variant, n)
-            peers = {name: r for name, r in rows.items() if name.startswith("peer:")}
-            if not peers:
-                continue
-            best_name, best = min(peers.items(), key=lambda item: item[1]["us"])
-            for name, r in sorted(_writers(rows).items()):
-                out.append((f"reshape_and_cache_flash [{variant}] N={n} eager: {name} vs {best_name}",
-                            f"{r['us']:.1f} vs {best['us']:.1f} us", "<=", r["us"] <= best["us"]))
-    return out
-
-
-def graph_regressions(report: dict, before: dict, tolerance: float = 1.03) -> list[tuple[str, str, str, bool]]:
-    """Inside CUDA graphs, each kernel of ``before`` (an earlier report: its rows without a mode
-    were graph-replayed, cold) against this report's graph-replayed, cold row: at most 3% slower."""
-    now = {(r["op"], r["variant"], r["n"], r["kernel"]): r for r in report["rows"]
-           if r.get("mode") == "graph" and r.get("l2") == "cold"}
-    out = []
-    for r in before["rows"]:
-        if r.get("mode", "graph") != "graph" or r.get("l2", "cold") != "cold" or r["backend"] not in WRITER_BACKENDS:
-            continue
-        mine = now.get((r["op"], r["variant"], r["n"], r["kernel"]))
-        if mine is None:
-            continue
-        ratio = mine["us"] / r["us"]
-        out.append((f"graph {r['op']} [{r['variant']}] N={r['n']}: {r['kernel']} now / before",
-                    f"{mine['us']:.2f} / {r['us']:.2f} us = {ratio:.2f}x", f"<= {tolerance:.2f}x",
-                    ratio <= tolerance))
-    return out
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("report", help="an oracle bench --json report")
-    parser.add_argument("--markdown", action="store_true", help="print a markdown table")
-    parser.add_argument("--before", default=None, metavar="REPORT",
-                        help="an earlier bench report: graph-replayed figures may not regress by more than 3%%")
-    args = parser.parse_args(argv)
-    with open(args.report) as f:
-        report = json.load(f)
-    lines = goals(report)
-    if args.before:
-        with open(args.before) as f:
-            lines += graph_regressions(report, json.load(f))
-    if args.markdown:
-        print("| goal | measured | target | met |\n| --- | --- | --- | --- |")
-        for goal, measured, target, met in lines:
-            print(f"| {goal} | {measured} | {target} | {'yes' if met else '**no**'} |")
-    else:
-        for goal, measured, target, met in lines:
-            print(f"{'met   ' if met else 'MISSED'} {goal}: {measured} (target {target})")
-    print(f"\n{sum(m for *_, m in lines)} of {len(lines)} goals met", file=sys.stderr)
-    return 0
-
+from oracle.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["report", "bench-goals", *(a for a in sys.argv[1:] if a != "--markdown")]))

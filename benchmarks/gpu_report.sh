@@ -31,7 +31,7 @@ export TARGET="${TARGET:-$(nvidia-smi --query-gpu=name --format=csv,noheader | h
   time timeout 340 oracle bench --backend triton,cuda --op set_mla_kv_buffer,store_cache,reshape_and_cache_flash \
       --sizes 1,16,64,4096,16384 --repeats 7 --mode both --l2 cold "${peers[@]}" \
       --json "$OUT/bench.json" --plot "$OUT/bench.png"
-  python3 benchmarks/bench_goals.py "$OUT/bench.json"
+  oracle report bench-goals "$OUT/bench.json"
   echo "== sanitizer lane (quick profile, cuda + triton, one process under memcheck)"
   time timeout 300 oracle run --sanitize "$san" --backend cuda,triton | tail -30
   cp "$san/summary.json" "$OUT/sanitize.json"

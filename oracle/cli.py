@@ -87,6 +87,37 @@ def _report_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_report(args: argparse.Namespace) -> int:
+    """``oracle report bench-table|bench-goals|bench-plot``: a saved bench report read back."""
+    from .bench import goals, saved
+
+    try:
+        loaded = saved.load(args.report)  # errors name the file
+        before = saved.load(args.before) if args.before else None
+        if args.report_command == "bench-table":
+            print(saved.bench_table(loaded, args.mode, args.l2, path=args.report))
+        elif args.report_command == "bench-goals":
+            try:
+                lines = goals.goals(loaded) + (goals.graph_regressions(loaded, before) if before else [])
+            except ValueError as exc:
+                raise ValueError(f"{args.report}: {exc}") from None
+            print(goals.render(lines))
+        else:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                print("error: bench-plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+                return 2
+            from .bench.output import plot
+
+            plot(loaded, args.out)
+            print(f"wrote {args.out}")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from .bench import main
 
@@ -125,6 +156,29 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("reports", nargs="+", help="JSON reports written by oracle run --report")
     merge.add_argument("--markdown", metavar="OUT.md", help="also write the matrix as Markdown")
     merge.set_defaults(handler=_report_merge)
+    table = report_commands.add_parser(
+        "bench-table", help="a saved bench report (oracle bench --json) as Markdown tables: the machine, "
+                            "the command, per op and timing each kernel's us and %% of the copy ceiling "
+                            "at each N beside the references")
+    table.add_argument("report", help="JSON report written by oracle bench --json")
+    table.add_argument("--mode", choices=("eager", "graph", "both"), default="both",
+                       help="only rows timed eagerly or graph-replayed (CPU rows are eager; default both)")
+    table.add_argument("--l2", choices=("cold", "hot", "both"), default="both",
+                       help="only rows timed with inputs rotated past the L2 (cold) or not (hot; CPU rows "
+                            "are hot); default both")
+    table.set_defaults(handler=_bench_report, before=None)
+    goals = report_commands.add_parser(
+        "bench-goals", help="the GPU writers' speed goals judged from a saved bench report, as a "
+                            "Markdown table")
+    goals.add_argument("report", help="JSON report written by oracle bench --mode both --l2 cold --json")
+    goals.add_argument("--before", metavar="OLD.json",
+                       help="an earlier bench report: graph-replayed writers may not be more than 3%% slower")
+    goals.set_defaults(handler=_bench_report)
+    bench_plot = report_commands.add_parser(
+        "bench-plot", help="GB/s against N from a saved bench report, as a PNG (matplotlib)")
+    bench_plot.add_argument("report", help="JSON report written by oracle bench --json")
+    bench_plot.add_argument("out", metavar="OUT.png")
+    bench_plot.set_defaults(handler=_bench_report, before=None)
     try:
         from .bench import configure as configure_bench
     except ImportError:  # pragma: no cover - the bench module ships with the package

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from ..reference.fp8 import FORMATS as FP8_FORMATS
-from .output import format_table
+from .output import format_table, groups
 from .timers import (COPY_BYTES, SAMPLE_SECONDS, Sampler, _sync, cold_sets, copy_bandwidth, make_timer,
                      same_size_copy_timer)
 from .references import index_put, load_peers, seed_mla_writer
@@ -242,9 +242,7 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
     for device, copy in copies.items():
         log(f"copy bandwidth ({device}), the reference for % of copy: {copy['gbps']:.1f} GB/s "
             f"(runs: {', '.join(f'{g:.1f}' for g in copy['runs_gbps'])})")
-    for op, variant, mode, l2 in dict.fromkeys((r.op, r.variant, r.mode, r.l2) for r in rows):
-        group = [r for r in rows if (r.op, r.variant, r.mode, r.l2) == (op, variant, mode, l2)]
-        how = f"{mode}, L2 {l2}" if any(r.device.startswith("cuda") for r in group) else "CPU"
+    for op, variant, how, group in groups(rows):
         log("")
         log(format_table(group, op, variant, how))
     machine = machine_info()
