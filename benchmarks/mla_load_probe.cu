@@ -2,7 +2,8 @@
 // the H100: which 16-byte source load is fastest cold (4 input sets rotated, CUDA graph of 200 launches,
 // median of 9), next to a cudaMemcpyAsync of the same bytes. Mode 0: ld.global.nc.L1::no_allocate (what
 // csrc/common.cuh used), 1: plain ld.global, 2: ld.global.L1::no_allocate. Result:
-// reports/h100-mla-load-probe.txt; it made the CUDA kernels use plain loads.
+// docs/benchmarks.md (plain loads 3% faster than either no_allocate form); it made the CUDA kernels
+// use plain loads.
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/mla_load_probe benchmarks/mla_load_probe.cu
 //   /tmp/mla_load_probe

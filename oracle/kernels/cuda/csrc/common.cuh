@@ -25,8 +25,8 @@ template <> struct VecOf<1> { using type = uint8_t; };
 
 // Source loads (the sources are never written during a launch), plain ld.global: on the H100 the
 // L1::no_allocate variants (with or without .nc) made a cold MLA write 3% slower (15.3 vs 14.9 us
-// at N = 16384, 56.7 vs 55.1 us at 65536: benchmarks/mla_load_probe.cu,
-// reports/h100-mla-load-probe.txt).
+// at N = 16384, 56.7 vs 55.1 us at 65536: benchmarks/mla_load_probe.cu;
+// docs/benchmarks.md).
 template <int Bytes>
 __device__ __forceinline__ typename VecOf<Bytes>::type load_ro(const unsigned char* p) {
   return *reinterpret_cast<const typename VecOf<Bytes>::type*>(p);
