@@ -42,7 +42,8 @@ def gpu_report() -> dict:
                     same=None, ceiling=100.0))
     return {"machine": {"date": "2026-11-25T10:29:45+00:00", "cpu": "Test Xeon", "cpus": 16,
                         "torch": "2.11.0+cu130", "cuda": "NVIDIA H100 80GB HBM3"},
-            "copy": {"cpu": {"gbps": 100.0}, "cuda": {"gbps": CEILING}}, "rows": rows, "command": COMMAND}
+            "copy": {"cpu": {"gbps": 100.0}, "cuda": {"gbps": CEILING}}, "rows": rows, "command": COMMAND,
+            "tool": {"name": "kv-oracle", "version": "0.1.0", "git_commit": "0123456789abcdef"}}
 
 
 def write(tmp_path, report: dict, name: str = "bench.json"):
@@ -74,6 +75,7 @@ def test_bench_table_prints_the_machine_the_command_and_each_kernel_beside_the_r
     out = capsys.readouterr().out
     first = out.splitlines()[0]
     assert "NVIDIA H100 80GB HBM3" in first and "torch 2.11.0+cu130" in first and "2026-11-25" in first
+    assert "commit 0123456789" in first
     assert f"`{COMMAND}`" in out
     assert [t.split(":")[0] for t in titles(out)] == [  # a table per op, variant and timing
         "**set_mla_kv_buffer [bf16]**, graph, L2 cold", "**set_mla_kv_buffer [bf16]**, eager, L2 cold",
@@ -198,3 +200,21 @@ def test_bench_plot_draws_the_report(tmp_path, capsys):
     assert main(["report", "bench-plot", write(tmp_path, gpu_report()), str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     assert str(out) in capsys.readouterr().out
+
+
+def test_a_report_the_bench_writes_reads_back_with_its_command_and_commit(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "bench.json"
+    monkeypatch.setattr("sys.argv", ["oracle", "bench", "--backend", "torch", "--op", "quantize_fp8"])
+    assert main(["bench", "--backend", "torch", "--op", "quantize_fp8", "--sizes", "1,16", "--repeats", "1",
+                 "--json", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    capsys.readouterr()
+    assert main(["report", "bench-table", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "`oracle bench --backend torch --op quantize_fp8`" in text
+    commit = saved["tool"]["git_commit"]
+    assert commit is None or f"commit {commit[:10]}" in text.splitlines()[0]
+    cells = {line[0]: line[1:] for line in table_of(text, "**quantize_fp8 [e4m3fn]**, CPU")[1:]}
+    by_n = {r["n"]: r for r in saved["rows"] if r["kernel"] == "torch.quantize_fp8"}
+    for n, cell in zip((1, 16), cells["`torch.quantize_fp8`"]):  # the row's median, rounded
+        assert float(cell.split()[0]) == pytest.approx(by_n[n]["us"], rel=0.01, abs=0.01)

@@ -84,6 +84,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     result["command"] = " ".join(sys.argv)
+    from ..report import describe_tool
+
+    result["tool"] = describe_tool()  # the commit, so a saved report says which code it timed
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

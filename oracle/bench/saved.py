@@ -49,12 +49,15 @@ def rows_of(report: dict, path="the report") -> list[Row]:
 
 
 def header(report: dict) -> list[str]:
-    """Where and how the report was made: the machine (GPU or CPU, torch, date), each device's
-    copy ceiling, and the exact command."""
+    """Where and how the report was made: the machine (GPU or CPU, torch, date), the commit where
+    the report records one (reports since the bench did), each device's copy ceiling, and the
+    exact command."""
     m = report.get("machine", {})
     cpu = f"{m.get('cpu', '?')}, {m.get('cpus', '?')} CPUs"
     where = f"{m['cuda']} ({cpu})" if m.get("cuda") else cpu
-    lines = [f"Machine: {where}, torch {m.get('torch', '?')}, {str(m.get('date', '?'))[:10]}."]
+    commit = (report.get("tool") or {}).get("git_commit")
+    lines = [f"Machine: {where}, torch {m.get('torch', '?')}, {str(m.get('date', '?'))[:10]}"
+             + (f", commit {commit[:10]}." if commit else ".")]
     ceilings = ", ".join(f"{device} {copy['gbps']:.1f} GB/s" for device, copy in report.get("copy", {}).items())
     if ceilings:
         lines.append(f"Copy ceiling (a large copy_, bytes read + written): {ceilings}.")
