@@ -31,7 +31,7 @@ import time
 import torch
 import triton
 
-from oracle.kernels.triton import ops
+from oracle.kernels.triton import _host, ops, tiles
 
 
 @triton.jit
@@ -54,9 +54,9 @@ def per_call_us(fn, calls: int) -> float:
 def mla_raw_launch(buf, loc, nope, rope):
     """The MLA kernel launch exactly as ``ops.set_mla_kv_buffer`` issues it, arguments prepared."""
     n = loc.shape[0]
-    a, b, cache = ops._as_bits(nope), ops._as_bits(rope), ops._as_bits(buf)
+    a, b, cache = _host.as_bits(nope), _host.as_bits(rope), _host.as_bits(buf)
     t = ops.tile(n, max(a.shape[1], b.shape[1]), "mla_write", (a.shape[1], b.shape[1]))
-    grid = (ops._cdiv(n, t.block_n), max(ops._cdiv(a.shape[1], t.block_a), ops._cdiv(b.shape[1], t.block_b)))
+    grid = (tiles.cdiv(n, t.block_n), max(tiles.cdiv(a.shape[1], t.block_a), tiles.cdiv(b.shape[1], t.block_b)))
     args = (a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1), cache, buf.stride(0), 0, buf.stride(1),
             loc, loc.stride(0), cache, n, a.shape[1], b.shape[1], 1, buf.shape[0], 0)
     meta = dict(HAS_PAD_SLOT=False, FP8=0, BLOCK_N=t.block_n, BLOCK_A=t.block_a, BLOCK_B=t.block_b, PDL=False,

@@ -8,7 +8,7 @@ ceiling measured in the same run (a 1 GiB ``copy_``, bytes read + written). Each
 compared byte for byte with the torch-on-CUDA baseline's ("check").
 
 - Triton: rows per program (``block_n``) x ``num_warps`` for the three kernels, through
-  ``oracle.kernels.triton.ops.TUNING`` (with ``--pdl`` also for the ``.pdl`` launches).
+  ``oracle.kernels.triton.tiles.TUNING`` (with ``--pdl`` also for the ``.pdl`` launches).
 - CUDA: the ``kv_oracle_cuda::tune`` knobs: ``mla_rows`` (rows a warp stages per iteration on the
   TMA path) x ``mla_warps`` (warps per block), ``mla_evict_first`` (L2 evict-first bulk stores),
   ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path x ``mla_warps``, both paths
@@ -16,9 +16,9 @@ compared byte for byte with the torch-on-CUDA baseline's ("check").
   ``copy_grid`` / ``fp8_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
   ``--knobs 'mla_prefetch=0,2;mla_grid=-1,0'`` instead sweeps exactly those combinations on every CUDA
   writer (both MLA paths), plainly and with PDL, next to Triton's plain and ``.pdl`` launches with
-  and without their L2 prefetches (``ops.PREFETCH``).
+  and without their L2 prefetches (``tiles.PREFETCH``).
 
-The defaults in ``oracle/kernels/triton/ops.py`` (``tile``) and ``csrc/kv_cuda.h``
+The defaults in ``oracle/kernels/triton/tiles.py`` (``tile``) and ``csrc/kv_cuda.h``
 (``LaunchTuning``) come from this sweep; docs/benchmarks.md records the run.
 
     python benchmarks/tune_gpu.py [--json OUT] [--repeats 15] [--only triton|cuda] [--sizes 16384,65536]
@@ -81,7 +81,7 @@ def cell(what, config, workload, n, fn, baseline, copy_gbps, repeats, sorted_slo
 
 def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=("",), block_ns=BLOCK_N,
                  warps_=WARPS, prefetch=("pdl",)):
-    from oracle.kernels.triton import ops
+    from oracle.kernels.triton import tiles
 
     rows = []
     for name, workloads in TRITON.items():
@@ -95,7 +95,7 @@ def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=(
             fn = kernels[f"triton.{op}{suffix}"].fn
             for block_n, warps, mode in itertools.product(block_ns, warps_, prefetch):
                 tuning = {"block_n": block_n, "num_warps": warps}
-                with mock.patch.dict(ops.TUNING, {name: tuning}), mock.patch.object(ops, "PREFETCH", mode):
+                with mock.patch.dict(tiles.TUNING, {name: tuning}), mock.patch.object(tiles, "PREFETCH", mode):
                     rows.append(cell(f"triton {name}{suffix}", dict(tuning, prefetch=mode), w, n, fn, baseline,
                                      copy_gbps, repeats))
     return rows
@@ -111,7 +111,7 @@ def knob_grid(spec: str) -> list[dict]:
 
 def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False, knobs=None):
     from oracle.kernels.cuda import _build
-    from oracle.kernels.triton import ops
+    from oracle.kernels.triton import tiles
 
     reason = _build.load()  # the registry loads the library lazily, on the first call
     if reason:
@@ -135,7 +135,7 @@ def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False, knobs=N
                 w = make_workload(op, variant, n, "cuda")
                 baseline = kernels[f"torch-cuda.{op}"].fn
                 for name, mode in itertools.product((f"triton.{op}", f"triton.{op}.pdl"), ("never", "always")):
-                    with mock.patch.object(ops, "PREFETCH", mode):
+                    with mock.patch.object(tiles, "PREFETCH", mode):
                         rows.append(cell(name, {"PREFETCH": mode}, w, n, kernels[name].fn, baseline, copy_gbps,
                                          repeats))
                 paths = ("tma", "direct") if op == "set_mla_kv_buffer" else (None,)
@@ -188,7 +188,7 @@ def main() -> int:
                         "on every CUDA writer, plainly and with PDL")
     parser.add_argument("--block-n", default=",".join(map(str, BLOCK_N)), help="Triton rows per program to try")
     parser.add_argument("--warps", default=",".join(map(str, WARPS)), help="Triton warps per program to try")
-    parser.add_argument("--prefetch", default="pdl", help="Triton L2 prefetch modes to try (ops.PREFETCH)")
+    parser.add_argument("--prefetch", default="pdl", help="Triton L2 prefetch modes to try (tiles.PREFETCH)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="comma-separated row counts (default %(default)s)")
     args = parser.parse_args()

@@ -208,8 +208,9 @@ def test_padding_policies_are_kernel_arguments():
 def test_empty_input_launches_nothing():
     out = run("""
     calls = []
-    real = ops._launch
-    ops._launch = lambda kernel, grid, *a, **k: (calls.append(grid), real(kernel, grid, *a, **k))
+    from oracle.kernels.triton import _runtime
+    real = _runtime.launch
+    _runtime.launch = lambda kernel, grid, *a, **k: (calls.append(grid), real(kernel, grid, *a, **k))
     H, D = 2, 8
     e3 = torch.empty(0, H, D)
     idx = torch.empty(0, dtype=torch.int64)
@@ -292,54 +293,55 @@ def test_mla_tile_fills_one_wave_where_it_fits(monkeypatch):
     tile exactly where its programs fill 90-100% of one wave; elsewhere, on other kernels, without
     a device or on an older GPU, the sweep's tile."""
     import torch
-    from oracle.kernels.triton import ops
+    from oracle.kernels.triton import _runtime, tiles
 
-    monkeypatch.setattr(ops, "interpreting", lambda: False)
+    monkeypatch.setattr(_runtime, "interpreting", lambda: False)
     slots = 132 * 32
-    monkeypatch.setattr(ops, "_one_warp_slots", lambda index: slots)
+    monkeypatch.setattr(tiles, "_one_warp_slots", lambda index: slots)
     dev = torch.device("cuda", 0)
 
     def shape(n, kernel="mla_write", device=dev):
-        t = ops.tile(n, 512, kernel, (512, 64) if "mla" in kernel else (), device)
+        t = tiles.tile(n, 512, kernel, (512, 64) if "mla" in kernel else (), device)
         return t.block_n, t.num_warps
 
-    rows = ops.ONE_WAVE_TILES["mla_write"][0]
-    first = int(ops.ONE_WAVE_FILL * slots) * rows + 1  # the first N whose programs pass the fill
+    rows = tiles.ONE_WAVE_TILES["mla_write"][0]
+    first = int(tiles.ONE_WAVE_FILL * slots) * rows + 1  # the first N whose programs pass the fill
     for n in (first, 16384, slots * rows):
-        assert shape(n) == ops.ONE_WAVE_TILES["mla_write"], n
+        assert shape(n) == tiles.ONE_WAVE_TILES["mla_write"], n
     for n in (first - rows, 12288, slots * rows + 1, 65536):
-        assert shape(n) == ops.LARGE_N_TILES["mla_write"], n
-    assert shape(512) == ops.SMALL_N_TILES["mla_write"]
-    assert shape(64, "paged_write") == ops.SMALL_N_TILES["paged_write"]
+        assert shape(n) == tiles.LARGE_N_TILES["mla_write"], n
+    assert shape(512) == tiles.SMALL_N_TILES["mla_write"]
+    assert shape(64, "paged_write") == tiles.SMALL_N_TILES["paged_write"]
     assert shape(64, "concat_mla") == (1, 4)  # not measured at small N: one row, 4 warps
-    assert shape(16384, device=None) == ops.LARGE_N_TILES["mla_write"]
-    assert shape(16384, "paged_write") == ops.LARGE_N_TILES["paged_write"]
-    assert shape(16384, "concat_mla") == ops.LARGE_N_TILES["concat_mla"]  # the same kernel, paged
-    monkeypatch.setattr(ops, "_one_warp_slots", lambda index: 0)  # before sm_90
-    assert shape(16384) == ops.LARGE_N_TILES["mla_write"]
-    monkeypatch.setattr(ops, "_one_warp_slots", lambda index: slots)
+    assert shape(16384, device=None) == tiles.LARGE_N_TILES["mla_write"]
+    assert shape(16384, "paged_write") == tiles.LARGE_N_TILES["paged_write"]
+    assert shape(16384, "concat_mla") == tiles.LARGE_N_TILES["concat_mla"]  # the same kernel, paged
+    monkeypatch.setattr(tiles, "_one_warp_slots", lambda index: 0)  # before sm_90
+    assert shape(16384) == tiles.LARGE_N_TILES["mla_write"]
+    monkeypatch.setattr(tiles, "_one_warp_slots", lambda index: slots)
     for n in (4096, 16384, 65536):  # a PDL launch that prefetches takes its own tile, one wave or not
-        t = ops.tile(n, 512, "mla_write", (512, 64), dev, pdl_prefetch=True)
-        assert (t.block_n, t.num_warps) == ops.PDL_TILES["mla_write"], n
-    t = ops.tile(16384, 512, "concat_mla", (512, 64), dev, pdl_prefetch=True)
-    assert (t.block_n, t.num_warps) == ops.LARGE_N_TILES["concat_mla"]  # not measured: unchanged
+        t = tiles.tile(n, 512, "mla_write", (512, 64), dev, pdl_prefetch=True)
+        assert (t.block_n, t.num_warps) == tiles.PDL_TILES["mla_write"], n
+    t = tiles.tile(16384, 512, "concat_mla", (512, 64), dev, pdl_prefetch=True)
+    assert (t.block_n, t.num_warps) == tiles.LARGE_N_TILES["concat_mla"]  # not measured: unchanged
 
 
 def test_l2_prefetch_is_asked_for_by_mode_and_off_under_the_interpreter():
-    """ops.PREFETCH decides which launches first ask the L2 for their source rows (PF_* sectors
+    """tiles.PREFETCH decides which launches first ask the L2 for their source rows (PF_* sectors
     per tile row; none for a strided part). The interpreter cannot run the inline PTX, so there the
     launch turns the prefetches off and the write is still right."""
     out = run("""
     seen = []
-    real = ops._launch
-    ops._launch = lambda kernel, grid, *a, **k: (seen.append({m: v for m, v in k.items() if m.startswith("PF_")}),
-                                                 real(kernel, grid, *a, **k))
+    from oracle.kernels.triton import _runtime, tiles
+    real = _runtime.launch
+    _runtime.launch = lambda kernel, grid, *a, **k: (seen.append({m: v for m, v in k.items() if m.startswith("PF_")}),
+                                                     real(kernel, grid, *a, **k))
     buf = torch.full((8, 12), 7.0, dtype=torch.bfloat16)
     nope, rope = torch.randn(3, 8).to(torch.bfloat16), torch.randn(3, 4).to(torch.bfloat16)
     loc = torch.tensor([5, 0, 2])
     results = {}
     for mode in ("never", "pdl", "always"):
-        ops.PREFETCH = mode
+        tiles.PREFETCH = mode
         got = buf.clone()
         ops.set_mla_kv_buffer(got, loc, nope, rope, pdl=True)
         results[mode] = seen[-1]
@@ -483,14 +485,14 @@ def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph(monkeypatch)
     paged writer behind store_cache): tests/pdl_chain.py."""
     import functools
     import torch
-    from oracle.kernels.triton import ops
+    from oracle.kernels.triton import ops, tiles
     from pdl_chain import check_chained_writes
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90")
     fast = dict(validate=False, pdl=True)
     for mode in ("pdl", "never"):  # the second write's L2 prefetches run before its wait, or not at all
-        monkeypatch.setattr(ops, "PREFETCH", mode)
+        monkeypatch.setattr(tiles, "PREFETCH", mode)
         check_chained_writes(functools.partial(ops.set_mla_kv_buffer, **fast),
                              functools.partial(ops.store_cache, **fast))
 
@@ -498,12 +500,12 @@ def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph(monkeypatch)
 @gpu
 @pytest.mark.parametrize("n", [1, 7, 4097])
 def test_every_l2_prefetch_mode_writes_the_same_bytes(n, monkeypatch):
-    """ops.PREFETCH changes only which launches ask the L2 for their rows first: every mode, plain
+    """tiles.PREFETCH changes only which launches ask the L2 for their rows first: every mode, plain
     and PDL launches, contiguous and strided sources, MLA, paged and fp8 writers write what torch
     indexing does (fp8: what the mode "never" writes)."""
     import itertools
     import torch
-    from oracle.kernels.triton import ops
+    from oracle.kernels.triton import ops, tiles
 
     pdls = (False, True) if torch.cuda.get_device_capability() >= (9, 0) else (False,)
     g = torch.Generator().manual_seed(n)
@@ -518,7 +520,7 @@ def test_every_l2_prefetch_mode_writes_the_same_bytes(n, monkeypatch):
     fp8_want = None
     for mode, pdl, nope in itertools.product(("never", "pdl", "always"), pdls,
                                              (nope_wide[:, :512], nope_wide[:, ::2])):
-        monkeypatch.setattr(ops, "PREFETCH", mode)
+        monkeypatch.setattr(tiles, "PREFETCH", mode)
         got, want = buf.clone(), buf.clone()
         ops.set_mla_kv_buffer(got, loc, nope, rope, pdl=pdl)
         want[loc] = torch.cat([nope, rope], 1)

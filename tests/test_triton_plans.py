@@ -184,7 +184,8 @@ def test_plans_never_cross_signatures(interpret):
     results["float32"] = store(torch.randn(3, 8).to(dev), torch.randn(3, 8).to(dev), kc, vc, loc)
     kc, vc = fresh()
     results["reserved padding"] = store(rows(3, 8, seed=7), rows(3, 8, seed=8), kc, vc, loc, padding="reserved:15")
-    ops.PREFETCH = "always"
+    from oracle.kernels.triton import tiles
+    tiles.PREFETCH = "always"
     kc, vc = fresh()
     results["prefetch changed"] = store(rows(3, 8, seed=9), rows(3, 8, seed=10), kc, vc, loc)
     results["built"] = _plans.stats["built"] - built
