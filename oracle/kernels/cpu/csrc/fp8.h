@@ -3,7 +3,7 @@
 // overflow decided after rounding and saturated to +-max; +-inf to +-max; NaN to 0x7F|sign
 // (e4m3fn, e5m2) or 0x80 (fnuz); in the fnuz formats a zero result is 0x00, never 0x80.
 //
-// Three implementations of one algorithm, chosen at run time (see kv_cpu.cpp):
+// Three implementations of one algorithm, chosen at run time (see common.cpp):
 //   scalar: integer arithmetic only (also the reference for the two below);
 //   AVX2 (+F16C, FMA): 8 lanes; AVX-512 (F, BW, VL, DQ): 16 lanes, masked tails, and a division
 //   replaced by a checked reciprocal multiplication where that is exact (scaled_codes_avx512).
