@@ -7,6 +7,7 @@ ceiling is 3000 GB/s, so those bytes take 1 us at the ceiling and a kernel of 2 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -218,3 +219,18 @@ def test_a_report_the_bench_writes_reads_back_with_its_command_and_commit(tmp_pa
     by_n = {r["n"]: r for r in saved["rows"] if r["kernel"] == "torch.quantize_fp8"}
     for n, cell in zip((1, 16), cells["`torch.quantize_fp8`"]):  # the row's median, rounded
         assert float(cell.split()[0]) == pytest.approx(by_n[n]["us"], rel=0.01, abs=0.01)
+
+
+@pytest.mark.parametrize("args", [["bench-table", "reports/h100-bench.json", "--l2", "cold"],
+                                  ["bench-table", "reports/cpu-bench.json"],
+                                  ["bench-goals", "reports/h100-bench.json"]])
+def test_docs_benchmarks_holds_what_the_commands_print_from_the_committed_reports(args, capsys, monkeypatch):
+    """docs/benchmarks.md pastes these commands' output: a report or a formatter that changes
+    without the doc being regenerated fails here."""
+    root = Path(__file__).parent.parent
+    monkeypatch.chdir(root)
+    assert main(["report", *args]) == 0
+    printed = capsys.readouterr().out.strip()
+    doc = (root / "docs" / "benchmarks.md").read_text()
+    assert f"oracle report {' '.join(args)}" in doc
+    assert printed in doc, f"regenerate docs/benchmarks.md from: oracle report {' '.join(args)}"

@@ -77,7 +77,7 @@ def bench_table(report: dict, mode: str = "both", l2: str = "both", path="the re
         held = sorted({(r["mode"], r["l2"]) for r in report["rows"]})
         raise ValueError(f"{path}: no row was timed with --mode {mode} --l2 {l2}; the report holds "
                          + ", ".join(f"{m}/{s}" for m, s in held))
-    out = header(report)
+    out = [line for h in header(report) for line in (h, "")][:-1]  # a paragraph each in Markdown
     for op, variant, how, group in groups(rows):
         device = "cpu" if how == "CPU" else "cuda"
         try:
