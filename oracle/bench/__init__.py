@@ -36,6 +36,10 @@ After timing, each kernel's caches are compared byte for byte with the baseline'
 inputs ("check" column: ``ok``, or ``DIFF`` with the count of differing bytes). The baseline is the
 torch baseline on the kernel's own device (``torch-cuda.*`` for CUDA kernels where registered,
 else the CPU one).
+
+A saved report (``--json``) is read back by ``saved.py``: ``oracle report bench-table`` prints it as
+Markdown tables, ``oracle report bench-plot`` draws it, and ``goals.py`` judges the GPU writers'
+speed goals from it (``oracle report bench-goals``); docs/benchmarks.md is made of their output.
 """
 
 from .cli import DEFAULT_SIZES, cli, configure, main
