@@ -20,7 +20,7 @@ export TARGET="${TARGET:-$(nvidia-smi --query-gpu=name --format=csv,noheader | h
   # one file for the three runs: the device tool brings back at most eight files
   graphs=$(mktemp -d)
   for variant in default unchecked pdl; do
-    python3 -m oracle.kernels.triton.gpu_check --out "$graphs/$variant" --variant "$variant" | tail -1
+    python3 -m oracle.lanes.graphs --out "$graphs/$variant" --variant "$variant" | tail -1
   done
   python3 -c 'import json, sys; json.dump({v: json.load(open(f"{sys.argv[1]}/{v}/gpu_check.json"))
                 for v in ("default", "unchecked", "pdl")}, open(sys.argv[2], "w"), indent=1)' "$graphs" "$OUT/graphs.json"

@@ -81,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
 
         return self_check(["--profile", args.profile])
     if args.sanitize:
-        from .kernels.cuda.sanitize import sanitize
+        from .lanes.sanitize import sanitize
 
         if args.backend is None:
             args.backend = "cuda,triton"

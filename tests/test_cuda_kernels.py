@@ -1,4 +1,4 @@
-"""The Hopper CUDA kernels (oracle.kernels.cuda) and their sanitizer lane.
+"""The Hopper CUDA kernels (oracle.kernels.cuda) and the sanitizer lane (oracle.lanes.sanitize).
 
 CPU-side (run everywhere): registration and availability reasons, the build cache key, the build
 and cached-load path (with a stand-in for cpp_extension.load), that every .cu translation unit
@@ -26,7 +26,8 @@ import torch
 
 import oracle.kernels
 import oracle.kernels.cuda as cuda_kernels
-from oracle.kernels.cuda import _build, _fake, sanitize
+from oracle.kernels.cuda import _build, _fake
+from oracle.lanes import sanitize
 from oracle.registry import Registry
 
 CSRC = _build.CSRC
@@ -360,7 +361,7 @@ def test_sanitizer_pytest_args_drop_xdist():
                                         "r.json")
     assert args[:1] == ["-x"] and "-n" not in args and "--dist" not in args
     assert args[args.index("-p") + 1] == "no:xdist"
-    assert "oracle.kernels.cuda._sanitize_markers" in args and args[-2:] == ["--oracle-report", "r.json"]
+    assert "oracle.lanes._sanitize_markers" in args and args[-2:] == ["--oracle-report", "r.json"]
     default = sanitize.default_pytest_args()
     assert default[default.index("--oracle-backend") + 1] == "cuda,triton"
     assert default[default.index("--oracle-profile") + 1] == "quick" and "--pyargs" in default
@@ -375,7 +376,7 @@ def test_sanitize_without_the_tool_says_so(tmp_path, monkeypatch):
 
 
 def test_bad_plugin_registers_only_on_request():
-    from oracle.kernels.cuda import bad
+    from oracle.lanes import bad_kernels as bad
 
     registry = _registry(bad.register)
     (kernel,) = registry.kernels.values()

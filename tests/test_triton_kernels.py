@@ -370,7 +370,7 @@ def test_gpu_check_harness_catches_wrong_writes():
     stand-in that writes what the reference expects (the interpreter's fp8 is wrong), and
     sabotaged calls that must each be reported."""
     out = run("""
-    from oracle.kernels.triton import gpu_check as gc
+    from oracle.lanes import graphs as gc
     rng = np.random.default_rng(1)
     cpu = torch.device("cpu")
     status = {}
@@ -413,12 +413,12 @@ def test_gpu_check_refuses_loudly_without_a_gpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "oracle.kernels.triton.gpu_check", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "oracle.lanes.graphs", "--out", str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "CANNOT RUN: no CUDA device" in proc.stderr
     assert json.loads((tmp_path / "gpu_check.json").read_text())["status"] == "not run"
     env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "oracle.kernels.triton.gpu_check", "--out", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "oracle.lanes.graphs", "--out", str(tmp_path),
                            "--cpu-dry-run"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -561,12 +561,13 @@ def test_small_n_floor_copies_exactly_the_writers_bytes():
 
 @pytest.mark.parametrize("variant", ["unchecked", "pdl"])
 def test_gpu_check_calls_each_registered_variant(tmp_path, variant):
-    """gpu_check --variant replays the ops as their .unchecked / .pdl registrations call them; an
-    op without that keyword is recorded as skipped with the reason, never silently run as the
-    default. On the CPU interpreter (eager, copies) the scenarios still pass."""
+    """The graph lane's --variant (oracle.lanes.graphs) replays the ops as their .unchecked / .pdl
+    registrations call them; an op without that keyword is recorded as skipped with the reason,
+    never silently run as the default. On the CPU interpreter (eager, copies) the scenarios still
+    pass."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "oracle.kernels.triton.gpu_check", "--out", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "oracle.lanes.graphs", "--out", str(tmp_path),
                            "--cpu-dry-run", "--variant", variant], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -585,7 +586,7 @@ def test_gpu_check_scenarios_pass_the_variant_keywords_to_the_op():
     """Every scenario whose op takes the variant's keywords calls it with exactly them."""
     out = run("""
     import inspect
-    from oracle.kernels.triton import gpu_check as gc
+    from oracle.lanes import graphs as gc
     seen = {}
     for variant, kw in gc.VARIANTS.items():
         for name, (build, params, _) in gc.SCENARIOS.items():

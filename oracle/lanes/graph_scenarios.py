@@ -1,58 +1,59 @@
-"""CUDA-graph replay check of the Triton kernels, for a machine with a GPU.
+"""The scenarios of the CUDA-graph replay lane (:mod:`oracle.lanes.graphs`): static buffers for one
+op call each, and the backends whose ops they call.
 
-    python -m oracle.kernels.triton.gpu_check --out DIR [--replays 4] [--seed 0] [--variant pdl]
-
-For every scenario (each op, copy and fp8 paths, NHD and HND caches, fused sources, strided
-indices, -1 padding, per-head scales, int32 and int64 indices):
-
-1. the static inputs are built once on the GPU; caches (and the translate output's inputs) live in
-   poisoned allocations with guard bands;
-2. one eager call is checked against the reference (``oracle.reference``);
-3. the call is warmed up on a side stream, then captured once in a ``torch.cuda.CUDAGraph``;
-4. the graph is replayed ``--replays`` times; before each replay new slots, sources, scales (and
-   the SWA mapping) are copied into the captured input buffers, and after it every written view
-   is compared bit for bit with the reference computed from the state just before the replay,
-   the inputs must be unchanged and every guard band intact.
-
-``--variant`` calls every op the way one of its registrations does: ``default`` (validated, as
-``triton.<op>``), ``unchecked`` (``validate=False``, ``triton.<op>.unchecked``: the path a decode
-graph captures) or ``pdl`` (``validate=False, pdl=True``, ``triton.<op>.pdl``: launched with
-programmatic dependent launch, L2 prefetch first; sm_90 and newer). Ops without that keyword
-(``quantize_fp8`` has neither; ``translate_full_to_swa`` has no ``pdl``) are recorded as skipped.
-
-fp8 scenarios run on sm_90 and newer only (preset ``triton_sm90``; elsewhere they are recorded
-as skipped). Results go to ``DIR/gpu_check.json`` and a table on stdout. Exit status: 0 when every
-check passed, 1 when any failed (each failure also printed to stderr), 2 when the check could not
-run at all (no CUDA device, TRITON_INTERPRET set, triton missing).
-
-``--cpu-dry-run`` (with TRITON_INTERPRET=1, no GPU) runs step 2 of the copy scenarios on the CPU
-interpreter: it checks the scenario builders and the comparison, not the graphs.
+A scenario builder (``store_cache_setup``, ``flash_setup``, ...) allocates every buffer once, on the
+device, in poisoned allocations with guard bands (:class:`Region`), and returns a :class:`Setup`:
+the call that gets captured, how to copy new inputs into the captured buffers, and what the
+reference (``oracle.reference``) says the written views must hold. :data:`SCENARIOS` lists them by
+name (each op, copy and fp8 paths, NHD and HND caches, fused sources, strided indices, -1 padding,
+per-head scales, int32 and int64 indices). Each builder takes ``backend`` (a :class:`Backend`,
+default the Triton kernels): whose ops the call runs, and the fp8 preset the reference converts
+with.
 """
 
 from __future__ import annotations
 
-import argparse
-import inspect
-import json
-import os
-import platform
-import sys
-import time
-import traceback
+import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
 
-from ... import reference
-from ...buffers import NUMPY_DTYPES, TORCH_DTYPES, to_numpy, to_torch
-from ...ops import _build, _fp8cases
-from . import ops
+from .. import reference
+from ..buffers import NUMPY_DTYPES, TORCH_DTYPES, to_torch
+from ..ops import _build, _fp8cases
 
-PRESET = "triton_sm90"
-VARIANTS = {"default": {}, "unchecked": {"validate": False}, "pdl": {"validate": False, "pdl": True}}
 GUARD = 4096  # bytes of poison on each side of every allocation
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend whose ops the lane calls: ``module`` holds them as functions of the torch
+    baseline's positional signature (imported when first asked for), ``preset`` is the fp8 preset
+    its contract declares, ``variants`` the keywords each ``--variant`` calls the ops with (as the
+    backend's ``<op>``, ``<op>.unchecked`` and ``<op>.pdl`` registrations do), ``interpreter``
+    whether it can run on Triton's CPU interpreter (``--cpu-dry-run``), ``available`` the
+    module's function that says why its kernels cannot run here (None: no check past the GPU's)."""
+
+    name: str
+    module: str
+    preset: str
+    variants: dict
+    interpreter: bool = False
+    available: str | None = None
+
+    def ops(self):
+        return importlib.import_module(self.module)
+
+
+TRITON = Backend("triton", "oracle.kernels.triton.ops", "triton_sm90",
+                 {"default": {}, "unchecked": {"validate": False}, "pdl": {"validate": False, "pdl": True}},
+                 interpreter=True)
+# cuda.<op>.pdl keeps the slot check (functools.partial(fn, pdl=True)); Triton's .pdl does not
+CUDA = Backend("cuda", "oracle.kernels.cuda", "cuda_satfinite",
+               {"default": {}, "unchecked": {"validate": False}, "pdl": {"pdl": True}}, available="available")
+BACKENDS = {b.name: b for b in (TRITON, CUDA)}
 
 
 class Region:
@@ -128,7 +129,8 @@ def _alloc(regions, name, shape, dtype, device, rng, strides=None, lead=0) -> to
 # --- scenarios ------------------------------------------------------------------------------
 
 def store_cache_setup(device, rng, *, dtype="bfloat16", heads=8, dim=128, n=48, index="int64",
-                      index_layout="contig", call_kw=None) -> Setup:
+                      index_layout="contig", call_kw=None, backend=None) -> Setup:
+    ops = (backend or TRITON).ops()
     regions = []
     slots = 256
     row = heads * dim
@@ -156,7 +158,8 @@ def store_cache_setup(device, rng, *, dtype="bfloat16", heads=8, dim=128, n=48, 
 
 
 def set_mla_setup(device, rng, *, dtype="bfloat16", nope=512, rope=64, width=None, n=40,
-                  index="int32", call_kw=None) -> Setup:
+                  index="int32", call_kw=None, backend=None) -> Setup:
+    ops = (backend or TRITON).ops()
     regions = []
     slots = 200
     width = width or nope + rope
@@ -185,7 +188,9 @@ def _fp8_sources(rng, values, fmt, shape, dtype, scale, head_axis=-2):
 
 
 def concat_mla_setup(device, rng, *, fmt=None, dtype="bfloat16", rank=512, rope=64, block_size=16,
-                     n=40, values="special", index="int64", call_kw=None) -> Setup:
+                     n=40, values="special", index="int64", call_kw=None, backend=None) -> Setup:
+    backend = backend or TRITON
+    ops = backend.ops()
     regions = []
     num_blocks = 12
     kv_c = _alloc(regions, "kv_c", (n, rank), dtype if not fmt else "float32", device, rng,
@@ -205,7 +210,7 @@ def concat_mla_setup(device, rng, *, fmt=None, dtype="bfloat16", rank=512, rope=
         _put(slots, _slots(rng, n, num_blocks * block_size, True).astype(NUMPY_DTYPES[index]))
 
     def expected(s):
-        fp8 = {"kv_cache_dtype": fmt, "scale": s["scale"], "preset": PRESET} if fmt else {}
+        fp8 = {"kv_cache_dtype": fmt, "scale": s["scale"], "preset": backend.preset} if fmt else {}
         with np.errstate(all="ignore"):
             return {"kv_cache": reference.concat_and_cache_mla(s["kv_cache"], s["slot_mapping"], s["kv_c"],
                                                                s["k_pe"], padding="negative", **fp8)}
@@ -218,7 +223,9 @@ def concat_mla_setup(device, rng, *, fmt=None, dtype="bfloat16", rank=512, rope=
 
 
 def flash_setup(device, rng, *, fmt=None, dtype="bfloat16", layout="NHD", scale_kind="tensor",
-                heads=8, dim=128, n=48, values="special", index="int64", call_kw=None) -> Setup:
+                heads=8, dim=128, n=48, values="special", index="int64", call_kw=None, backend=None) -> Setup:
+    backend = backend or TRITON
+    ops = backend.ops()
     regions = []
     num_blocks, block_size = 10, 16
     src_dtype = "float32" if fmt and values != "random" else dtype
@@ -260,7 +267,7 @@ def flash_setup(device, rng, *, fmt=None, dtype="bfloat16", layout="NHD", scale_
         _put(slots, _slots(rng, n, num_blocks * block_size, True).astype(NUMPY_DTYPES[index]))
 
     def expected(s):
-        fp8 = {"preset": PRESET} if fmt else {}
+        fp8 = {"preset": backend.preset} if fmt else {}
         with np.errstate(all="ignore"):
             k, v = reference.reshape_and_cache_flash(
                 s["key_cache"], s["value_cache"], s["slot_mapping"], s["key"], s["value"],
@@ -277,7 +284,9 @@ def flash_setup(device, rng, *, fmt=None, dtype="bfloat16", layout="NHD", scale_
 
 
 def quantize_setup(device, rng, *, fmt="e4m3fn", scale_kind="head", heads=8, dim=128, n=64,
-                   values="special", dtype="float32") -> Setup:
+                   values="special", dtype="float32", backend=None) -> Setup:
+    backend = backend or TRITON
+    ops = backend.ops()
     regions = []
     x = _alloc(regions, "x", (n, heads, dim), dtype, device, rng,
                strides=(heads * dim + 64, dim, 1))  # rows sliced from a wider tensor
@@ -293,14 +302,16 @@ def quantize_setup(device, rng, *, fmt="e4m3fn", scale_kind="head", heads=8, dim
 
     def expected(s):
         with np.errstate(all="ignore"):
-            return {"out": reference.quantize(s["x"], fmt, scale=s["scale"], head_axis=-2, preset=PRESET)}
+            return {"out": reference.quantize(s["x"], fmt, scale=s["scale"], head_axis=-2,
+                                              preset=backend.preset)}
 
     return Setup(lambda: ops.quantize_fp8(out, x, scale, fmt), refresh, expected,
                  {"x": x, "out": out, "scale": scale}, ("out",), regions)
 
 
 def translate_setup(device, rng, *, dtype="int64", index="int64", shape=(64,), size_full=1024,
-                    page_size=16, call_kw=None) -> Setup:
+                    page_size=16, call_kw=None, backend=None) -> Setup:
+    ops = (backend or TRITON).ops()
     regions = []
     length = size_full + page_size + 1
     mapping = _alloc(regions, "mapping", (length,), dtype, device, rng, lead=5)  # at an offset
@@ -353,244 +364,3 @@ SCENARIOS = {
     "translate_full_to_swa/int32/2d/int32": (translate_setup, {"dtype": "int32", "index": "int32",
                                                                "shape": (16, 3)}, False),
 }
-
-
-# --- checking -------------------------------------------------------------------------------
-
-def snapshot(setup: Setup) -> dict:
-    """Host copies of every view (copies: on the CPU ``to_numpy`` may alias the tensor)."""
-    return {name: to_numpy(t).copy() for name, t in setup.views.items()}
-
-
-def _bits(a: np.ndarray) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    return a.view(f"u{a.dtype.itemsize}") if a.dtype.itemsize in (1, 2, 4, 8) else a
-
-
-def compare(name: str, got: np.ndarray, want) -> str | None:
-    """None when ``got`` equals ``want`` bit for bit, else the first difference and a count."""
-    want = np.asarray(want)
-    if got.shape != want.shape:
-        return f"{name}: shape {got.shape}, expected {want.shape}"
-    if got.dtype != want.dtype:
-        return f"{name}: dtype {got.dtype}, expected {want.dtype}"
-    g, w = _bits(got), _bits(want)
-    differ = np.argwhere(g != w)
-    if not differ.size:
-        return None
-    first = tuple(int(i) for i in differ[0])
-    return (f"{name}{list(first)}: got 0x{int(g[first]):X}, expected 0x{int(w[first]):X} "
-            f"({len(differ)} of {g.size} elements differ)")
-
-
-def repoison(setup: Setup, rng: np.random.Generator) -> None:
-    """Fresh random bytes in every written view, so a call that writes nothing (a graph without
-    the kernel) cannot match the reference by leaving the previous results in place."""
-    for name in setup.written:
-        view = setup.views[name]
-        dtype = NUMPY_DTYPES[str(view.dtype).removeprefix("torch.")]
-        raw = rng.integers(0, 256, view.numel() * dtype.itemsize, dtype=np.uint8)
-        _put(view, raw.view(dtype).reshape(tuple(view.shape)))
-
-
-def check(setup: Setup, before: dict, returned) -> list[str]:
-    """Problems after one call: written views vs the reference, inputs unchanged, guards."""
-    problems = []
-    want = setup.expected(before)
-    if setup.written and all(np.array_equal(_bits(before[w]), _bits(np.asarray(want[w])))
-                             for w in setup.written):
-        problems.append("the scenario is vacuous: the reference writes nothing")
-    after = snapshot(setup)
-    for name in setup.written:
-        problem = compare(name, after[name], want[name])
-        if problem:
-            problems.append(problem)
-    for name in setup.views:
-        if name not in setup.written:
-            problem = compare(name + " (an input, must be unchanged)", after[name], before[name])
-            if problem:
-                problems.append(problem)
-    if setup.returns:
-        if not isinstance(returned, torch.Tensor):
-            problems.append(f"returned {type(returned).__name__}, not a tensor")
-        else:
-            problem = compare("returned", to_numpy(returned), want["returned"])
-            if problem:
-                problems.append(problem)
-    problems += [p for p in (r.guard_problem() for r in setup.regions) if p]
-    return problems
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def run_scenario(name: str, setup: Setup, device, rng, replays: int, graphs: bool) -> dict:
-    result = {"scenario": name, "eager": None, "replays": [], "status": "fail"}
-    stage = "eager"
-    try:
-        setup.refresh(rng)
-        repoison(setup, rng)
-        _sync(device)
-        before = snapshot(setup)
-        returned = setup.call()
-        _sync(device)
-        result["eager"] = check(setup, before, returned) or "pass"
-        if graphs:
-            stage = "warm-up"
-            stream = torch.cuda.Stream(device=device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    setup.call()
-            torch.cuda.current_stream(device).wait_stream(stream)
-            _sync(device)
-            stage = "capture"
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_out = setup.call()
-            _sync(device)
-            for r in range(replays):
-                stage = f"replay {r}"
-                setup.refresh(rng)
-                repoison(setup, rng)
-                if isinstance(static_out, torch.Tensor):  # what a graph that did not run leaves
-                    static_out.fill_(-7)
-                _sync(device)
-                before = snapshot(setup)
-                graph.replay()
-                _sync(device)
-                result["replays"].append(check(setup, before, static_out) or "pass")
-        ok = result["eager"] == "pass" and all(r == "pass" for r in result["replays"])
-        if graphs and len(result["replays"]) != replays:
-            ok = False
-        result["status"] = "pass" if ok else "fail"
-    except Exception as exc:  # recorded with its traceback; the other scenarios still run
-        result["error"] = f"{stage}: {type(exc).__name__}: {exc}"
-        result["traceback"] = traceback.format_exc()
-    return result
-
-
-def environment(device) -> dict:
-    import triton
-
-    env = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-           "device": str(device), "interpreter": ops.interpreting()}
-    if torch.device(device).type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-        env["capability"] = list(torch.cuda.get_device_capability(device))
-        env["cuda"] = torch.version.cuda
-    return env
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oracle.kernels.triton.gpu_check",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="directory for gpu_check.json")
-    parser.add_argument("--replays", type=int, default=4, help="graph replays per scenario (default 4)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", default=None, help="run scenarios whose name contains this text")
-    parser.add_argument("--variant", choices=tuple(VARIANTS), default="default",
-                        help="call the ops as triton.<op> (default), .unchecked or .pdl (sm_90+)")
-    parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="TRITON_INTERPRET=1 without a GPU: eager copy scenarios only, no graphs")
-    args = parser.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "gpu_check.json")
-
-    def fatal(message: str) -> int:
-        print(f"gpu_check: CANNOT RUN: {message}", file=sys.stderr)
-        with open(path, "w") as fh:
-            json.dump({"status": "not run", "error": message}, fh, indent=2)
-        return 2
-
-    if args.replays < 1:
-        return fatal("--replays must be at least 1")
-    try:
-        import triton  # noqa: F401
-    except ImportError as exc:
-        return fatal(f"triton is not importable: {exc}")
-    if args.cpu_dry_run:
-        if not ops.interpreting():
-            return fatal("--cpu-dry-run needs TRITON_INTERPRET=1 (set before Python starts)")
-        device, graphs, fp8 = torch.device("cpu"), False, False
-    else:
-        if ops.interpreting():
-            return fatal("TRITON_INTERPRET is set: the kernels run on the CPU interpreter, not the GPU")
-        if not torch.cuda.is_available():
-            return fatal("no CUDA device")
-        device, graphs = torch.device("cuda", torch.cuda.current_device()), True
-        sm90 = torch.cuda.get_device_capability(device) >= (9, 0)
-        fp8 = sm90  # the fp8 contract (preset triton_sm90) is declared there only
-        if args.variant == "pdl" and not sm90:
-            return fatal("--variant pdl needs sm_90 or newer (programmatic dependent launch)")
-    call_kw = VARIANTS[args.variant]
-    rng = np.random.default_rng(args.seed)
-    results = []
-    start = time.perf_counter()
-    for name, (build, params, needs_fp8) in SCENARIOS.items():
-        if args.only and args.only not in name:
-            continue
-        op = name.split("/")[0]
-        missing = [k for k in call_kw if k not in inspect.signature(getattr(ops, op)).parameters]
-        if missing:
-            results.append({"scenario": name, "status": "skipped",
-                            "reason": f"{op} has no {args.variant} variant (it takes no {', '.join(missing)})"})
-            continue
-        if needs_fp8 and not fp8:
-            why = ("the interpreter's fp8 conversion is wrong" if args.cpu_dry_run
-                   else "fp8 is declared on sm_90 and newer only")
-            results.append({"scenario": name, "status": "skipped", "reason": why})
-            continue
-        try:
-            setup = build(device, rng, **params, **({"call_kw": call_kw} if call_kw else {}))
-        except Exception as exc:
-            results.append({"scenario": name, "status": "fail", "error": f"setup: {type(exc).__name__}: {exc}",
-                            "traceback": traceback.format_exc()})
-            continue
-        results.append(run_scenario(name, setup, device, rng, args.replays, graphs))
-        if device.type == "cuda":
-            del setup
-            torch.cuda.empty_cache()
-    # the harness itself: a captured call that runs GPU work but leaves the caches alone (a graph
-    # without the kernel) must be reported as failing
-    sabotage = store_cache_setup(device, rng)
-    scratch = torch.zeros(16, device=device)
-    sabotage.call = lambda: scratch.add_(1)
-    probe = run_scenario("self-test: a call that writes nothing", sabotage, device, rng,
-                         min(args.replays, 2), graphs)
-    detected = probe["status"] == "fail" and "error" not in probe
-    results.append({"scenario": "harness self-test (a no-op call must fail)",
-                    "status": "pass" if detected else "fail",
-                    **({} if detected else {"error": f"a no-op call was not caught: {probe}"})})
-    failed = [r for r in results if r["status"] == "fail"]
-    passed = [r for r in results if r["status"] == "pass"]
-    summary = {"status": "fail" if failed or not passed else "pass",
-               "mode": "cpu dry run (eager, interpreter)" if args.cpu_dry_run else "cuda graph replay",
-               "replays": 0 if args.cpu_dry_run else args.replays, "seed": args.seed, "variant": args.variant,
-               "seconds": round(time.perf_counter() - start, 3), "environment": environment(device),
-               "counts": {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skipped")},
-               "results": results}
-    with open(path, "w") as fh:
-        json.dump(summary, fh, indent=2, default=str)
-    width = max(len(r["scenario"]) for r in results) if results else 10
-    for r in results:
-        print(f"{r['scenario']:<{width}}  {r['status']}")
-    for r in failed:
-        print(f"FAIL {r['scenario']}: {r.get('error') or ''}", file=sys.stderr)
-        if r.get("eager") not in (None, "pass"):
-            print(f"  eager: {r['eager']}", file=sys.stderr)
-        for i, rep in enumerate(r.get("replays", [])):
-            if rep != "pass":
-                print(f"  replay {i}: {rep}", file=sys.stderr)
-        if r.get("traceback"):
-            print(r["traceback"], file=sys.stderr)
-    print(f"gpu_check: {summary['status'].upper()}: {summary['counts']} -> {path}")
-    if not passed:
-        print("gpu_check: no scenario passed", file=sys.stderr)
-    return 0 if summary["status"] == "pass" else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

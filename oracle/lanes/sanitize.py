@@ -1,7 +1,8 @@
-"""The sanitizer lane: the conformance suite under ``compute-sanitizer --tool memcheck``.
+"""The sanitizer lane: the conformance suite under ``compute-sanitizer --tool memcheck``, for the
+GPU kernels of every backend (CUDA and Triton by default).
 
-    python -m oracle.kernels.cuda.sanitize --out DIR [--backend cuda,triton] [--profile quick]
-                                           [--kernel ...] [--op ...] [--bad] [--timeout S]
+    python -m oracle.lanes.sanitize --out DIR [--backend cuda,triton] [--profile quick]
+                                    [--kernel ...] [--op ...] [--bad] [--timeout S]
 
 runs ``python -m pytest --pyargs conformance -p no:xdist --oracle-backend cuda,triton
 --oracle-profile quick`` (one process: xdist workers would each need their own sanitizer) under
@@ -10,7 +11,7 @@ allocator off (``PYTORCH_NO_CUDA_MEMORY_CACHING=1``, so every tensor is its own 
 access past it is out of bounds for memcheck too). It writes under DIR:
 
 - ``sanitizer.log``: everything the run printed, the sanitizer's reports interleaved with marker
-  lines naming the test that was running (``-p oracle.kernels.cuda._sanitize_markers``);
+  lines naming the test that was running (``-p oracle.lanes._sanitize_markers``);
 - ``report.json``: the oracle's own conformance report of the same run;
 - ``summary.json``: the parsed result (:func:`sanitize` returns it): the sanitizer's error count,
   each error (kind, access size, device function, source line, address, the test and oracle kernel
@@ -18,7 +19,7 @@ access past it is out of bounds for memcheck too). It writes under DIR:
   test, the pytest outcome counts, and ``ok``.
 
 ``--bad`` runs instead only the deliberately wrong ``cuda-bad.store_cache_u32slot``
-(``ORACLE_PLUGINS=oracle.kernels.cuda.bad:register``, see :mod:`oracle.kernels.cuda.bad`) on the
+(``ORACLE_PLUGINS=oracle.lanes.bad_kernels:register``, see :mod:`oracle.lanes.bad_kernels`) on the
 store_cache cases; the lane must report invalid global writes in its kernel, and ``ok`` is then
 whether it did. Exit status: 0 when ``ok``, 1 when not, 2 when the lane could not run at all (no
 compute-sanitizer, no CUDA).
@@ -44,7 +45,7 @@ from . import _sanitize_markers as markers
 
 ERROR_EXITCODE = 86
 PREFIX = "========="
-BAD_PLUGIN = "oracle.kernels.cuda.bad:register"
+BAD_PLUGIN = "oracle.lanes.bad_kernels:register"
 # memcheck options, each kept only if this compute-sanitizer's --help lists it
 DEFAULT_OPTIONS = (("--tool", "memcheck"), ("--leak-check", "no"), ("--error-exitcode", str(ERROR_EXITCODE)),
                    ("--report-api-errors", "no"), ("--show-backtrace", "device"), ("--print-limit", "1000"),
@@ -252,7 +253,7 @@ def _prebuild(env: dict, bad: bool, log) -> dict:
     """Build (or load from the cache) the CUDA extensions outside the sanitizer."""
     code = ("import json, oracle.kernels.cuda as m\n"
             "out = {'cuda': m.available()}\n"
-            + ("import oracle.kernels.cuda.bad as b\nout['cuda-bad'] = b.available()\n" if bad else "")
+            + ("import oracle.lanes.bad_kernels as b\nout['cuda-bad'] = b.available()\n" if bad else "")
             + "print('PREBUILD ' + json.dumps(out))\n")
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -301,7 +302,7 @@ def sanitize(args: list[str] | None, out_dir, *, bad: bool = False, timeout: flo
         env["ORACLE_PLUGINS"] = ",".join(plugins)
     if args is None:
         if bad:
-            from .bad import NAME
+            from .bad_kernels import NAME
 
             args = default_pytest_args(backend="cuda-bad", kernel=NAME, op="store_cache")
         else:
@@ -357,7 +358,7 @@ def sanitize(args: list[str] | None, out_dir, *, bad: bool = False, timeout: flo
                    by_test=dict(by_test.most_common(50)), case_statuses=statuses, errors=errors[:200])
     error_count = reported if reported is not None else len(errors)
     if bad:
-        from .bad import KERNEL_SYMBOL, NAME
+        from .bad_kernels import KERNEL_SYMBOL, NAME
 
         caught = [e for e in errors if KERNEL_SYMBOL in (e["function"] or "") or e["kernel"] == NAME]
         summary["caught"] = len(caught)
@@ -384,7 +385,7 @@ def sanitize(args: list[str] | None, out_dir, *, bad: bool = False, timeout: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oracle.kernels.cuda.sanitize", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m oracle.lanes.sanitize", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory for sanitizer.log, report.json, summary.json")
     parser.add_argument("--backend", default="cuda,triton", help="--oracle-backend (default cuda,triton)")
     parser.add_argument("--profile", default="quick", choices=("quick", "full", "exhaustive"))
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
     ns = parser.parse_args(argv)
     if ns.bad:
-        from .bad import NAME
+        from .bad_kernels import NAME
 
         args = default_pytest_args(backend="cuda-bad", kernel=ns.kernel or NAME, op=ns.op or "store_cache",
                                    profile=ns.profile)

@@ -1,14 +1,15 @@
-"""A DELIBERATELY WRONG CUDA kernel, for the sanitizer lane: never installed as an entry point.
+"""The sanitizer lane's fixture: a DELIBERATELY WRONG CUDA kernel, never installed as an entry point.
 
-``ORACLE_PLUGINS=oracle.kernels.cuda.bad:register`` registers ``cuda-bad.store_cache_u32slot``
+``ORACLE_PLUGINS=oracle.lanes.bad_kernels:register`` registers ``cuda-bad.store_cache_u32slot``
 (backend ``cuda-bad``, so ``--oracle-backend cuda`` never selects it). It claims sglang/vLLM's
-"negative slots are padding" contract but reads each slot into a 32-bit unsigned integer
-(``csrc/bad.cu``): a -1 slot becomes 4294967295 and the row is written 2^32 - 1 row strides past
-the cache, far beyond every allocation and every guard band. Rows with real slots are copied
-correctly, so only the padding cases go wrong: without a sanitizer the write faults (an illegal
-address, the worker dies); under ``compute-sanitizer --tool memcheck`` it is reported as an
-invalid global write in ``store_cache_u32_slot_kernel``. ``python -m oracle.kernels.cuda.sanitize
---bad`` demonstrates exactly that.
+"negative slots are padding" contract but reads each slot into a 32-bit unsigned integer: a -1
+slot becomes 4294967295 and the row is written 2^32 - 1 row strides past the cache, far beyond
+every allocation and every guard band. Rows with real slots are copied correctly, so only the
+padding cases go wrong: without a sanitizer the write faults (an illegal address, the worker
+dies); under ``compute-sanitizer --tool memcheck`` it is reported as an invalid global write in
+``store_cache_u32_slot_kernel``. ``python -m oracle.lanes.sanitize --bad`` demonstrates exactly
+that. Its source is ``oracle/kernels/cuda/csrc/bad.cu``, built by ``oracle.kernels.cuda._build``
+(``BAD``) like the real kernels.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 import oracle
 
-from . import _build
+from ..kernels.cuda import _build
 
 NAME = "cuda-bad.store_cache_u32slot"
 KERNEL_SYMBOL = "store_cache_u32_slot_kernel"

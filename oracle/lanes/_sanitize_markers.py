@@ -1,4 +1,4 @@
-"""pytest plug-in used under compute-sanitizer (``-p oracle.kernels.cuda._sanitize_markers``):
+"""pytest plug-in used under compute-sanitizer (``-p oracle.lanes._sanitize_markers``):
 writes one unbuffered marker line to stdout when each test starts and ends, so the sanitizer's
 reports, which share the output stream, can be attributed to the test that was running."""
 
