@@ -3,7 +3,8 @@
 CPU-side (run everywhere): registration and availability reasons, the build cache key, the build
 and cached-load path (with a stand-in for cpp_extension.load), that every .cu translation unit
 compiles for sm_90 with nvcc and the torch binding passes ``g++ -fsyntax-only`` (skipped without
-nvcc / g++), the fake kernels, the sanitizer output parser.
+nvcc / g++), the fake kernels, the sanitizer output parser, the graph-replay lane's CUDA backend
+(oracle.lanes.graphs --backend cuda: the calls and the reference it builds, its refusal here).
 
 GPU-side (skipped unless the kernels are available: a CUDA torch, a Hopper GPU, nvcc): opcheck on
 every op, every vector width and MLA path against a torch/numpy reference, many rows per warp (the
@@ -13,6 +14,7 @@ TMA buffer cycling), fp8 special values, CUDA-graph capture, rejection of bad sl
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -391,6 +393,51 @@ def _entry_points():
     from importlib.metadata import entry_points
 
     return entry_points(group="oracle.kernels")
+
+
+# ================================================================ the graph-replay lane, host side
+
+def test_graph_lane_calls_the_cuda_kernels_as_their_registrations_do(monkeypatch):
+    """``oracle.lanes.graphs --backend cuda``: each --variant passes the keywords the matching
+    registration binds, every scenario of an op the backend has calls ``oracle.kernels.cuda.<op>``,
+    and the fp8 reference uses the preset the contract declares."""
+    import functools
+
+    from oracle.lanes import graph_scenarios as gs
+    from oracle.lanes import graphs
+
+    registry = _registry(cuda_kernels.register)
+    for variant, suffix in (("default", ""), ("unchecked", ".unchecked"), ("pdl", ".pdl")):
+        fn = registry.kernels[f"cuda.store_cache{suffix}"].fn
+        assert gs.CUDA.variants[variant] == (fn.keywords if isinstance(fn, functools.partial) else {}), variant
+    assert gs.CUDA.preset == registry.kernels["cuda.reshape_and_cache_flash"].contract.fp8_preset
+    calls = []
+    for op in ("store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash"):
+        monkeypatch.setattr(cuda_kernels, op, lambda *a, _op=op, **k: calls.append((_op, k)))
+    presets = []
+    monkeypatch.setattr(gs.reference, "reshape_and_cache_flash",
+                        lambda *a, **k: presets.append(k.get("preset")) or (a[0], a[1]))
+    rng, built = np.random.default_rng(0), []
+    for name, (build, params, fp8) in gs.SCENARIOS.items():
+        op = name.split("/")[0]
+        if not hasattr(cuda_kernels, op):
+            continue
+        setup = build(torch.device("cpu"), rng, **params, backend=gs.CUDA, call_kw={"pdl": True})
+        setup.call()
+        built.append(op)
+        if op == "reshape_and_cache_flash" and fp8:
+            setup.expected(graphs.snapshot(setup))
+    assert built and [op for op, _ in calls] == built and all(k == {"pdl": True} for _, k in calls)
+    assert presets and set(presets) == {"cuda_satfinite"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_graph_lane_for_cuda_refuses_loudly_without_a_gpu(tmp_path):
+    for extra, why in (([], "no CUDA device"), (["--cpu-dry-run"], "the cuda kernels have none")):
+        proc = subprocess.run([sys.executable, "-m", "oracle.lanes.graphs", "--backend", "cuda", "--out",
+                               str(tmp_path), *extra], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and why in proc.stderr, proc.stderr
+        assert json.loads((tmp_path / "gpu_check.json").read_text())["status"] == "not run"
 
 
 # ================================================================ on a Hopper GPU

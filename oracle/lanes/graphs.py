@@ -1,10 +1,10 @@
-"""The CUDA-graph replay lane: every scenario of :mod:`oracle.lanes.graph_scenarios`, on a machine
-with a GPU, eagerly and replayed from a captured ``torch.cuda.CUDAGraph``, for one backend.
+"""The CUDA-graph replay lane, for a machine with a GPU: each scenario called eagerly, then replayed
+from a captured CUDA graph with new inputs, for the Triton or the CUDA kernels.
 
     python -m oracle.lanes.graphs --out DIR [--backend triton|cuda] [--replays 4] [--seed 0] [--variant pdl]
 
-For every scenario (each op, copy and fp8 paths, NHD and HND caches, fused sources, strided
-indices, -1 padding, per-head scales, int32 and int64 indices):
+For every scenario of :mod:`oracle.lanes.graph_scenarios` (each op, copy and fp8 paths, NHD and
+HND caches, fused sources, strided indices, -1 padding, per-head scales, int32 and int64 indices):
 
 1. the static inputs are built once on the GPU; caches (and the translate output's inputs) live in
    poisoned allocations with guard bands;
