@@ -274,7 +274,8 @@ def _cuda_include() -> Path | None:
 
 @pytest.mark.skipif(shutil.which("g++") is None or _cuda_include() is None,
                     reason="needs g++ and the CUDA runtime headers")
-@pytest.mark.parametrize("source", ["binding.cpp", "bad_binding.cpp"])
+@pytest.mark.parametrize("source", ["binding.cpp", "bind_common.cpp", "bind_store.cpp", "bind_mla.cpp",
+                                    "bind_paged.cpp", "bad_binding.cpp"])
 def test_binding_compiles_against_torch_headers(source, tmp_path):
     """The torch-facing half passes g++ -fsyntax-only with torch's headers. A CPU wheel lacks the
     generated c10/cuda/impl/cuda_cmake_macros.h (it only sets the shared-library macro), so a

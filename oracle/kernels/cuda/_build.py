@@ -1,6 +1,7 @@
 """Build (once per machine and torch version) and load the Hopper CUDA kernels.
 
-``csrc/`` holds a torch-facing binding (``binding.cpp``, the only file that includes torch) and
+``csrc/`` holds a torch-facing binding (``binding.cpp`` registers the ops, ``bind_*.cpp`` define
+them, ``bind.h`` is what they share; the only files that include torch) and
 CUDA translation units that depend on the CUDA runtime and plain C++ only (``*.cu``, interface in
 ``kv_cuda.h``). :func:`load` compiles them with ``torch.utils.cpp_extension.load`` (ninja, nvcc
 ``-gencode=arch=compute_90,code=sm_90`` plus compute_90 PTX, ``-lineinfo`` so compute-sanitizer
@@ -89,7 +90,9 @@ def carries_libstdcxx(library: Path) -> bool | None:
     return _LIBSTDCXX_PROBE in out.stdout
 
 
-MAIN = Extension("kv_oracle_cuda", ("binding.cpp", "check.cu", "copy.cu", "fp8.cu", "mla.cu"), ("kv_cuda.h", "common.cuh", "paged_rows.cuh"))
+MAIN = Extension("kv_oracle_cuda", ("binding.cpp", "bind_common.cpp", "bind_store.cpp", "bind_mla.cpp",
+                                    "bind_paged.cpp", "check.cu", "copy.cu", "fp8.cu", "mla.cu"),
+                 ("bind.h", "kv_cuda.h", "common.cuh", "paged_rows.cuh"))
 BAD = Extension("kv_oracle_cuda_bad", ("bad.cu", "bad_binding.cpp"), ())
 
 
