@@ -214,15 +214,14 @@ def test_a_plan_refuses_a_tensor_the_wrapper_made():
 
 def test_a_gpu_replay_calls_the_launcher_with_each_calls_own_addresses():
     """The compiled path, with a stand-in for Triton's C launcher: a replay passes the grid, the
-    launcher's leading arguments, every kernel argument in order (this call's tensors as their
-    addresses, a device buffer the plan keeps as its address, pinned host memory as the tensor),
-    then the constexprs."""
+    launcher's leading arguments, every kernel argument in order (this call's tensors and the
+    buffers the plan keeps, the mailbox included, as their addresses), then the constexprs."""
     out = scenario("""
     calls = []
     launcher = lambda *a: calls.append(a)  # noqa: E731
     head, tail = ("stream", "function", 0, 1, None, None, "packed", None, None, None), (64, 4)
     src, cache = torch.zeros(3, 8), torch.zeros(16, 8)
-    kept = torch.zeros(4)  # stands for a verdict buffer (on the CPU here, so kept as a tensor)
+    kept = torch.zeros(4)  # stands for a verdict buffer
     box = _deferred.mailbox(torch.device("cpu"))
     _plans.keep_constants(lambda: (kept,))
     event = ("launch", None, (2, 3), (src, 7, cache, box, kept, src), {}, (launcher, head, tail))
@@ -233,7 +232,7 @@ def test_a_gpu_replay_calls_the_launcher_with_each_calls_own_addresses():
     got = calls[0]
     emit({"grid": list(got[:3]), "head": list(got[3:13]) == list(head), "tail": list(got[-2:]),
           "src": got[13] == other_src.data_ptr() == got[18], "scalar": got[14],
-          "cache": got[15] == other_cache.data_ptr(), "box": got[16] is box, "kept": got[17] is kept,
+          "cache": got[15] == other_cache.data_ptr(), "box": got[16] == box.data_ptr(), "kept": got[17] == kept.data_ptr(),
           "second": calls[1][13] == src.data_ptr() and calls[1][15] == cache.data_ptr(),
           "length": len(got)})
     """)

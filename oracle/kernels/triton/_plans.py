@@ -89,34 +89,44 @@ def spoil() -> None:
         found.ok = False
 
 
+_Tensor = torch.Tensor
+_get_device = torch._C._cuda_getDevice if hasattr(torch._C, "_cuda_getDevice") else None
+
+
 def _signature(args: tuple, kwargs: dict):
-    """(key, tensors, pointers) of a call, or None where it cannot be planned."""
+    """(key, tensors, pointers, current CUDA device or -1) of a call, or None where it cannot be
+    planned. This runs on every call, so it reads each tensor's metadata once, with the cheapest
+    accessors torch has (about 0.4 us per tensor)."""
     key = []
+    add = key.append
     tensors = []
     pointers = []
+    on = -2  # the first tensor's device index (-1: the CPU)
     for a in args:
-        if type(a) is torch.Tensor:
+        if type(a) is _Tensor:
             p = a.data_ptr()
-            key.append((a.dtype, a.shape, a.stride(), a.get_device(), p & 15))
+            d = a.get_device()
+            add((a.dtype, a.shape, a.stride(), d, p & 15))
             tensors.append(a)
             pointers.append(p)
-        elif isinstance(a, torch.Tensor):
+            if on == -2:
+                on = d
+        elif isinstance(a, _Tensor):
             return None  # a subclass (a parameter, a fake tensor): not planned
         else:
-            key.append(a)
+            add(a)
     if kwargs:
         for name, a in kwargs.items():
-            if isinstance(a, torch.Tensor):
+            if isinstance(a, _Tensor):
                 return None  # tensors by keyword: rare; not planned
-            key.append((name, a))
+            add((name, a))
     if len(set(pointers)) != len(pointers):  # aliases: which argument shares whose pointer
         first: dict = {}
-        key.append(tuple(first.setdefault(p, i) for i, p in enumerate(pointers)))
+        add(tuple(first.setdefault(p, i) for i, p in enumerate(pointers)))
     device = -1
-    if tensors and tensors[0].is_cuda:
-        device = torch._C._cuda_getDevice()
-        key.append((torch._C._cuda_isCurrentStreamCapturing(), device,
-                    torch._C._cuda_getCurrentRawStream(device)))
+    if on >= 0:
+        device = _get_device()
+        add((torch._C._cuda_isCurrentStreamCapturing(), device, torch._C._cuda_getCurrentRawStream(device)))
     return tuple(key), tensors, pointers, device
 
 
@@ -143,9 +153,10 @@ class Plan:
                 j = where.get(p)
                 if j is None:
                     if p in constants and constants[p] is a:
-                        # a device buffer goes as its address; pinned host memory (the mailbox) as
-                        # the tensor, so the launcher asks the driver for its device address
-                        fixed[pos] = p if entry is not None and a.is_cuda else a
+                        # compiled: as its address. Pinned host memory (the mailbox) has the same
+                        # address on the device under unified addressing, as the CUDA writers
+                        # also rely on
+                        fixed[pos] = a if entry is None else p
                         continue
                     raise Unplannable(f"argument {pos} of {getattr(kernel, '__name__', kernel)} is a tensor "
                                       "the wrapper made")
