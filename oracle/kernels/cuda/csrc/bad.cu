@@ -1,4 +1,4 @@
-// A DELIBERATELY WRONG store_cache, for the sanitizer lane only (oracle.kernels.cuda.bad).
+// A DELIBERATELY WRONG store_cache, for the sanitizer lane only (oracle.lanes.bad_kernels).
 //
 // The bug is the classic one of reading the slot into a 32-bit UNSIGNED integer: a padding slot
 // -1 becomes 4294967295, so the row is written (2^32 - 1) row strides past the cache instead of
