@@ -1,6 +1,6 @@
 """Stateful conformance of the SWA pool: a hypothesis state machine drives the real torch pool
 (:class:`oracle.kernels.swa_pool.SwaKVPool`) and the numpy model
-(:class:`oracle.reference.swa.SwaAllocatorModel`) side by side.
+(:class:`oracle.reference.swa_model.SwaAllocatorModel`) side by side.
 
 Every rule applies one operation to both and demands the same outcome: the same slots (or None),
 the same error type, the same translation. Translations go through the pool's cache on purpose:
@@ -29,7 +29,8 @@ from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, inva
                                  precondition, rule, run_state_machine_as_test)
 
 from oracle.kernels.swa_pool import SwaKVPool
-from oracle.reference.swa import SwaAllocatorModel, translate_full_to_swa
+from oracle.reference.swa import translate_full_to_swa
+from oracle.reference.swa_model import SwaAllocatorModel
 
 # (size_full, size_swa, page_size): the SWA pool is the smaller one, as in a hybrid model; table
 # sizes 13, 14 and 20, so locs drawn from [-1, 19] are mostly valid

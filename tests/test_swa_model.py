@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from oracle.reference.swa import SwaAllocatorModel
+from oracle.reference.swa_model import SwaAllocatorModel
 
 
 def arr(*values, dtype=np.int64):

@@ -11,7 +11,8 @@ from .paged import reshape_and_cache_flash
 from .presets import PRESETS, get_preset
 from .scatter import store_cache
 from .slots import OneOfRows, Padding, check_outcome
-from .swa import SwaAllocatorModel, make_swa_mapping, translate_full_to_swa
+from .swa import make_swa_mapping, translate_full_to_swa
+from .swa_model import SwaAllocatorModel
 
 __all__ = [
     "FORMATS", "Fp8Knobs", "OneOfRows", "PRESETS", "Padding", "SwaAllocatorModel", "check_outcome",

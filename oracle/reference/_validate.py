@@ -60,3 +60,17 @@ def require_same_dtype(name: str, array: np.ndarray, other_name: str, other: np.
 def require_choice(name: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not one of {sorted(map(repr, choices))}")
+
+
+def require_int(name: str, value, minimum: int) -> int:
+    """A Python or numpy integer (not bool) >= minimum, returned as int."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name}={int(value)} must be >= {minimum}")
+    return int(value)
+
+
+def require_page_multiple(name: str, value: int, page_size: int) -> None:
+    if value % page_size:
+        raise ValueError(f"{name}={value} is not a multiple of page_size={page_size}")

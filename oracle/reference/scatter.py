@@ -6,8 +6,6 @@ is also the byte-level model of every "copy row i to slot loc[i]" kernel.
 
 from __future__ import annotations
 
-import numpy as np
-
 from . import _validate as v
 from .slots import parse_policies, plan_slots, write_rows
 

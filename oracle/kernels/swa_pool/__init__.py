@@ -4,7 +4,7 @@ Hybrid models keep a *full* pool (full-attention layers) and a smaller *SWA* poo
 layers). Every token gets a slot in both; ``full_to_swa_index_mapping`` records, per full slot,
 the SWA slot that holds the same token. :class:`SwaKVPool` is the allocator and the SWA pool in
 one object, on CPU or CUDA tensors (``device`` is an argument). It follows the contract of the
-numpy model :class:`oracle.reference.swa.SwaAllocatorModel` operation by operation (same pages,
+numpy model :class:`oracle.reference.swa_model.SwaAllocatorModel` operation by operation (same pages,
 same slots, same errors by type), and ``conformance/test_swa_pool.py`` drives the two side by
 side. The caching design follows sglang #25824 (facts only: ``../shared/seeds``); see
 ``docs/swa-pool.md``.

@@ -7,7 +7,7 @@ page_size)`` and SWA slots ``[page_size, size_swa + page_size)``; 0 means "unmap
 or never-allocated full slot translates to the SWA padding slot 0.
 
 Allocation order: every allocation takes the lowest-numbered free pages, ascending, in both pools,
-so that the pool and the numpy model (:class:`oracle.reference.swa.SwaAllocatorModel`) agree slot
+so that the pool and the numpy model (:class:`oracle.reference.swa_model.SwaAllocatorModel`) agree slot
 for slot. Every operation checks all its arguments before it changes anything.
 
 :class:`PageAllocator` is a base class, not a pool on its own: the pool's constructor sets up its
