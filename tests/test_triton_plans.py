@@ -240,3 +240,21 @@ def test_a_gpu_replay_calls_the_launcher_with_each_calls_own_addresses():
     assert out["src"] and out["scalar"] == 7 and out["cache"] and out["second"]
     assert out["box"] and out["kept"]
     assert out["length"] == 3 + 10 + 6 + 2
+
+
+def test_a_plan_keeps_no_tensor_of_the_call_it_was_made_from():
+    """A plan lives as long as the process may call that signature again, so it must not hold
+    the first call's tensors (a cache of gigabytes the caller has dropped would stay allocated)."""
+    out = scenario("""
+    import gc, weakref
+    k, v = rows(3, 8, seed=1), rows(3, 8, seed=2)
+    kc, vc = (torch.full((16, 8), POISON, dtype=torch.bfloat16, device=dev) for _ in range(2))
+    loc = slots(3, 16, 0)
+    refs = [weakref.ref(t) for t in (k, v, kc, vc, loc)]
+    built = _plans.stats["built"]
+    ops.store_cache(k, v, kc, vc, loc)
+    del k, v, kc, vc, loc
+    gc.collect()
+    emit({"built": _plans.stats["built"] - built, "alive": sum(r() is not None for r in refs)})
+    """)
+    assert out["built"] == 1 and out["alive"] == 0

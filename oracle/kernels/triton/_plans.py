@@ -165,6 +165,7 @@ class Plan:
                 if a.shape != source.shape or a.stride() != source.stride():
                     raise Unplannable(f"argument {pos} is a reshaped view of argument {j}")
                 slots.append((pos, j, view))
+                fixed[pos] = None  # filled per call: a plan must not keep the first call's tensors alive
             if entry is None:  # the interpreter: kernel[grid](*args, **meta) with tensors
                 self.steps.append(("interpret", kernel, grid, fixed, slots, meta))
             else:
