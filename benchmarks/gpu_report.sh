@@ -1,40 +1,86 @@
 #!/usr/bin/env bash
-# The GPU report in one call (run on the H100 through the device tool, results under $OUT):
-# the conformance matrix of every GPU backend (full profile), the CUDA-graph replay check of the
-# Triton kernels (each registered variant), oracle bench on the GPU (eager and graph, beside index_put_,
-# the seed's writer and the peers' files in .peers/), and the compute-sanitizer lane
-# over the CUDA and Triton kernels. Eight files land in $OUT; commit them under reports/.
+# The GPU report (run on the H100 through the device tool, results under $OUT), in stages so each
+# call fits the tool's 10-minute limit:
+#
+#   benchmarks/gpu_report.sh tests graphs bench    # about 8 minutes
+#   benchmarks/gpu_report.sh conformance           # about 6 minutes
+#   benchmarks/gpu_report.sh sanitize              # about 6 minutes
+#
+# - tests: the GPU tests (Triton launch plans, deferred slot errors, CUDA and Triton kernels) and
+#   benchmarks/host_cost.py (where a Triton call's host time goes);
+# - conformance: the conformance matrix of every GPU backend (full profile);
+# - graphs: the CUDA-graph replay lane of the Triton and the CUDA kernels, each registered variant;
+# - bench: oracle bench on the GPU (eager and graph, beside index_put_, the seed's writer and the
+#   peers' files in .peers/) and its goals;
+# - sanitize: the compute-sanitizer lane over the CUDA and Triton kernels.
+#
+# With no stage, all of them (longer than one call allows). Each stage writes its files to $OUT
+# (eight files come back per call at most) and its log to $OUT/<stage>.log; commit the reports
+# under reports/ (reports/README.md names each).
 set -uo pipefail
 OUT=${OUT:-reports/gpu}
 mkdir -p "$OUT"
-san=$(mktemp -d)  # the lane's own conformance report stays behind: eight files come back at most
 python3 -m pip install -q --no-build-isolation --no-deps -e . >/dev/null 2>&1
 export TARGET="${TARGET:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)}"
-{
-  echo "== oracle list"; oracle list
-  echo "== oracle run (full, torch on CUDA + triton + cuda)"
-  time timeout 330 oracle run --backend torch,triton,cuda --kernel "${KERNELS:-}" --profile full -n 8 \
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests conformance graphs bench sanitize)
+
+stage_tests() {
+  time timeout 420 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_triton_plans.py \
+      tests/test_deferred_errors.py tests/test_cuda_kernels.py tests/test_triton_kernels.py | tail -30
+  python3 benchmarks/host_cost.py --calls 2000 --json "$OUT/host-cost.json"
+}
+
+stage_conformance() {
+  time timeout 480 oracle run --backend torch,triton,cuda --kernel "${KERNELS:-}" --profile full -n 8 \
       --target "$TARGET" --report "$OUT/h100.json" --markdown "$OUT/h100.md" -- -q -p no:warnings \
       | tail -80
-  echo "== CUDA-graph replay of the Triton kernels, as triton.<op>, .unchecked and .pdl"
-  # one file for the three runs: the device tool brings back at most eight files
+}
+
+stage_graphs() {
+  # one file for every run: the device tool brings back at most eight files
+  local graphs
   graphs=$(mktemp -d)
-  for variant in default unchecked pdl; do
-    python3 -m oracle.lanes.graphs --out "$graphs/$variant" --variant "$variant" | tail -1
+  for backend in triton cuda; do
+    for variant in default unchecked pdl; do
+      python3 -m oracle.lanes.graphs --out "$graphs/$backend-$variant" --backend "$backend" \
+          --variant "$variant" | tail -1
+    done
   done
-  python3 -c 'import json, sys; json.dump({v: json.load(open(f"{sys.argv[1]}/{v}/gpu_check.json"))
-                for v in ("default", "unchecked", "pdl")}, open(sys.argv[2], "w"), indent=1)' "$graphs" "$OUT/graphs.json"
-  echo "== oracle bench (GPU kernels vs torch on CUDA vs the copy ceiling)"
+  python3 - "$graphs" "$OUT/graphs.json" <<'EOF'
+import json, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+runs = {p.parent.name: json.loads(p.read_text()) for p in sorted(root.glob("*/gpu_check.json"))}
+json.dump(runs, open(sys.argv[2], "w"), indent=1)
+EOF
+}
+
+stage_bench() {
   # eager and graph-replayed, inputs rotated past the L2; peers' Triton writers where .peers/ holds
   # their files (never committed: copy them from the sglang and vLLM wheels)
-  peers=(); for f in .peers/*.py; do [ -f "$f" ] && peers+=(--peer-file "$f"); done
+  local peers=()
+  for f in .peers/*.py; do [ -f "$f" ] && peers+=(--peer-file "$f"); done
   time timeout 340 oracle bench --backend triton,cuda --op set_mla_kv_buffer,store_cache,reshape_and_cache_flash \
       --sizes 1,16,64,4096,16384 --repeats 7 --mode both --l2 cold "${peers[@]}" \
       --json "$OUT/bench.json" --plot "$OUT/bench.png"
   oracle report bench-goals "$OUT/bench.json"
-  echo "== sanitizer lane (quick profile, cuda + triton, one process under memcheck)"
-  time timeout 300 oracle run --sanitize "$san" --backend cuda,triton | tail -30
+}
+
+stage_sanitize() {
+  local san
+  san=$(mktemp -d)  # the lane's own conformance report stays behind
+  time timeout 480 oracle run --sanitize "$san" --backend cuda,triton | tail -30
   cp "$san/summary.json" "$OUT/sanitize.json"
-  cp "$san/sanitizer.log" "$OUT/sanitizer.log"
-} > "$OUT/gpu_report.log" 2>&1
-tail -150 "$OUT/gpu_report.log"
+  tail -200 "$san/sanitizer.log" > "$OUT/sanitizer-tail.log"
+}
+
+for stage in "${stages[@]}"; do
+  if ! declare -F "stage_$stage" >/dev/null; then
+    echo "unknown stage '$stage' (tests, conformance, graphs, bench, sanitize)" >&2
+    exit 2
+  fi
+  echo "== $stage"
+  "stage_$stage" > "$OUT/$stage.log" 2>&1
+  tail -40 "$OUT/$stage.log"
+done
