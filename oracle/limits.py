@@ -29,7 +29,7 @@ import shutil
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 DEFAULT_TIMEOUT_S = 300.0  # ~35x a large case on a loaded 2-core machine (8 s), with its diagnosis
@@ -199,10 +199,11 @@ def case_memory_bytes(kernel, case) -> int | None:
 def available_memory_bytes(device: str = "cpu") -> int | None:
     """Free memory of ``device`` now: the host's MemAvailable (/proc/meminfo; elsewhere the free
     pages sysconf reports, a lower bound), or a CUDA device's free memory; None when unknown."""
-    if device.startswith("cuda"):
+    if device.startswith("cuda"):  # "cuda", "cuda:1", or a budget's pool "cuda-<host index>"
         import torch
 
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        target = torch.device(device) if not device.startswith("cuda-") else torch.device("cuda")
+        return int(torch.cuda.mem_get_info(target)[0])
     if device != "cpu":
         return None
     try:
@@ -218,7 +219,7 @@ def available_memory_bytes(device: str = "cpu") -> int | None:
 
 
 class MemoryBudget:
-    """The budget of one device (``pool``: "cpu", "cuda"), shared by every process of the session
+    """The budget of one device (``pool``: "cpu", "cuda-<host index>"), shared by every process of the session
     through ``directory``. Its capacity is ``gigabytes`` when given, else fixed by the first
     reservation: HEADROOM of the device's free memory then, before any large case holds any."""
 
@@ -301,19 +302,35 @@ def _try_lock(fd: int, unit: int) -> bool:
 
 
 def _pool(device: str) -> str:
-    return "cuda" if device.startswith("cuda") else device
+    """The budget a kernel on ``device`` draws from: "cpu", or one per GPU of the host, named
+    by its host index ("cuda-0", "cuda-3"): workers pinned to different GPUs (oracle.devices)
+    never wait for each other, and those sharing one share its budget."""
+    if not device.startswith("cuda"):
+        return device
+    from .devices import describe
+
+    found = describe(device)
+    name = found["index"] if found else "0"
+    return "cuda-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
 @contextmanager
 def reserve_memory(config, kernel, case):
     """The memory budget around one case: yields None once the case may run (immediately for a
-    case outside the large class), or why it is not run."""
+    case outside the large class), or why it is not run. A GPU kernel's large case holds its
+    bytes on its GPU and as much again of the host's memory (the inputs, snapshots and the
+    reference's arrays live there too); the host's budget is reserved first, always in that order."""
     need = case_memory_bytes(kernel, case)
     if need is None:
         yield None
         return
-    budget = MemoryBudget(_state(config)["directory"], _pool(kernel.contract.device), config.getoption("oracle_memory"))
-    with budget.reserve(need) as refused:
+    directory, gigabytes = _state(config)["directory"], config.getoption("oracle_memory")
+    pools = ["cpu"] + ([_pool(kernel.contract.device)] if kernel.contract.device != "cpu" else [])
+    with ExitStack() as stack:
+        for pool in pools:
+            refused = stack.enter_context(MemoryBudget(directory, pool, gigabytes).reserve(need))
+            if refused:
+                break
         yield refused
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from . import __version__
 
-SCHEMA_VERSION = 3  # 2: each case's diagnosed "cause" and difference "pattern"; 3: the run's "limits",
-# the statuses "timeout" and "not run"
+SCHEMA_VERSION = 4  # 2: each case's diagnosed "cause" and difference "pattern"; 3: the run's "limits",
+# the statuses "timeout" and "not run"; 4: each case's "device" (the GPU it ran on)
 STATUSES = ("pass", "fail", "crashed", "timeout", "not supported", "works, not declared", "not run",
             "unavailable")
 FAILING = ("fail", "crashed", "timeout")
@@ -50,7 +50,9 @@ SCHEMA = {
              "case_class": (_STR, True), "params": ((dict,), True), "seed": ((int, type(None)), True),
              "status": (_STR, True), "seconds": (_NUM, True), "message": (_STR, True),
              "first_difference": ((dict, type(None)), True), "cause": (("cause", type(None)), True),
-             "pattern": (([str],), True), "nodeid": (_STR, True)},
+             "pattern": (([str],), True), "nodeid": (_STR, True), "device": (("device", type(None)), True)},
+    "device": {"index": (_STR, True), "name": (_STR, True), "uuid": (_OPT_STR, True), "pci_bus_id": (_OPT_STR, True),
+               "capability": (_STR, True)},
     "cause": {"id": (_STR, True), "text": (_STR, True), "class": (_STR, True),
               "also": (([("cause_also",)],), True)},
     "cause_also": {"id": (_STR, True), "text": (_STR, True)},
@@ -186,14 +188,18 @@ def write(path, report: dict) -> Path:
 
 def load(path) -> dict:
     """A report, validated. Older versions are read as this one: version 1 (no diagnosis yet) with
-    no cause and no pattern in any case; versions 1 and 2 (no limits yet) with ``limits: null``."""
+    no cause and no pattern in any case; versions 1 and 2 (no limits yet) with ``limits: null``;
+    versions 1 to 3 (no devices yet) with ``device: null`` in every case."""
     report = json.loads(Path(path).read_text())
     if isinstance(report, dict) and report.get("schema_version") == 1:
         report = dict(report, schema_version=2,
                       cases=[dict(c, cause=None, pattern=[]) if isinstance(c, dict) else c
                              for c in report.get("cases", [])])
     if isinstance(report, dict) and report.get("schema_version") == 2:
-        report = dict(report, schema_version=SCHEMA_VERSION, limits=None)
+        report = dict(report, schema_version=3, limits=None)
+    if isinstance(report, dict) and report.get("schema_version") == 3:
+        report = dict(report, schema_version=SCHEMA_VERSION,
+                      cases=[dict(c, device=None) if isinstance(c, dict) else c for c in report.get("cases", [])])
     problems = validate(report)
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems[:5]))
@@ -224,20 +230,8 @@ def cell(statuses: Counter) -> str:
     return "n/s" if total else ""
 
 
-def matrix(reports: list[dict]) -> tuple[list[str], list[tuple], dict]:
-    """(column names, row keys (op, kernel, case class), {(row, column): Counter})."""
-    columns = _column_names(reports)
-    cells: dict = defaultdict(Counter)
-    rows = set()
-    for column, report in zip(columns, reports):
-        for case in report["cases"]:
-            row = (case["op"], case["kernel"], case["case_class"])
-            rows.add(row)
-            cells[(row, column)][case["status"]] += 1
-    return columns, sorted(rows), cells
-
-
-def _column_names(reports: list[dict]) -> list[str]:
+def _base_names(reports: list[dict]) -> list[str]:
+    """Each report's target name, same-named targets told apart by host."""
     names = [r["target"]["name"] for r in reports]
     seen = Counter(names)
     out, count = [], Counter()
@@ -247,6 +241,41 @@ def _column_names(reports: list[dict]) -> list[str]:
     return out
 
 
+def target_columns(reports: list[dict]) -> list[tuple[str, dict, list]]:
+    """The matrix's columns, as (name, report, cases): one per report, except that a report whose
+    cases ran on GPUs of several kinds gets one column per kind (two H200s are one kind, one
+    target), plus one for its cases that ran on no GPU."""
+    from .devices import kind
+
+    out = []
+    for base, report in zip(_base_names(reports), reports):
+        by_kind: dict = defaultdict(list)
+        for case in report["cases"]:
+            by_kind[kind(case.get("device"))].append(case)
+        gpu_kinds = sorted(k for k in by_kind if k is not None)
+        if len(gpu_kinds) < 2:
+            out.append((base, report, report["cases"]))
+            continue
+        for gpu in gpu_kinds:
+            out.append((f"{base} / {gpu[0]} (sm {gpu[1]})", report, by_kind[gpu]))
+        if by_kind.get(None):
+            out.append((f"{base} / no GPU", report, by_kind[None]))
+    return out
+
+
+def matrix(reports: list[dict]) -> tuple[list[str], list[tuple], dict]:
+    """(column names, row keys (op, kernel, case class), {(row, column): Counter})."""
+    cols = target_columns(reports)
+    cells: dict = defaultdict(Counter)
+    rows = set()
+    for column, _, cases in cols:
+        for case in cases:
+            row = (case["op"], case["kernel"], case["case_class"])
+            rows.add(row)
+            cells[(row, column)][case["status"]] += 1
+    return [c[0] for c in cols], sorted(rows), cells
+
+
 def render_text(reports: list[dict]) -> str:
     columns, rows, cells = matrix(reports)
     head = ("op", "kernel", "case class")
@@ -254,7 +283,7 @@ def render_text(reports: list[dict]) -> str:
     widths = [max(len(str(r[i])) for r in table) for i in range(len(head) + len(columns))]
     lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines += ["", *_notes(reports, columns)]
+    lines += ["", *_notes(reports)]
     return "\n".join(lines).rstrip()
 
 
@@ -268,7 +297,7 @@ def render_markdown(reports: list[dict]) -> str:
            "declared contract; **not run**: no case fitted the memory budget (reason below); "
            "**unavailable**: the kernel cannot run on that target (reason below); blank: no such case "
            "there.", "", "## Targets", ""]
-    for column, report in zip(columns, reports):
+    for column, report, _ in target_columns(reports):
         t = report["target"]
         gpu = f", GPU {t['gpu']['name']} (sm {t['gpu']['capability']}, driver {t['gpu']['driver']}, " \
               f"CUDA {t['gpu']['cuda']})" if t["gpu"] else ""
@@ -288,15 +317,15 @@ def render_markdown(reports: list[dict]) -> str:
             "| --- | --- | --- |" + " --- |" * len(columns)]
     for row in rows:
         out.append("| " + " | ".join(row) + " | " + " | ".join(cell(cells[(row, c)]) for c in columns) + " |")
-    notes = _notes(reports, columns)
+    notes = _notes(reports)
     if notes:
         out += ["", "## Notes", "", *(f"- {n}" for n in notes)]
     return "\n".join(out) + "\n"
 
 
-def _notes(reports: list[dict], columns: list[str]) -> list[str]:
+def _notes(reports: list[dict]) -> list[str]:
     notes = []
-    for column, report in zip(columns, reports):
+    for column, report in zip(_base_names(reports), reports):
         for k in report["kernels"]:
             if k["unavailable"]:
                 notes.append(f"{column}: {k['name']} unavailable: {k['unavailable']}")
@@ -313,4 +342,34 @@ def _notes(reports: list[dict], columns: list[str]) -> list[str]:
                 cause = f" (cause: {case['cause']['text']} [{case['cause']['id']}])" if case.get("cause") else ""
                 notes.append(f"{column}: {case['status'].upper()} {case['kernel']} {case['case_id']}: "
                              f"{first}{cause}")
+    return notes + device_notes(reports)
+
+
+
+def device_notes(reports: list[dict]) -> list[str]:
+    """Where the GPUs of one kind disagree: a case (kernel, case id, seed) whose status differs
+    between two devices of the same kind (across the reports: two runs, two hosts, or repeats);
+    and, for a report whose cases ran on several GPUs, each device's count of cases and failures,
+    so that a failing card stands out."""
+    from .devices import kind, label
+
+    notes = []
+    seen: dict = defaultdict(dict)  # (kind, kernel, case id, seed) -> {device identity: (label, status)}
+    for report in reports:
+        host = report["target"]["hostname"]
+        tally: dict = defaultdict(Counter)
+        for case in report["cases"]:
+            device = case.get("device")
+            if not device:
+                continue
+            ident = device.get("uuid") or f"{host}:{device['index']}"
+            seen[(kind(device), case["kernel"], case["case_id"], case["seed"])][ident] = (label(device), case["status"])
+            tally[(ident, label(device))]["failing" if case["status"] in FAILING else "other"] += 1
+        if len(tally) > 1:
+            parts = [f"{name}: {sum(c.values())} cases, {c['failing']} failing" for (_, name), c in sorted(tally.items())]
+            notes.append(f"{report['target']['name']}: per device: " + "; ".join(parts))
+    for (gpu, kernel, case_id, _), runs in sorted(seen.items(), key=lambda item: str(item[0])):
+        if len({status for _, status in runs.values()}) > 1:
+            parts = ", ".join(f"{status} on {name}" for name, status in sorted(runs.values()))
+            notes.append(f"devices of one kind disagree ({gpu[0]}, sm {gpu[1]}): {kernel} {case_id}: {parts}")
     return notes

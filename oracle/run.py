@@ -5,7 +5,8 @@ segfaults takes down only its worker: xdist reports the case it was running as c
 a fresh worker for the rest. A CUDA kernel that leaves a sticky error ends its worker right after
 that case (the plug-in's teardown check), so no later case inherits a poisoned context. A case
 that runs past ``--timeout`` ends its worker the same way and is reported TIMEOUT; large cases run
-only as many at a time as the memory budget (``--memory``) allows (oracle/limits.py). (One xdist
+only as many at a time as the memory budget (``--memory``) allows (oracle/limits.py). On a host
+with several GPUs each worker is pinned to one of them (``--devices``; oracle/devices.py). (One xdist
 group per kernel, ``--dist loadgroup``, would be tidier, but xdist 3.8 fails with an internal
 error when it replaces a crashed worker under that scheduler.)
 """
@@ -35,8 +36,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="only installed kernels, or only those ORACLE_PLUGINS names")
     parser.add_argument("--profile", default="quick", choices=("quick", "full", "exhaustive"))
     parser.add_argument("-n", dest="workers", default="auto",
-                        help="worker processes (pytest-xdist), 'auto' for one per core; 0 runs "
-                             "in this process, without crash isolation")
+                        help="worker processes (pytest-xdist), 'auto' for one per core (on several GPUs: "
+                             "--workers-per-device on each); 0 runs in this process, without crash isolation")
+    parser.add_argument("--devices", metavar="LIST",
+                        help="GPUs to use, comma-separated ordinals among the visible ones; the workers are "
+                             "pinned to them round-robin (default: every visible GPU)")
+    parser.add_argument("--workers-per-device", metavar="N",
+                        help="with -n auto on several GPUs: N workers per device (default: the cores shared out)")
     parser.add_argument("--report", metavar="PATH", help="write the JSON report here")
     parser.add_argument("--junit", metavar="PATH", help="write JUnit XML here (pytest's --junitxml)")
     parser.add_argument("--markdown", metavar="PATH", help="write the matrix as Markdown here")
@@ -69,7 +75,9 @@ def pytest_arguments(args: argparse.Namespace, report_path: str) -> list[str]:
     for option, value in (("--oracle-backend", args.backend), ("--oracle-kernel", args.kernel),
                           ("--oracle-op", args.op), ("--oracle-target", args.target),
                           ("--oracle-dump", args.dump), ("--junitxml", args.junit),
-                          ("--oracle-memory", args.memory and f"{args.memory:g}")):
+                          ("--oracle-memory", args.memory and f"{args.memory:g}"),
+                          ("--oracle-devices", args.devices),
+                          ("--oracle-workers-per-device", args.workers_per_device)):
         if value:
             out += [option, value]
     return out + list(args.pytest_args)

@@ -17,7 +17,7 @@ def _big_report(path, cases: int) -> None:
             "command": [], "kernels": [], "plugin_errors": [], "limits": None,
             "cases": [{"op": "store_cache", "kernel": f"k{i}", "case_id": str(i), "case_class": "c" * 40,
                        "params": {}, "seed": None, "status": "pass", "seconds": 0.0, "message": "",
-                       "first_difference": None, "cause": None, "pattern": [], "nodeid": f"n{i}"}
+                       "first_difference": None, "cause": None, "pattern": [], "nodeid": f"n{i}", "device": None}
                       for i in range(cases)]}
     assert not report.validate(data)
     path.write_text(json.dumps(data))

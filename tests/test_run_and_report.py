@@ -102,7 +102,8 @@ def minimal_report():
             "limits": {"timeout_s": 300.0, "memory_gb": None, "memory_budgets": {"cpu": 19.5}},
             "cases": [{"op": "store_cache", "kernel": "k", "case_id": "N7", "case_class": "sizes",
                        "params": {"n": 7}, "seed": 3, "status": "pass", "seconds": 0.1, "message": "",
-                       "first_difference": None, "cause": None, "pattern": [], "nodeid": "x"}]}
+                       "first_difference": None, "cause": None, "pattern": [], "nodeid": "x",
+                       "device": None}]}
 
 
 @pytest.mark.parametrize("mutate, problem", [
@@ -115,6 +116,9 @@ def minimal_report():
     (lambda r: r["command"].append(3), "$.command[2]"),
     (lambda r: r["limits"].update(timeout_s="3"), "$.limits.timeout_s"),
     (lambda r: r.pop("limits"), "$.limits is missing"),
+    (lambda r: r["cases"][0].pop("device"), "$.cases[0].device is missing"),
+    (lambda r: r["cases"][0].update(device={"index": 0, "name": "H", "uuid": None, "pci_bus_id": None,
+                                            "capability": "9.0"}), "$.cases[0].device.index"),
 ])
 def test_validator_names_what_is_wrong(mutate, problem):
     good = minimal_report()
@@ -124,29 +128,43 @@ def test_validator_names_what_is_wrong(mutate, problem):
     assert any(problem in p for p in problems), problems
 
 
-def test_a_version_1_report_is_read_as_version_3_without_causes_or_limits(tmp_path):
+def test_a_version_1_report_is_read_as_version_4_without_causes_limits_or_devices(tmp_path):
     old = minimal_report()
     old["schema_version"] = 1
     del old["limits"]
     for case in old["cases"]:
-        del case["cause"], case["pattern"]
+        del case["cause"], case["pattern"], case["device"]
     path = tmp_path / "v1.json"
     path.write_text(json.dumps(old))
     loaded = report.load(path)
-    assert loaded["schema_version"] == report.SCHEMA_VERSION == 3
-    assert [(c["cause"], c["pattern"]) for c in loaded["cases"]] == [(None, [])]
+    assert loaded["schema_version"] == report.SCHEMA_VERSION == 4
+    assert [(c["cause"], c["pattern"], c["device"]) for c in loaded["cases"]] == [(None, [], None)]
     assert loaded["limits"] is None
 
 
-def test_a_version_2_report_is_read_as_version_3_without_limits(tmp_path):
+def test_a_version_2_report_is_read_as_version_4_without_limits_or_devices(tmp_path):
     old = minimal_report()
     old["schema_version"] = 2
     del old["limits"]
+    for case in old["cases"]:
+        del case["device"]
     path = tmp_path / "v2.json"
     path.write_text(json.dumps(old))
     loaded = report.load(path)
-    assert loaded["schema_version"] == 3 and loaded["limits"] is None
-    assert loaded["cases"] == old["cases"]
+    assert loaded["schema_version"] == 4 and loaded["limits"] is None
+    assert loaded["cases"] == [dict(c, device=None) for c in old["cases"]]
+
+
+def test_a_version_3_report_is_read_as_version_4_without_devices(tmp_path):
+    old = minimal_report()
+    old["schema_version"] = 3
+    for case in old["cases"]:
+        del case["device"]
+    path = tmp_path / "v3.json"
+    path.write_text(json.dumps(old))
+    loaded = report.load(path)
+    assert loaded["schema_version"] == 4 and loaded["limits"] == old["limits"]
+    assert [c["device"] for c in loaded["cases"]] == [None]
 
 
 @pytest.mark.parametrize("name", ["cpu.json", "h100.json"])  # schema 1 and 3; 2 is built above
@@ -154,8 +172,9 @@ def test_the_committed_reports_still_load(name):
     path = Path(__file__).parent.parent / "reports" / name
     written_as = json.loads(path.read_text())["schema_version"]
     loaded = report.load(path)
-    assert loaded["schema_version"] == 3 and loaded["cases"]
+    assert loaded["schema_version"] == 4 and loaded["cases"]
     assert report.validate(loaded) == []
+    assert all(c["device"] is None for c in loaded["cases"])  # devices were first recorded in version 4
     if written_as < 3:  # limits were first recorded in version 3
         assert loaded["limits"] is None
     else:
