@@ -344,6 +344,9 @@ def _junit_properties(report, record: dict) -> None:
     for key in ("kernel", "op", "case_class", "case_id", "seed", "params", "status", "message"):
         reporter.add_property("oracle_" + {"case_class": "class", "case_id": "case"}.get(key, key),
                               str(record[key]))
+    if record.get("device"):
+        device = record["device"]
+        reporter.add_property("oracle_device", f"{devices.label(device)} sm {device['capability']}")
 
 
 _STARTED: dict = {}
