@@ -11,9 +11,11 @@ from . import __version__
 
 
 def _selfcheck(args: argparse.Namespace) -> int:
-    from .reference.golden import check_golden
+    from .reference.golden import check_golden, check_mx_golden
 
     results, failures = check_golden()
+    mx_results, mx_failures = check_mx_golden()
+    results, failures = results + mx_results, failures + mx_failures
     width = max(len(r.name) for r in results)
     print(f"{'format / mode':<{width}}  {'vectors':>7}  {'failures':>8}")
     for r in results:
@@ -22,7 +24,7 @@ def _selfcheck(args: argparse.Namespace) -> int:
         print(f"FAIL {f.name}: x={f.x} {f.knobs or ''} expected {f.expected}, got {f.actual} ({f.why})")
     failed = sum(r.failures for r in results)
     total = sum(r.cases for r in results)
-    print(f"\n{total - failed} of {total} golden fp8 vectors agree with the reference"
+    print(f"\n{total - failed} of {total} golden fp8 and MXFP8 vectors agree with the reference"
           + ("" if not failed else f"; {failed} FAIL"))
     return 1 if failed else 0
 

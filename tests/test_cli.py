@@ -18,7 +18,7 @@ def test_version():
 def test_selfcheck_prints_table_and_passes():
     done = run("selfcheck")
     assert done.returncode == 0, done.stdout + done.stderr
-    for fmt in ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"):
+    for fmt in ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "mxfp8 e4m3fn ocp_mx_v1", "mxfp8 e5m2 rceil"):
         assert fmt in done.stdout
     assert "FAIL" not in done.stdout
 

@@ -6,7 +6,9 @@ the format definitions (each case says why), for the presets ``ocp_satfinite`` (
 pinned in :data:`GOLDEN_SHA256`, so any edit of the file must also edit this constant, loudly.
 
 ``run_golden()`` is what ``oracle selfcheck`` prints: one row per (format, preset) with the number
-of cases and of failures. Imports neither torch nor triton.
+of cases and of failures. ``golden/mx_golden.json`` holds MXFP8 blocks in the same spirit (the
+E8M0 scale and the element codes, per MX preset), checked by :func:`check_mx_golden` and pinned in
+:data:`MX_GOLDEN_SHA256`. Imports neither torch nor triton.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from typing import NamedTuple
 import numpy as np
 
 from .fp8 import quantize
+from .mx import quantize_mxfp8
 
 GOLDEN_PATH = Path(__file__).with_name("golden") / "fp8_golden.json"
 GOLDEN_SHA256 = "8504214001e02e620f8f5bcb4f5c5875b32141ab04186b9c66cfb16bcf11f806"
+MX_GOLDEN_PATH = Path(__file__).with_name("golden") / "mx_golden.json"
+MX_GOLDEN_SHA256 = "316cf8520d51af8c12b0f3d0c779fc63102d0022b10ea5de52c46bdab976c54d"
 
 
 class GoldenIntegrityError(ValueError):
@@ -47,15 +52,17 @@ def file_sha256(path: Path = GOLDEN_PATH) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def load_golden(path: Path = GOLDEN_PATH, *, verify: bool = True) -> dict:
-    """The parsed golden file; with ``verify`` (default) its sha256 must equal GOLDEN_SHA256."""
+def load_golden(path: Path = GOLDEN_PATH, *, verify: bool = True, sha256: str = GOLDEN_SHA256,
+                constant: str = "GOLDEN_SHA256") -> dict:
+    """The parsed golden file; with ``verify`` (default) its sha256 must equal ``sha256`` (the
+    pinned constant named ``constant``)."""
     data = Path(path).read_bytes()
     if verify:
         digest = hashlib.sha256(data).hexdigest()
-        if digest != GOLDEN_SHA256:
+        if digest != sha256:
             raise GoldenIntegrityError(
-                f"{path} has sha256 {digest}, expected GOLDEN_SHA256 = {GOLDEN_SHA256}; the golden "
-                "vectors were edited: re-derive and review them, then update GOLDEN_SHA256")
+                f"{path} has sha256 {digest}, expected {constant} = {sha256}; the golden "
+                f"vectors were edited: re-derive and review them, then update {constant}")
     return json.loads(data)
 
 
@@ -100,3 +107,25 @@ def check_golden(path: Path = GOLDEN_PATH) -> tuple[list[GoldenResult], list[Gol
 def run_golden(path: Path = GOLDEN_PATH) -> list[GoldenResult]:
     """One (name, cases, failures) row per (format, preset), in file order."""
     return check_golden(path)[0]
+
+
+def check_mx_golden(path: Path = MX_GOLDEN_PATH) -> tuple[list[GoldenResult], list[GoldenFailure]]:
+    """The MXFP8 golden vectors (``golden/mx_golden.json``, sha256 pinned in
+    :data:`MX_GOLDEN_SHA256`): each case is one block, with the hand-derived E8M0 scale and
+    element codes per MX preset. Results per (element format, preset) and the failing cases."""
+    golden = load_golden(path, sha256=MX_GOLDEN_SHA256, constant="MX_GOLDEN_SHA256")
+    counts: dict[str, list[int]] = {}
+    failures: list[GoldenFailure] = []
+    for case in golden["cases"]:
+        x = np.array([int(h, 16) for h in case["x"]], dtype=np.uint32).view(np.float32)
+        for preset, expected in case["expected"].items():
+            name = f"mxfp8 {case['fmt']} {preset}"
+            row = counts.setdefault(name, [0, 0])
+            row[0] += 1
+            codes, scales = quantize_mxfp8(x, case["fmt"], preset=preset)
+            actual = " ".join([f"0x{int(scales[0]):02X}"] + [f"0x{int(c):02X}" for c in codes])
+            wanted = " ".join([expected["scale"]] + expected["codes"])
+            if actual != wanted:
+                row[1] += 1
+                failures.append(GoldenFailure(name, " ".join(case["x"]), {}, wanted, actual, case["why"]))
+    return [GoldenResult(name, n, bad) for name, (n, bad) in counts.items()], failures

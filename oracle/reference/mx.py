@@ -1,0 +1,175 @@
+"""MXFP8 (OCP Microscaling Formats v1.0): fp8 elements in blocks of 32 sharing one E8M0 scale.
+
+A row's last axis (a head's elements) is cut into blocks of :data:`BLOCK` consecutive elements;
+the last block of a row may be shorter when the row is not a multiple of the block (blocks never
+straddle rows). Each block stores one **E8M0 scale** ``X = 2**E`` (code ``E + 127``; 0xFF is NaN;
+``E`` in ``[-127, 127]``) and each element the fp8 code of ``x / X``. Decoding is
+``fp8_value(code) * X``.
+
+Where implementations legitimately differ, :class:`MxKnobs` says how:
+
+- ``exponent``: how ``E`` follows from the block's largest magnitude ``amax``:
+  ``"floor"``: ``floor(log2(amax)) - emax_elem`` (the OCP spec's rule; emax_elem = 8 for e4m3fn,
+  15 for e5m2), so elements up to twice the element format's largest binade may saturate;
+  ``"ceil"``: the E8M0 of the float32 quotient ``amax / max_elem`` rounded up to a power of two
+  (``cvt.rp.satfinite.ue8m0x2.f32``; TransformerEngine's and torchao's "RCEIL"), so no element
+  exceeds the element format's maximum.
+- ``zero_block``: the scale of a block whose elements are all zero: ``"min"`` (E = -127, code 0:
+  what both rules give for ``amax = 0`` once ``E`` is clamped) or ``"one"`` (E = 0, code 127).
+- ``nonfinite``: a block holding NaN or ±inf: ``"nan_scale"`` (the scale is NaN, 0xFF: the spec
+  makes every element of such a block NaN) or ``"finite_amax"`` (the scale comes from the block's
+  finite elements; the NaN and inf elements are converted on their own, by the element rules).
+  Either way the element codes are those of ``x / X`` with ``X`` from the finite elements.
+- ``saturate`` and ``element_preset``: the element conversion, as :func:`oracle.reference.fp8.quantize`
+  does it (default: saturating, round to nearest even, the preset ``ocp_satfinite``'s NaN byte).
+
+``x / X`` is computed in float32 (exact for a power of two unless the quotient is a float32
+subnormal, where it rounds once, as every kernel's float32 arithmetic does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from . import _validate as v
+from .fp8 import code_values, get_format
+from .fp8 import dequantize as fp8_dequantize
+from .fp8 import quantize as fp8_quantize
+
+BLOCK = 32
+E8M0_BIAS, E8M0_NAN = 127, 0xFF
+E_MIN, E_MAX = -127, 127
+ELEMENT_FORMATS = ("e4m3fn", "e5m2")
+EXPONENT_RULES = ("floor", "ceil")
+ZERO_BLOCKS = ("min", "one")
+NONFINITE_BLOCKS = ("nan_scale", "finite_amax")
+
+
+@dataclass(frozen=True)
+class MxKnobs:
+    """How an implementation computes MX scales and elements (see the module docstring)."""
+
+    exponent: str = "floor"
+    zero_block: str = "min"
+    nonfinite: str = "nan_scale"
+    saturate: bool = True
+    element_preset: str = "ocp_satfinite"
+
+    def validated(self) -> "MxKnobs":
+        v.require_choice("exponent", self.exponent, EXPONENT_RULES)
+        v.require_choice("zero_block", self.zero_block, ZERO_BLOCKS)
+        v.require_choice("nonfinite", self.nonfinite, NONFINITE_BLOCKS)
+        if not isinstance(self.saturate, bool):
+            raise TypeError(f"saturate must be a bool, got {self.saturate!r}")
+        return self
+
+
+# What real implementations do (docs/semantics.md, "Block-scaled formats").
+MX_PRESETS = {
+    "ocp_mx_v1": MxKnobs(),  # the spec: floor, NaN scale for a non-finite block, saturating elements
+    "rceil": MxKnobs(exponent="ceil"),  # TransformerEngine's MXFP8 cast, torchao's RCEIL mode
+}
+
+
+def mx_knobs(preset: str | None = None, **overrides) -> MxKnobs:
+    """The knobs of ``preset`` (default ``ocp_mx_v1``) with the caller's overrides."""
+    name = preset or "ocp_mx_v1"
+    if name not in MX_PRESETS:
+        raise ValueError(f"preset={preset!r} is not an MX preset; expected one of {sorted(MX_PRESETS)}")
+    unknown = set(overrides) - set(MxKnobs.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown MX knob(s): {sorted(unknown)}; knobs are {sorted(MxKnobs.__dataclass_fields__)}")
+    return replace(MX_PRESETS[name], **overrides).validated()
+
+
+def _blocks(x32: np.ndarray, block: int) -> tuple[np.ndarray, int]:
+    """``x32`` as ``[..., blocks, block]`` (the last block zero-padded) and the row length."""
+    width = x32.shape[-1]
+    count = -(-width // block)
+    padded = np.zeros(x32.shape[:-1] + (count * block,), dtype=np.float32)
+    padded[..., :width] = x32
+    return padded.reshape(x32.shape[:-1] + (count, block)), width
+
+
+def _floor_log2(values: np.ndarray) -> np.ndarray:
+    """floor(log2(v)) of positive finite float32 values, exactly (frexp: v = m * 2**e, m in [0.5, 1))."""
+    return np.frexp(values.astype(np.float64))[1].astype(np.int64) - 1
+
+
+def shared_exponents(amax: np.ndarray, fmt: str, knobs: MxKnobs) -> np.ndarray:
+    """E of each block (int64, clamped to [-127, 127]) from its finite ``amax`` (float32, >= 0)."""
+    largest = code_values(fmt)[get_format(fmt).max_code]  # e4m3fn 448, e5m2 57344
+    emax = int(_floor_log2(np.array([largest], dtype=np.float32))[0])
+    positive = amax > 0
+    safe = np.where(positive, amax, np.float32(1))
+    if knobs.exponent == "floor":
+        exponent = _floor_log2(safe) - emax
+    else:  # ceil: the E8M0 of fl32(amax / max_elem), rounded up
+        quotient = (safe / np.float32(largest)).astype(np.float32)
+        mantissa, power = np.frexp(quotient.astype(np.float64))
+        exponent = np.where(mantissa == 0.5, power - 1, power).astype(np.int64)
+        # a subnormal amax whose quotient underflows to 0: every E works, the clamp keeps -127
+        exponent = np.where(quotient == 0, E_MIN, exponent)
+    zero = E_MIN if knobs.zero_block == "min" else 0
+    exponent = np.where(positive, exponent, zero)
+    return np.clip(exponent, E_MIN, E_MAX)
+
+
+def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | None = None,
+                   **knobs) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scales) of ``x`` (float32, float16 or bfloat16, any shape, blocks along the last
+    axis): ``codes`` uint8 of ``x``'s shape (fp8 ``fmt``), ``scales`` uint8 E8M0 codes of shape
+    ``x.shape[:-1] + (ceil(D / block),)``. Knobs: :class:`MxKnobs` (``preset``: see
+    :data:`MX_PRESETS`). The input is never modified."""
+    v.require_float_input("x", x)
+    v.require_choice("fmt", fmt, ELEMENT_FORMATS)
+    block = v.require_int("block", block, 1)
+    resolved = mx_knobs(preset, **knobs)
+    if x.ndim == 0:
+        raise ValueError("x must have at least one axis (the blocks run along the last one)")
+    x32 = x.astype(np.float32)
+    if x32.shape[-1] == 0:
+        return np.zeros(x32.shape, dtype=np.uint8), np.zeros(x32.shape[:-1] + (0,), dtype=np.uint8)
+    blocks, width = _blocks(x32, block)
+    finite = np.isfinite(blocks)
+    with np.errstate(invalid="ignore"):
+        amax = np.max(np.where(finite, np.abs(blocks), np.float32(0)), axis=-1)
+    exponent = shared_exponents(amax, fmt, resolved)
+    scales = (exponent + E8M0_BIAS).astype(np.uint8)
+    if resolved.nonfinite == "nan_scale":
+        scales = np.where(np.all(finite, axis=-1), scales, np.uint8(E8M0_NAN)).astype(np.uint8)
+    factor = np.ldexp(np.float32(1), -exponent).astype(np.float32)[..., None]  # 2**-E, exact in float32
+    with np.errstate(over="ignore", invalid="ignore"):
+        quotient = (blocks * factor).astype(np.float32)
+    codes = fp8_quantize(quotient, fmt, preset=resolved.element_preset, saturate=resolved.saturate)
+    codes = codes.reshape(x32.shape[:-1] + (-1,))[..., :width]
+    return np.ascontiguousarray(codes), scales
+
+
+def e8m0_values(scales) -> np.ndarray:
+    """The float32 value of E8M0 codes (uint8): ``2**(code - 127)``, NaN for 0xFF."""
+    v.require_array("scales", scales)
+    v.require_dtype("scales", scales, (np.uint8,))
+    exponent = scales.astype(np.int64) - E8M0_BIAS
+    values = np.ldexp(np.float32(1), exponent).astype(np.float32)
+    return np.where(scales == E8M0_NAN, np.float32(np.nan), values).astype(np.float32)
+
+
+def dequantize_mxfp8(codes, scales, fmt: str = "e4m3fn", *, block: int = BLOCK) -> np.ndarray:
+    """float32 values of MXFP8 ``codes`` (uint8, blocks along the last axis) with their E8M0
+    ``scales`` (uint8, one per block): ``fp8_value(code) * 2**E``; NaN in a block whose scale is
+    NaN."""
+    v.require_array("codes", codes)
+    v.require_dtype("codes", codes, (np.uint8,))
+    v.require_choice("fmt", fmt, ELEMENT_FORMATS)
+    block = v.require_int("block", block, 1)
+    if codes.ndim == 0:
+        raise ValueError("codes must have at least one axis")
+    want = codes.shape[:-1] + (-(-codes.shape[-1] // block),)
+    v.require_shape("scales", scales, want, " (one E8M0 code per block of the last axis)")
+    values = fp8_dequantize(codes, fmt)
+    per_element = np.repeat(e8m0_values(scales), block, axis=-1)[..., :codes.shape[-1]]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (values * per_element).astype(np.float32)

@@ -1,0 +1,74 @@
+"""An MXFP8 oracle independent of :mod:`oracle.reference`: one block at a time in plain Python,
+exponents read from float32 bit fields, elements cast by ml_dtypes after an explicit clamp.
+
+Nothing here imports the reference; tests/test_mx.py compares the reference with it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+ML_TYPES = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+FMAX = {name: float(ml_dtypes.finfo(t).max) for name, t in ML_TYPES.items()}  # 448, 57344
+NAN_CODE = 0x7F  # the saturating OCP conversion's NaN byte (sign copied), both formats
+
+
+def bits(value: float) -> int:
+    return int(np.array([value], dtype=np.float32).view(np.uint32)[0])
+
+
+def floor_log2(value: float) -> int:
+    """floor(log2(v)) of a positive finite float32 from its bit fields."""
+    b = bits(value)
+    field = (b >> 23) & 0xFF
+    if field == 0:  # subnormal: m * 2^-149, the highest set bit of m
+        return (b & 0x7FFFFF).bit_length() - 1 - 149
+    return field - 127
+
+
+def ceil_log2(value: float) -> int:
+    """ceil(log2(v)) of a positive finite float32: floor, plus one unless v is a power of two."""
+    b = bits(value)
+    field, mantissa = (b >> 23) & 0xFF, b & 0x7FFFFF
+    power_of_two = mantissa == 0 if field else (mantissa & (mantissa - 1)) == 0
+    return floor_log2(value) + (0 if power_of_two else 1)
+
+
+def block_exponent(block: list, fmt: str, rule: str, zero_block: str = "min") -> int:
+    emax = floor_log2(FMAX[fmt])
+    finite = [abs(v) for v in block if math.isfinite(v)]
+    amax = max(finite, default=0.0)
+    if amax == 0:
+        exponent = -127 if zero_block == "min" else 0
+    elif rule == "floor":
+        exponent = floor_log2(amax) - emax
+    else:
+        exponent = ceil_log2(float(np.float32(np.float32(amax) / np.float32(FMAX[fmt]))))
+    return max(-127, min(127, exponent))
+
+
+def element_code(value: float, fmt: str, saturate: bool) -> int:
+    if math.isnan(value):
+        return NAN_CODE | (0x80 if math.copysign(1.0, value) < 0 else 0)
+    if saturate:
+        value = max(-FMAX[fmt], min(FMAX[fmt], value))
+    with np.errstate(all="ignore"):
+        return int(np.array([value], dtype=np.float32).astype(ML_TYPES[fmt]).view(np.uint8)[0])
+
+
+def quantize_row(row: list, fmt: str, rule: str, *, block: int = 32, zero_block: str = "min",
+                 nonfinite: str = "nan_scale", saturate: bool = True) -> tuple[list, list]:
+    """(element codes, E8M0 scale codes) of one row (float32 values), block by block."""
+    codes, scales = [], []
+    for start in range(0, len(row), block):
+        part = row[start:start + block]
+        exponent = block_exponent(part, fmt, rule, zero_block)
+        nan_scale = nonfinite == "nan_scale" and not all(math.isfinite(v) for v in part)
+        scales.append(0xFF if nan_scale else exponent + 127)
+        for v in part:
+            quotient = float(np.float32(np.float32(v) * np.float32(2.0 ** -exponent)))
+            codes.append(element_code(quotient, fmt, saturate))
+    return codes, scales

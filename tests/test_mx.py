@@ -1,0 +1,138 @@
+"""MXFP8 in the reference (oracle/reference/mx.py) against independent oracles: ml_dtypes for the
+E8M0 scale codes, a block-at-a-time loop (tests/mx_oracle.py: exponents from float32 bit fields,
+elements by ml_dtypes after an explicit clamp) for every knob, hand-derived golden vectors, and
+properties the spec implies."""
+
+import itertools
+import json
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mx_oracle
+from oracle.reference import golden, mx
+
+
+def rows(seed: int, shape=(6, 72)) -> np.ndarray:
+    """Rows whose blocks span many binades: normal values times 2**k for a k per block, some
+    zero blocks, float32 subnormals and values near float32's largest."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=shape).astype(np.float32)
+    k = rng.integers(-140, 120, size=shape[:-1] + (-(-shape[-1] // 32),))
+    x = x * np.repeat(np.exp2(k.astype(np.float64)), 32, axis=-1)[..., :shape[-1]]
+    x = x.astype(np.float32)
+    x[0, :32] = 0  # a zero block
+    x[1, 3] = np.float32(3e38)
+    x[2, 40] = np.float32(1e-44)  # a float32 subnormal
+    return x
+
+
+def test_e8m0_codes_decode_as_ml_dtypes_does():
+    codes = np.arange(256, dtype=np.uint8)
+    want = codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    got = mx.e8m0_values(codes)
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(got[:255], want[:255])
+
+
+@pytest.mark.parametrize("fmt, rule, saturate", itertools.product(("e4m3fn", "e5m2"), ("floor", "ceil"),
+                                                                  (True, False)))
+def test_quantize_matches_a_block_by_block_oracle(fmt, rule, saturate):
+    x = rows(seed=zlib.crc32(f"{fmt}-{rule}-{saturate}".encode()) % 1000)
+    codes, scales = mx.quantize_mxfp8(x, fmt, exponent=rule, saturate=saturate)
+    for r, row in enumerate(x):
+        want_codes, want_scales = mx_oracle.quantize_row([float(v) for v in row], fmt, rule, saturate=saturate)
+        assert scales[r].tolist() == want_scales, (r, scales[r].tolist(), want_scales)
+        assert codes[r].tolist() == want_codes, r
+
+
+@pytest.mark.parametrize("width", [1, 31, 32, 33, 40, 64, 100])
+@pytest.mark.parametrize("zero_block, nonfinite", [("min", "nan_scale"), ("one", "finite_amax")])
+def test_partial_blocks_zero_blocks_and_non_finite_blocks(width, zero_block, nonfinite):
+    rng = np.random.default_rng(width)
+    x = rng.normal(size=(4, width)).astype(np.float32) * 8
+    x[1] = 0
+    x[2, 0] = np.nan
+    x[3, width - 1] = -np.inf
+    codes, scales = mx.quantize_mxfp8(x, "e4m3fn", zero_block=zero_block, nonfinite=nonfinite)
+    assert codes.shape == x.shape and scales.shape == (4, -(-width // 32))
+    for r, row in enumerate(x):
+        want_codes, want_scales = mx_oracle.quantize_row([float(v) for v in row], "e4m3fn", "floor",
+                                                         zero_block=zero_block, nonfinite=nonfinite)
+        assert scales[r].tolist() == want_scales and codes[r].tolist() == want_codes, r
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_inputs_are_widened_exactly(dtype):
+    x = rows(seed=7, shape=(3, 64))
+    narrow = x.astype(np.float16 if dtype == "float16" else ml_dtypes.bfloat16)
+    a = mx.quantize_mxfp8(narrow, "e4m3fn")
+    b = mx.quantize_mxfp8(narrow.astype(np.float32), "e4m3fn")
+    assert all(np.array_equal(p, q) for p, q in zip(a, b))
+
+
+def test_the_ceil_rule_never_saturates_and_floor_may():
+    x = rows(seed=3)
+    finite = np.isfinite(x)
+    for rule in ("floor", "ceil"):
+        codes, scales = mx.quantize_mxfp8(x, "e4m3fn", exponent=rule)
+        exponent = np.repeat(scales.astype(np.int64) - 127, 32, axis=-1)[..., :x.shape[-1]]
+        quotient = np.abs(x.astype(np.float64)) * np.exp2(-exponent.astype(np.float64))
+        over = (quotient > 448) & finite
+        assert (not over.any()) if rule == "ceil" else over.any()
+
+
+def test_dequantize_inverts_within_half_an_element_step():
+    x = rows(seed=5)
+    codes, scales = mx.quantize_mxfp8(x, "e4m3fn", exponent="ceil")
+    back = mx.dequantize_mxfp8(codes, scales, "e4m3fn")
+    scale = np.repeat(mx.e8m0_values(scales), 32, axis=-1)[..., :x.shape[-1]].astype(np.float64)
+    # an e4m3fn step is at most 2**-3 of the value, and never below 2**-9 (subnormals), times X
+    step = np.maximum(np.abs(x) * 2.0 ** -3, 2.0 ** -9 * scale)
+    assert np.all(np.abs(back.astype(np.float64) - x) <= step / 2 + 1e-45)
+
+
+def test_a_nan_scale_decodes_its_whole_block_as_nan():
+    codes = np.full((1, 40), 0x38, dtype=np.uint8)
+    scales = np.array([[0xFF, 127]], dtype=np.uint8)
+    back = mx.dequantize_mxfp8(codes, scales, "e4m3fn")
+    assert np.isnan(back[0, :32]).all() and np.all(back[0, 32:] == 1.0)
+
+
+def test_the_golden_vectors_hold_and_are_pinned(tmp_path):
+    results, failures = golden.check_mx_golden()
+    assert failures == [] and sum(r.cases for r in results) == 20
+    edited = tmp_path / "mx.json"
+    data = json.loads(golden.MX_GOLDEN_PATH.read_text())
+    data["cases"][0]["expected"]["ocp_mx_v1"]["scale"] = "0x78"
+    edited.write_text(json.dumps(data))
+    with pytest.raises(golden.GoldenIntegrityError, match="MX_GOLDEN_SHA256"):
+        golden.check_mx_golden(edited)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: mx.quantize_mxfp8(np.zeros(4, np.float32), "e4m3fnuz"), "fmt='e4m3fnuz'"),
+    (lambda: mx.quantize_mxfp8(np.zeros(4, np.int32)), "x"),
+    (lambda: mx.quantize_mxfp8(np.zeros(4, np.float32), exponent="round"), "exponent='round'"),
+    (lambda: mx.quantize_mxfp8(np.zeros(4, np.float32), block=0), "block=0"),
+    (lambda: mx.quantize_mxfp8(np.zeros(4, np.float32), preset="nvfp4"), "preset='nvfp4'"),
+    (lambda: mx.quantize_mxfp8(np.zeros(4, np.float32), scale_op="div"), "scale_op"),
+    (lambda: mx.dequantize_mxfp8(np.zeros((2, 40), np.uint8), np.zeros((2, 1), np.uint8)), "scales has shape"),
+])
+def test_bad_input_is_refused_by_name(call, message):
+    with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace("[", r"\[")):
+        call()
+
+
+@pytest.mark.parametrize("fmt, unit", [("e4m3fn", 3e-40), ("e5m2", 1e-42)])
+@pytest.mark.parametrize("rule", ["floor", "ceil"])
+def test_a_block_of_float32_subnormals_keeps_its_values(fmt, unit, rule):
+    """A block of float32 subnormals gets E = -127, so its elements (x * 2**127) stay nonzero. For
+    e5m2 with amax below 2**-150 * 57344, amax / max_elem underflows to 0 in float32 under the ceil
+    rule: E is still -127 (every E fits; the clamp keeps the smallest), never 0."""
+    x = (np.arange(1, 33, dtype=np.float32) * np.float32(unit)).reshape(1, 32)
+    codes, scales = mx.quantize_mxfp8(x, fmt, exponent=rule)
+    want_codes, want_scales = mx_oracle.quantize_row([float(v) for v in x[0]], fmt, rule)
+    assert scales[0].tolist() == want_scales == [0] and codes[0].tolist() == want_codes
+    assert np.count_nonzero(codes) == 32
