@@ -15,7 +15,10 @@ from .reference import presets as _presets
 from .reference.slots import Padding
 
 OPS = ("store_cache", "reshape_and_cache_flash", "set_mla_kv_buffer", "concat_and_cache_mla",
-       "quantize_fp8", "translate_full_to_swa")
+       "quantize_fp8", "translate_full_to_swa", "quantize_block", "reshape_and_cache_block")
+BLOCK_OPS = ("quantize_block", "reshape_and_cache_block")
+BLOCK_FORMATS = ("mxfp8_e4m3fn", "mxfp8_e5m2", "nvfp4")  # oracle.reference.block_scaled
+SCALE_LAYOUTS = ("linear", "swizzled")  # the scale cache of reshape_and_cache_block
 DTYPES = ("float32", "float16", "bfloat16", "uint8")
 INDEX_DTYPES = ("int32", "int64")
 SCALES = ("tensor", "head")
@@ -23,7 +26,8 @@ LAYOUTS = ("NHD", "HND")
 SOURCE_ROWS = ("index", "equal")
 # Each op's own convention for the token count: vLLM's writers take it from slot_mapping.size(0)
 # and accept sources with extra rows (padded for CUDA-graph capture); sglang's take equal lengths.
-SOURCE_ROWS_BY_OP = {"reshape_and_cache_flash": "index", "concat_and_cache_mla": "index"}
+SOURCE_ROWS_BY_OP = {"reshape_and_cache_flash": "index", "concat_and_cache_mla": "index",
+                     "reshape_and_cache_block": "index"}
 DCP_MODULI = ("truncate", "floor")
 FP8_DIVISIONS = ("ieee", "approx")
 ERRORS = ("raise", "deferred")
@@ -33,7 +37,8 @@ def always_available() -> str | None:
     return None
 
 
-GAP_KEYS = ("dtype", "index_dtype", "fp8_format", "scale", "layout", "padding", "duplicates",
+GAP_KEYS = ("dtype", "index_dtype", "fp8_format", "block_format", "scale_layout", "scale", "layout",
+            "padding", "duplicates",
             "strided_source", "longer_source", "strided_index", "aliased_caches", "large_cache",
             "row_bytes", "dcp", "bad_input")
 
@@ -62,6 +67,11 @@ class Contract:
     fp8_preset: str = "ocp_satfinite"  # how it converts to fp8 (oracle.reference.presets)
     fp8_knobs: tuple = ()  # (knob, value) pairs overriding the preset, e.g. (("scale_op", "mul_reciprocal"),)
     scales: tuple = SCALES  # per-tensor ("tensor") and/or per-head ("head") fp8 scales
+    block_formats: tuple = ()  # block-scaled formats it implements (BLOCK_FORMATS; the block ops)
+    block_preset: str | None = None  # how it computes block scales and elements
+    # (oracle.reference.block_scaled.PRESETS); None: each format's default preset
+    block_knobs: tuple = ()  # (knob, value) pairs overriding the preset, e.g. (("exponent", "ceil"),)
+    scale_layouts: tuple = ("linear",)  # scale cache layouts of reshape_and_cache_block
     padding: str = "none"  # oracle.reference.slots padding policy: none, negative, reserved:K
     duplicates: str = "forbid"  # forbid (never tested) or any (whole rows, no torn rows)
     layouts: tuple = LAYOUTS  # paged cache layouts
@@ -107,7 +117,8 @@ class Contract:
             out.append("backend must be set")
         for attr, allowed in (("dtypes", DTYPES), ("index_dtypes", INDEX_DTYPES),
                               ("fp8_formats", tuple(_fp8.FORMATS)), ("scales", SCALES),
-                              ("layouts", LAYOUTS)):
+                              ("layouts", LAYOUTS), ("block_formats", BLOCK_FORMATS),
+                              ("scale_layouts", SCALE_LAYOUTS)):
             value = getattr(self, attr)
             if not isinstance(value, tuple):
                 out.append(f"{attr} must be a tuple, got {value!r}")
@@ -134,6 +145,13 @@ class Contract:
                     self.knobs(fmt)
             except (TypeError, ValueError) as exc:
                 out.append(f"fp8: {exc}")
+        if self.block_formats and self.op not in BLOCK_OPS:
+            out.append(f"block_formats={self.block_formats!r}: only {', '.join(BLOCK_OPS)} write block-scaled formats")
+        for fmt in self.block_formats if isinstance(self.block_formats, tuple) else ():
+            try:
+                self.block_knob_values(fmt)
+            except (TypeError, ValueError) as exc:
+                out.append(f"block format {fmt}: {exc}")
         keys = GAP_KEYS
         if not isinstance(self.reasons, tuple) or any(
                 not (isinstance(r, tuple) and len(r) == 2 and r[0] in keys) for r in self.reasons):
@@ -149,6 +167,12 @@ class Contract:
         """The fp8 knobs this kernel declares for ``fmt``."""
         return _fp8.resolve_knobs(_fp8.get_format(fmt), self.fp8_preset, dict(self.fp8_knobs))
 
+    def block_knob_values(self, fmt: str):
+        """The block-scaling knobs this kernel declares for block format ``fmt``."""
+        from .reference import block_scaled
+
+        return block_scaled.knobs_for(fmt, self.block_preset, **dict(self.block_knobs))
+
     def describe(self) -> str:
         """The contract in one line."""
         parts = [f"{self.op} on {self.device}", "/".join(self.dtypes), "idx " + "/".join(self.index_dtypes)]
@@ -162,7 +186,13 @@ class Contract:
             parts.append(f"DCP rank {self.dcp_rank} of {self.dcp_world} ({self.dcp_modulo} modulo)")
         if self.fp8_division != "ieee":
             parts.append(f"fp8 division {self.fp8_division}")
-        if self.op in ("reshape_and_cache_flash",):
+        if self.block_formats:
+            knobs = ",".join(f"{k}={v}" for k, v in self.block_knobs)
+            parts.append("block formats " + "/".join(self.block_formats)
+                         + f" ({self.block_preset or 'default presets'}{',' + knobs if knobs else ''})")
+        if self.op == "reshape_and_cache_block":
+            parts.append("scale layouts " + "/".join(self.scale_layouts))
+        if self.op in ("reshape_and_cache_flash", "reshape_and_cache_block"):
             parts.append("layouts " + "/".join(self.layouts))
         if self.row_bytes_multiple > 1:
             parts.append(f"row bytes % {self.row_bytes_multiple}")
@@ -202,6 +232,8 @@ def gaps(contract: Contract, needs: dict) -> list[Gap]:
     lacks("dtype", contract.dtypes, needs.get("dtype"), True)
     lacks("index_dtype", contract.index_dtypes, needs.get("index_dtype"), True)
     lacks("fp8_format", contract.fp8_formats, needs.get("fp8_format"), True, "fp8 format")
+    lacks("block_format", contract.block_formats, needs.get("block_format"), True, "block format")
+    lacks("scale_layout", contract.scale_layouts, needs.get("scale_layout"), True, "scale layout")
     lacks("scale", contract.scales, needs.get("scale"), True, "scale kind")
     lacks("layout", contract.layouts, needs.get("layout"), True)
     if needs.get("padding") and needs["padding"] != contract.padding:

@@ -5,6 +5,7 @@ arguments before computing anything, and raises ValueError/TypeError naming the 
 offending value. docs/semantics.md states each contract.
 """
 
+from .block_scaled import quantize_block, reshape_and_cache_block
 from .fp8 import FORMATS, Fp8Knobs, dequantize, quantize
 from .mla import concat_and_cache_mla, set_mla_kv_buffer
 from .paged import reshape_and_cache_flash
@@ -17,5 +18,5 @@ from .swa_model import SwaAllocatorModel
 __all__ = [
     "FORMATS", "Fp8Knobs", "OneOfRows", "PRESETS", "Padding", "SwaAllocatorModel", "check_outcome",
     "concat_and_cache_mla", "dequantize", "get_preset", "make_swa_mapping", "quantize",
-    "reshape_and_cache_flash", "set_mla_kv_buffer", "store_cache", "translate_full_to_swa",
+    "quantize_block", "reshape_and_cache_block", "reshape_and_cache_flash", "set_mla_kv_buffer", "store_cache", "translate_full_to_swa",
 ]

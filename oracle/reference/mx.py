@@ -144,7 +144,7 @@ def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | 
     with np.errstate(over="ignore", invalid="ignore"):
         quotient = (blocks * factor).astype(np.float32)
     codes = fp8_quantize(quotient, fmt, preset=resolved.element_preset, saturate=resolved.saturate)
-    codes = codes.reshape(x32.shape[:-1] + (-1,))[..., :width]
+    codes = codes.reshape(x32.shape[:-1] + (blocks.shape[-2] * block,))[..., :width]
     return np.ascontiguousarray(codes), scales
 
 

@@ -1,0 +1,240 @@
+"""NVFP4: e2m1 elements in blocks of 16 sharing one e4m3fn scale, under one float32 per-tensor scale.
+
+A row's last axis (a head's elements) is cut into blocks of :data:`BLOCK` consecutive elements;
+the last block may be shorter (blocks never straddle rows). Each block stores one **e4m3fn scale
+byte** and each element a 4-bit **e2m1 code** (magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the
+sign), two codes per byte. ``global_scale`` (``gs``) is the per-tensor float32 "encode" scale of
+vLLM and TensorRT-LLM (``gs = 448 * 6 / amax(tensor)`` in their callers): decoding is
+``e2m1(code) * e4m3(scale) / gs``.
+
+The default arithmetic (preset ``nvfp4_ref``) is vLLM's ``ref_nvfp4_quant`` and TensorRT-LLM's
+``cvt_warp_fp16_to_fp4`` with IEEE reciprocals, all in float32 rounded to nearest even::
+
+    amax = max |x| over the block               (NaN ignored, inf counts)
+    sf   = fl(gs * fl(amax * fl(1/6)))
+    scale byte = e4m3fn(sf), saturating         (sf >= 448 or inf: 0x7E); sfq = its value
+    out  = 0 if sfq == 0 else fl(1 / fl(sfq * fl(1/gs)))
+    code = e2m1(fl(x * out)), round to nearest even, saturating to +-6 (inf too)
+
+Where implementations differ, :class:`Nvfp4Knobs` says how:
+
+- ``global_scale_at``: where ``gs`` is applied. ``"block_scale"`` (above: folded into the block
+  scale and its reciprocal) or ``"input"`` (``x' = fl(x * gs)`` first; then ``sf = fl(amax' *
+  fl(1/6))`` and ``code = e2m1(fl(x' * fl(1/sfq)))``), which rounds differently.
+- ``nibble_order``: ``"low_first"`` (element ``2j`` in the low nibble of byte ``j``, what PTX's
+  ``cvt.rn.satfinite.e2m1x2.f32 d, a, b`` gives with ``a`` the odd element) or ``"high_first"``.
+- ``nan_element``: the code of a NaN element (e2m1 has no NaN): ``"max"`` (7, +6: the
+  satfinite conversion) or ``"zero"`` (0).
+- ``nonfinite``: ``"ignore_nan"`` (amax over the non-NaN elements, as CUDA's ``fmaxf`` does) or
+  ``"nan_scale"`` (a block holding NaN gets the e4m3fn NaN scale byte 0x7F).
+
+Fault knobs (never a real writer's choice; the diagnosis replays them to name a bug):
+``element_scale="unrounded"`` (elements scaled by the block scale before its e4m3fn rounding)
+and ``global_scale_uses`` (how many times ``gs`` is applied: 1, or the bugs 0 and 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from . import _validate as v
+from .fp8 import code_values
+from .fp8 import quantize as fp8_quantize
+
+BLOCK = 16
+E2M1_MAGNITUDES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+E2M1_MAX = 6.0
+SCALE_MAX = 448.0  # e4m3fn
+SCALE_NAN = 0x7F
+SIXTH = np.float32(1) / np.float32(6)  # fl32(1/6) = 0.1666666716...
+GLOBAL_SCALE_AT = ("block_scale", "input")
+NIBBLE_ORDERS = ("low_first", "high_first")
+NAN_ELEMENTS = ("max", "zero")
+NONFINITE_BLOCKS = ("ignore_nan", "nan_scale")
+ELEMENT_SCALES = ("stored", "unrounded")
+
+
+@dataclass(frozen=True)
+class Nvfp4Knobs:
+    """How an implementation computes NVFP4 scales and codes (see the module docstring)."""
+
+    global_scale_at: str = "block_scale"
+    nibble_order: str = "low_first"
+    nan_element: str = "max"
+    nonfinite: str = "ignore_nan"
+    element_scale: str = "stored"  # fault knob: "unrounded"
+    global_scale_uses: int = 1  # fault knob: 0 or 2
+
+    def validated(self) -> "Nvfp4Knobs":
+        v.require_choice("global_scale_at", self.global_scale_at, GLOBAL_SCALE_AT)
+        v.require_choice("nibble_order", self.nibble_order, NIBBLE_ORDERS)
+        v.require_choice("nan_element", self.nan_element, NAN_ELEMENTS)
+        v.require_choice("nonfinite", self.nonfinite, NONFINITE_BLOCKS)
+        v.require_choice("element_scale", self.element_scale, ELEMENT_SCALES)
+        v.require_choice("global_scale_uses", self.global_scale_uses, (0, 1, 2))
+        return self
+
+
+# What real implementations do (docs/semantics.md, "Block-scaled formats").
+NVFP4_PRESETS = {
+    "nvfp4_ref": Nvfp4Knobs(),  # vLLM's ref_nvfp4_quant, TensorRT-LLM's and FlashInfer's fp4 quantize
+    "nvfp4_prescaled": Nvfp4Knobs(global_scale_at="input"),  # x * gs first, then a plain block scale
+}
+
+
+def nvfp4_knobs(preset: str | None = None, **overrides) -> Nvfp4Knobs:
+    """The knobs of ``preset`` (default ``nvfp4_ref``) with the caller's overrides."""
+    name = preset or "nvfp4_ref"
+    if name not in NVFP4_PRESETS:
+        raise ValueError(f"preset={preset!r} is not an NVFP4 preset; expected one of {sorted(NVFP4_PRESETS)}")
+    unknown = set(overrides) - set(Nvfp4Knobs.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown NVFP4 knob(s): {sorted(unknown)}; knobs are "
+                        f"{sorted(Nvfp4Knobs.__dataclass_fields__)}")
+    return replace(NVFP4_PRESETS[name], **overrides).validated()
+
+
+def e2m1_values(codes) -> np.ndarray:
+    """The float32 value of e2m1 codes (integers 0..15; bit 3 the sign)."""
+    codes = np.asarray(codes).astype(np.int64)
+    if codes.size and (codes.min() < 0 or codes.max() > 15):
+        raise ValueError(f"codes must lie in [0, 15], got values in [{codes.min()}, {codes.max()}]")
+    magnitude = E2M1_MAGNITUDES[codes & 7]
+    return np.where(codes & 8, -magnitude, magnitude).astype(np.float32)
+
+
+# Round-to-nearest-even boundaries between adjacent magnitudes: a tie goes to the even code
+# (0, 1.0, 2.0, 4.0 have even codes 0, 2, 4, 6).
+_UPPER = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=np.float32)
+_TIE_GOES_UP = np.array([False, True, False, True, False, True, False])
+
+
+def e2m1_codes(q, *, nan_element: str = "max") -> np.ndarray:
+    """e2m1 codes (uint8 0..15) of float32 ``q``: round to nearest even, saturating to +-6
+    (infinities too); -0 is code 8; NaN is code 7 (``nan_element="max"``) or 0 (``"zero"``)."""
+    v.require_choice("nan_element", nan_element, NAN_ELEMENTS)
+    q = np.asarray(q, dtype=np.float32)
+    magnitude = np.abs(q)
+    index = np.searchsorted(_UPPER, magnitude, side="left")  # boundaries strictly below magnitude
+    at_tie = np.zeros(q.shape, bool)
+    clipped = np.minimum(index, len(_UPPER) - 1)
+    at_tie = _UPPER[clipped] == magnitude
+    code = np.where(at_tie & _TIE_GOES_UP[clipped], index + 1, index)
+    code = np.minimum(code, 7)
+    code = np.where(np.signbit(q), code | 8, code)
+    nan = np.isnan(q)
+    code = np.where(nan, 7 if nan_element == "max" else 0, code)
+    return code.astype(np.uint8)
+
+
+def _blocks(x32: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """``x32`` as ``[..., blocks, block]`` (the last block padded with NaN, which no amax sees)
+    and the mask of real elements."""
+    width = x32.shape[-1]
+    count = -(-width // block)
+    padded = np.full(x32.shape[:-1] + (count * block,), np.nan, dtype=np.float32)
+    padded[..., :width] = x32
+    real = np.zeros(count * block, bool)
+    real[:width] = True
+    shape = x32.shape[:-1] + (count, block)
+    return padded.reshape(shape), np.broadcast_to(real.reshape(count, block), shape)
+
+
+def _require_global_scale(global_scale) -> np.float32:
+    value = np.asarray(global_scale, dtype=np.float64)
+    if value.size != 1:
+        raise ValueError(f"global_scale must be one number, got shape {value.shape}")
+    value = float(value.reshape(()))
+    if not np.isfinite(value) or value <= 0 or not np.isfinite(np.float32(value)) or np.float32(value) == 0:
+        raise ValueError(f"global_scale must be a finite float32 > 0, got {value!r}")
+    return np.float32(value)
+
+
+def quantize_nvfp4(x, global_scale=1.0, *, block: int = BLOCK, preset: str | None = None,
+                   **knobs) -> tuple[np.ndarray, np.ndarray]:
+    """(packed, scales) of ``x`` (float32, float16 or bfloat16, any shape, blocks along the last
+    axis, whose length D must be even): ``packed`` uint8 ``x.shape[:-1] + (D // 2,)``,
+    ``scales`` uint8 e4m3fn codes ``x.shape[:-1] + (ceil(D / block),)``. ``global_scale``: a
+    finite float32 > 0. Knobs: :class:`Nvfp4Knobs` (``preset``: see :data:`NVFP4_PRESETS`)."""
+    v.require_float_input("x", x)
+    block = v.require_int("block", block, 1)
+    gs = _require_global_scale(global_scale)
+    k = nvfp4_knobs(preset, **knobs)
+    if x.ndim == 0:
+        raise ValueError("x must have at least one axis (the blocks run along the last one)")
+    width = x.shape[-1]
+    if width % 2:
+        raise ValueError(f"x has {width} elements per row; NVFP4 packs two per byte, so it must be even")
+    x32 = x.astype(np.float32)
+    if width == 0:
+        return (np.zeros(x32.shape[:-1] + (0,), np.uint8), np.zeros(x32.shape[:-1] + (0,), np.uint8))
+    blocks, real = _blocks(x32, block)
+    codes, scales = _quantize_blocks(blocks, real, gs, k)
+    codes = codes.reshape(x32.shape[:-1] + (blocks.shape[-2] * block,))[..., :width]
+    return pack(codes, k.nibble_order), scales
+
+
+def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nvfp4Knobs):
+    """(element codes ``[..., blocks, block]``, scale codes ``[..., blocks]``) of float32 blocks."""
+    f32 = np.float32
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        encode = f32(gs) if k.global_scale_uses else f32(1)
+        if k.global_scale_uses == 2:
+            encode = f32(encode * gs)
+        if k.global_scale_at == "input":
+            blocks = (blocks * encode).astype(f32)
+            encode = f32(1)
+        magnitude = np.where(real, np.abs(blocks), f32(np.nan))
+        amax = np.fmax.reduce(magnitude, axis=-1)  # fmax ignores NaN, as CUDA's fmaxf does
+        amax = np.where(np.isnan(amax), f32(0), amax).astype(f32)
+        sf = (encode * (amax * SIXTH).astype(f32)).astype(f32)
+        scale_codes = fp8_quantize(sf, "e4m3fn", preset="ocp_satfinite")
+        sfq = code_values("e4m3fn")[scale_codes] if k.element_scale == "stored" else sf
+        if k.nonfinite == "nan_scale":  # the elements keep the finite scale, as MX's nan_scale
+            has_nan = np.any(np.isnan(blocks) & real, axis=-1)
+            scale_codes = np.where(has_nan, np.uint8(SCALE_NAN), scale_codes).astype(np.uint8)
+        decode = (f32(1) / encode).astype(f32)
+        out = np.where(sfq == 0, f32(0), (f32(1) / (sfq * decode).astype(f32))).astype(f32)
+        q = (blocks * out[..., None]).astype(f32)
+    return e2m1_codes(q, nan_element=k.nan_element), scale_codes.astype(np.uint8)
+
+
+def pack(codes: np.ndarray, nibble_order: str = "low_first") -> np.ndarray:
+    """Two e2m1 codes per byte along the last axis (even length): element ``2j`` in the low
+    nibble of byte ``j`` (``"low_first"``) or in the high one (``"high_first"``)."""
+    v.require_choice("nibble_order", nibble_order, NIBBLE_ORDERS)
+    even, odd = codes[..., 0::2].astype(np.uint8), codes[..., 1::2].astype(np.uint8)
+    low, high = (even, odd) if nibble_order == "low_first" else (odd, even)
+    return (low | (high << 4)).astype(np.uint8)
+
+
+def unpack(packed: np.ndarray, nibble_order: str = "low_first") -> np.ndarray:
+    """The e2m1 codes of packed bytes, ``2 * packed.shape[-1]`` along the last axis."""
+    v.require_choice("nibble_order", nibble_order, NIBBLE_ORDERS)
+    low, high = packed & 0x0F, packed >> 4
+    even, odd = (low, high) if nibble_order == "low_first" else (high, low)
+    out = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), np.uint8)
+    out[..., 0::2], out[..., 1::2] = even, odd
+    return out
+
+
+def dequantize_nvfp4(packed, scales, global_scale=1.0, *, block: int = BLOCK,
+                     nibble_order: str = "low_first") -> np.ndarray:
+    """float32 values ``e2m1(code) * e4m3fn(scale) / global_scale`` of packed NVFP4 codes
+    (uint8, two per byte along the last axis) with their scale bytes (one per block); NaN in a
+    block whose scale byte is NaN."""
+    v.require_array("packed", packed)
+    v.require_dtype("packed", packed, (np.uint8,))
+    block = v.require_int("block", block, 1)
+    gs = _require_global_scale(global_scale)
+    if packed.ndim == 0:
+        raise ValueError("packed must have at least one axis")
+    codes = unpack(packed, nibble_order)
+    want = codes.shape[:-1] + (-(-codes.shape[-1] // block),)
+    v.require_shape("scales", scales, want, " (one e4m3fn code per block of the last axis)")
+    v.require_dtype("scales", scales, (np.uint8,))
+    per_element = np.repeat(code_values("e4m3fn")[scales], block, axis=-1)[..., :codes.shape[-1]]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (e2m1_values(codes) * per_element / np.float32(gs)).astype(np.float32)
