@@ -11,11 +11,11 @@ from . import __version__
 
 
 def _selfcheck(args: argparse.Namespace) -> int:
-    from .reference.golden import check_golden, check_mx_golden
+    from .reference.golden import check_golden, check_mx_golden, check_nvfp4_golden
 
     results, failures = check_golden()
-    mx_results, mx_failures = check_mx_golden()
-    results, failures = results + mx_results, failures + mx_failures
+    for more_results, more_failures in (check_mx_golden(), check_nvfp4_golden()):
+        results, failures = results + more_results, failures + more_failures
     width = max(len(r.name) for r in results)
     print(f"{'format / mode':<{width}}  {'vectors':>7}  {'failures':>8}")
     for r in results:
@@ -24,7 +24,7 @@ def _selfcheck(args: argparse.Namespace) -> int:
         print(f"FAIL {f.name}: x={f.x} {f.knobs or ''} expected {f.expected}, got {f.actual} ({f.why})")
     failed = sum(r.failures for r in results)
     total = sum(r.cases for r in results)
-    print(f"\n{total - failed} of {total} golden fp8 and MXFP8 vectors agree with the reference"
+    print(f"\n{total - failed} of {total} golden fp8, MXFP8 and NVFP4 vectors agree with the reference"
           + ("" if not failed else f"; {failed} FAIL"))
     return 1 if failed else 0
 
