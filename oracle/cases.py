@@ -12,7 +12,7 @@ from .reference.fp8 import FORMATS
 
 PROFILES = ("quick", "full", "exhaustive")
 CASE_CLASSES = ("dtypes", "sizes", "strides", "aliasing", "padding", "duplicates", "dcp", "large",
-                "fp8", "bad_input")
+                "fp8", "block_scaled", "bad_input")
 
 
 def _dtypes(spec: OpSpec, profile: str, contract=None):
@@ -107,6 +107,24 @@ def _fp8(spec: OpSpec, profile: str, contract=None):
                 yield {"fp8": fmt, "scale": scale, "values": values}
 
 
+def _block_scaled(spec: OpSpec, profile: str, contract=None):
+    """Each block format with each value set (NVFP4 under each per-tensor scale), a head whose D
+    is not a multiple of the block, and, for a paged writer, the swizzled scale cache."""
+    from .ops._blockcases import GLOBAL_SCALES, VALUE_SETS
+
+    for fmt in spec.block_formats:
+        for values in VALUE_SETS:
+            scales = GLOBAL_SCALES if fmt == "nvfp4" and values in ("random", "special") else (None,)
+            for scale in scales if profile != "quick" or values == "special" else scales[:1]:
+                yield {"block": fmt, "values": values, "scale": scale}
+        yield {"block": fmt, "shape": spec.straddle_shape, "values": "special"}
+        if spec.layouts:
+            yield {"block": fmt, "layout": spec.layouts[-1]}
+            yield {"block": fmt, "scale_layout": "swizzled"}
+            yield {"block": fmt, "scale_layout": "swizzled", "values": "special", "shape": spec.straddle_shape}
+            yield {"block": fmt, "scale_layout": "swizzled", "padding": "negative"}
+
+
 def _bad_input(spec: OpSpec, profile: str, contract=None):
     for bad in spec.bad_inputs():
         yield {"bad": bad}
@@ -114,7 +132,7 @@ def _bad_input(spec: OpSpec, profile: str, contract=None):
 
 GENERATORS = {"dtypes": _dtypes, "sizes": _sizes, "strides": _strides, "aliasing": _aliasing,
               "padding": _padding, "duplicates": _duplicates, "dcp": _dcp, "large": _large, "fp8": _fp8,
-              "bad_input": _bad_input}
+              "block_scaled": _block_scaled, "bad_input": _bad_input}
 
 
 def catalogue(op: str, profile: str = "quick", contract=None) -> list[Case]:

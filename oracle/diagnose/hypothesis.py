@@ -48,6 +48,14 @@ CAUSES = {
     "nothing_written": "nothing was written",
     "row_overrun": "rows written past their end (whole vectors, no tail handling)",
     "row_tail_written": "the row past its written part is overwritten",
+    "shared_exponent_off_by_one": "the shared (block) exponent is off by one",
+    "block_scaling_rule": "another block-scaling rule (the exponent's rounding, where the per-tensor scale applies)",
+    "block_nonfinite": "zero, NaN or inf blocks scaled or written another way",
+    "block_scale_unrounded": "elements scaled by the block scale before its rounding to the stored format",
+    "global_scale_misapplied": "the per-tensor scale is applied twice or not at all",
+    "nibbles_swapped": "the two 4-bit codes of each byte are swapped",
+    "padding_into_slot_zero": "padding rows are quantized and written into slot 0",
+    "scale_layout_wrong": "the scale cache is written in another layout than its own",
 }
 
 

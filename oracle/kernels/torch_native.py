@@ -13,6 +13,7 @@ import torch
 
 import oracle
 
+from . import torch_block
 from ._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_concat_mla, check_paged_write, check_rows, check_scale,
                       check_translate, check_translate_values)
 
@@ -259,3 +260,12 @@ def _register_on(device: str, prefix: str) -> None:
     oracle.register(quantize_fp8, op="quantize_fp8", name=f"{prefix}.quantize_fp8", backend="torch",
                     device=device, validates=True, **fp8,
                     notes="out.copy_((x.float() / scale).to(fp8).view(uint8))")
+    block = dict(backend="torch", device=device, validates=True, block_formats=tuple(torch_block.FORMATS))
+    oracle.register(torch_block.quantize_block, op="quantize_block", name=f"{prefix}.quantize_block", **block,
+                    notes="block amax by amax(), the exponent by frexp, elements clamped and cast "
+                          "(MX) or bucketized (e2m1)")
+    oracle.register(torch_block.reshape_and_cache_block, op="reshape_and_cache_block",
+                    name=f"{prefix}.reshape_and_cache_block", padding="negative",
+                    scale_layouts=("linear", "swizzled"), **block,
+                    notes="torch_block.encode of the kept rows, index_put_ of codes and scale bytes "
+                          "(swizzled pages by a gathered offset table); -1 slots skipped")

@@ -22,6 +22,7 @@ import oracle
 from ..contract import Contract
 from .bases import BACKEND as BASE_BACKEND
 from .bases import BASES, Base
+from .block_faults import BLOCK_MUTANTS
 from .conventions import CONVENTION_MUTANTS
 from .fp8_faults import FP8_MUTANTS
 from .kernels import MUTANTS as KERNEL_MUTANTS
@@ -29,7 +30,7 @@ from .kernels import Mutant
 from .selfcheck import BaseResult, MutantResult, SelfCheckResult, format_table, self_check
 
 BACKEND = "mutant"
-MUTANTS = KERNEL_MUTANTS + CONVENTION_MUTANTS + FP8_MUTANTS  # the whole catalogue
+MUTANTS = KERNEL_MUTANTS + CONVENTION_MUTANTS + FP8_MUTANTS + BLOCK_MUTANTS  # the whole catalogue
 
 
 def base_contracts() -> dict[str, Contract]:

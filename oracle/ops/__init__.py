@@ -6,6 +6,7 @@ Adding an op means one reference module, one spec module here, and one line belo
 from __future__ import annotations
 
 from .base import Case, OpSpec, Prepared
+from .block_scaled import QuantizeBlock, ReshapeAndCacheBlock
 from .mla import ConcatAndCacheMla, SetMlaKvBuffer
 from .paged import ReshapeAndCacheFlash
 from .quantize import QuantizeFp8
@@ -19,6 +20,8 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
     TranslateFullToSwa(),
     ReshapeAndCacheFlash(),
     QuantizeFp8(),
+    QuantizeBlock(),
+    ReshapeAndCacheBlock(),
 )}
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from ..buffers import Arena, SHORT_NAMES
 from ..contract import Contract
 
-PARAM_ORDER = ("dtype", "fp8", "index", "shape", "layout", "src", "index_layout", "cache",
+PARAM_ORDER = ("dtype", "fp8", "block", "index", "shape", "layout", "scale_layout", "src", "index_layout", "cache",
                "padding", "dups", "dcp", "scale", "values", "bad", "large", "n")
 
 
@@ -56,6 +56,8 @@ class Case:
                 parts.append("pad_" + str(value).replace(":", ""))
             elif key in ("src", "index_layout", "cache"):
                 parts.append(f"{value}_{ {'src': 'src', 'index_layout': 'index', 'cache': 'cache'}[key]}")
+            elif key == "scale_layout":
+                parts.append(f"{value}_scales")
             elif key == "scale":
                 parts.append(f"scale_{value}")
             elif key == "bad":
@@ -103,6 +105,7 @@ class OpSpec:
     layouts: tuple = ()  # paged cache layouts
     returns: bool = False  # the op returns a tensor instead of writing a cache
     fp8_scales: tuple = ()  # scale variants of the "fp8" case class ("1.0", "0.0123", "head")
+    block_formats: tuple = ()  # block-scaled formats of the "block_scaled" case class
     large_case = None  # params (dict) of the "large" case (caches past 2**31 elements), or None
     large_in_quick = False  # also in the quick profile (each large case takes ~4 GB and seconds)
 

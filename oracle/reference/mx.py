@@ -23,6 +23,10 @@ Where implementations legitimately differ, :class:`MxKnobs` says how:
 - ``saturate`` and ``element_preset``: the element conversion, as :func:`oracle.reference.fp8.quantize`
   does it (default: saturating, round to nearest even, the preset ``ocp_satfinite``'s NaN byte).
 
+Fault knob (never a real writer's choice; the diagnosis replays it to name a bug):
+``exponent_offset``, added to ``E`` of every nonzero block before the clamp (the shared exponent
+off by one: -1 or +1).
+
 ``x / X`` is computed in float32 (exact for a power of two unless the quotient is a float32
 subnormal, where it rounds once, as every kernel's float32 arithmetic does).
 """
@@ -56,11 +60,13 @@ class MxKnobs:
     nonfinite: str = "nan_scale"
     saturate: bool = True
     element_preset: str = "ocp_satfinite"
+    exponent_offset: int = 0  # fault knob: -1 or +1
 
     def validated(self) -> "MxKnobs":
         v.require_choice("exponent", self.exponent, EXPONENT_RULES)
         v.require_choice("zero_block", self.zero_block, ZERO_BLOCKS)
         v.require_choice("nonfinite", self.nonfinite, NONFINITE_BLOCKS)
+        v.require_choice("exponent_offset", self.exponent_offset, (-1, 0, 1))
         if not isinstance(self.saturate, bool):
             raise TypeError(f"saturate must be a bool, got {self.saturate!r}")
         return self
@@ -113,7 +119,7 @@ def shared_exponents(amax: np.ndarray, fmt: str, knobs: MxKnobs) -> np.ndarray:
         # a subnormal amax whose quotient underflows to 0: every E works, the clamp keeps -127
         exponent = np.where(quotient == 0, E_MIN, exponent)
     zero = E_MIN if knobs.zero_block == "min" else 0
-    exponent = np.where(positive, exponent, zero)
+    exponent = np.where(positive, exponent + knobs.exponent_offset, zero)
     return np.clip(exponent, E_MIN, E_MAX)
 
 

@@ -1,0 +1,95 @@
+"""Mutants for the block-scaled writers (MXFP8, NVFP4): each commits one bug real block-scaled
+writers have had or easily have, under exactly the torch baseline's contract, and is killed by
+the case class named in its row.
+
+Each is the torch baseline (:mod:`oracle.kernels.torch_block`) with one step of its encoder or
+its slot handling changed; the argument checks run unchanged first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels import torch_block as tb
+from .kernels import Mutant
+
+
+def _mx_exponent_plus_one(x, fmt, global_scale):
+    """MX with E one too large for every nonzero block (half the elements' range wasted)."""
+    dtype, block, emax = tb.FORMATS[fmt]
+    if fmt == "nvfp4":
+        return tb.encode(x, fmt, global_scale)
+    return tb._mx(x.float(), dtype, block, emax - 1)
+
+
+def _nvfp4(x, fmt, global_scale, *, unrounded=False, uses=1, swap=False):
+    if fmt != "nvfp4":
+        return tb.encode(x, fmt, global_scale)
+    gs = global_scale.reshape(()).float()
+    gs = torch.ones_like(gs) if uses == 0 else gs * gs if uses == 2 else gs
+    blocks = tb._blocks(x.float(), 16)
+    amax = torch.where(torch.isnan(blocks), 0, blocks.abs()).amax(dim=-1)
+    sf = gs * (amax * tb.SIXTH)
+    scales = sf.clamp(max=448).to(torch.float8_e4m3fn)
+    sfq = sf if unrounded else scales.float()
+    out = torch.where(sfq == 0, 0, 1 / (sfq * (1 / gs)))
+    codes = tb._e2m1(blocks * out[..., None]).flatten(-2)[..., :x.shape[-1]]
+    even, odd = codes[..., 0::2], codes[..., 1::2]
+    return (odd | (even << 4)) if swap else (even | (odd << 4)), scales.view(torch.uint8)
+
+
+def _quantize(encoder):
+    def kernel(codes, scales, x, fmt, global_scale):
+        tb.write_quantized(codes, scales, x, fmt, global_scale, encoder)
+    return kernel
+
+
+def _paged(encoder, keep=None):
+    def kernel(*args):
+        tb.write_paged(*args, encoder, keep)
+    return kernel
+
+
+def _padding_to_slot_zero(slot_mapping: torch.Tensor):
+    """Every row kept; a negative slot clamped to 0 (a max(slot, 0) where a skip belongs)."""
+    return torch.ones_like(slot_mapping, dtype=torch.bool), slot_mapping.long().clamp(min=0)
+
+
+def paged_swizzle_as_linear(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
+                            slot_mapping, fmt, k_global_scale, v_global_scale):
+    """Writes each page of a swizzled scale cache in the linear [block_size, H, blocks] order."""
+    if key_scale_cache.dim() == 2:
+        heads, head_size = key.shape[1:]
+        shape = (key_scale_cache.shape[0], key_cache.shape[1], heads, -(-head_size // tb.FORMATS[fmt][1]))
+        key_scale_cache, value_scale_cache = (
+            t.as_strided(shape, (t.stride(0), shape[2] * shape[3], shape[3], 1), t.storage_offset())
+            for t in (key_scale_cache, value_scale_cache))
+    tb.write_paged(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache, slot_mapping,
+                   fmt, k_global_scale, v_global_scale, tb.encode)
+
+
+Q, P = "quantize_block", "reshape_and_cache_block"
+_ROWS = [
+    (Q + ".exponent_plus_one", Q, "MXFP8 shared exponent one too large (floor(log2 amax) - emax + 1)",
+     "shared_exponent_off_by_one", _quantize(_mx_exponent_plus_one), ("block_scaled",)),
+    (P + ".exponent_plus_one", P, "MXFP8 shared exponent one too large (floor(log2 amax) - emax + 1)",
+     "shared_exponent_off_by_one", _paged(_mx_exponent_plus_one), ("block_scaled",)),
+    (Q + ".unrounded_block_scale", Q, "NVFP4 elements divided by the block scale before its e4m3fn rounding",
+     "block_scale_unrounded", _quantize(lambda *a: _nvfp4(*a, unrounded=True)), ("block_scaled",)),
+    (Q + ".nibbles_swapped", Q, "NVFP4 even elements in the high nibble, odd in the low",
+     "nibbles_swapped", _quantize(lambda *a: _nvfp4(*a, swap=True)), ("block_scaled",)),
+    (P + ".nibbles_swapped", P, "NVFP4 even elements in the high nibble, odd in the low",
+     "nibbles_swapped", _paged(lambda *a: _nvfp4(*a, swap=True)), ("block_scaled",)),
+    (Q + ".global_scale_twice", Q, "NVFP4 per-tensor scale applied twice (gs * gs)",
+     "global_scale_misapplied", _quantize(lambda *a: _nvfp4(*a, uses=2)), ("block_scaled",)),
+    (P + ".global_scale_ignored", P, "NVFP4 per-tensor scale never applied",
+     "global_scale_misapplied", _paged(lambda *a: _nvfp4(*a, uses=0)), ("block_scaled",)),
+    (P + ".padding_into_slot_zero", P, "padding rows (negative slots) quantized into slot 0, as sglang's "
+     "MXFP8 writers did", "padding_into_slot_zero", _paged(tb.encode, _padding_to_slot_zero), ("padding",)),
+    (P + ".swizzle_as_linear", P, "a swizzled scale cache written in the linear order of each page",
+     "scale_layout_wrong", paged_swizzle_as_linear, ("block_scaled",)),
+]
+BLOCK_MUTANTS = tuple(Mutant("mutant." + name, op, "torch." + op, bug, catches, fn, cause)
+                      for name, op, bug, cause, fn, catches in _ROWS)
+
+__all__ = ["BLOCK_MUTANTS"]

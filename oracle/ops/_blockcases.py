@@ -1,0 +1,171 @@
+"""Block-scaled case inputs and bug hypotheses, shared by the block-scaled op specs.
+
+Case parameters: ``block`` (the format, :data:`oracle.reference.block_scaled.FORMATS`),
+``values`` and ``scale`` (NVFP4's per-tensor scale).
+
+``values``:
+
+- "random": ordinary activations (normal, sigma 2) in the case's dtype.
+- "special": every block gets its own power of two ``2**k`` (k from -140 to 120, so float32
+  subnormal blocks and blocks near float32's largest value are among them) and elements
+  ``m * 2**k`` with ``m`` dyadic: every e2m1 magnitude and every tie between two of them, the
+  e4m3fn and e5m2 maxima, the ties above them (464, 61440) and their neighbours, the powers of
+  two that decide the shared exponent, with both signs; so element rounding ties, saturation and
+  both exponent rules (floor and ceil differ where amax is not a power of two) are reached
+  exactly wherever the block scale is a power of two.
+- "zero_blocks": random rows in which some blocks are all +0, all -0, or float32 subnormals.
+- "nonfinite": random rows with NaN, +inf or -inf in some blocks (one block all NaN).
+
+``scale`` (NVFP4 only): "calibrated", vLLM's ``448 * 6 / amax`` over the tensor's finite
+elements (never a power of two); "1.0"; "0.37". V's scale is 2.61 times K's, so swapping them shows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..buffers import NUMPY_DTYPES
+from ..contract import Contract
+from ..diagnose.hypothesis import Hypothesis
+from ..reference import block_scaled, mx, nvfp4
+from . import _build
+
+VALUE_SETS = ("random", "special", "zero_blocks", "nonfinite")
+GLOBAL_SCALES = ("calibrated", "1.0", "0.37")
+SECOND_SCALE = 2.61
+_F32 = np.float32
+_MANTISSAS = np.array([0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 12,
+                       440, 448, 456, 464, 472, 480, 896, 57344, 59392, 61440, 63488, 65536,
+                       1.0078125, 1.9921875, 0.99609375], dtype=np.float64)
+
+
+def with_defaults(p: dict, case_params: dict) -> dict:
+    """The format and value set of a case: MXFP8 e4m3fn, random values, NVFP4 calibrated; the
+    special sets in float32 unless the case names a dtype."""
+    p.setdefault("block", "mxfp8_e4m3fn")
+    p.setdefault("values", "random")
+    if p["block"] == "nvfp4":
+        p.setdefault("scale", "calibrated")
+    if p["values"] in ("special", "zero_blocks", "nonfinite") and "dtype" not in case_params:
+        p["dtype"] = "float32"
+    return p
+
+
+def values(rng: np.random.Generator, kind: str, fmt: str, shape: tuple, dtype: str) -> np.ndarray:
+    """Source values ``shape`` (``[..., D]``) of value set ``kind`` for block format ``fmt``."""
+    if kind not in VALUE_SETS:
+        raise ValueError(f"values={kind!r} is not one of {VALUE_SETS}")
+    block = block_scaled.require_format(fmt)[2]
+    x = _build.values(rng, shape, "float32").astype(np.float64)
+    width = shape[-1]
+    blocks = -(-width // block)
+    rows = int(np.prod(shape[:-1]))
+    flat = x.reshape(rows, width)
+    for r in range(rows):
+        for b in range(blocks):
+            part = slice(b * block, min((b + 1) * block, width))
+            size = part.stop - part.start
+            choice = (r * blocks + b) % 8
+            if kind == "special":
+                k = int(rng.integers(-140, 121)) if choice else int(rng.integers(-8, 9))
+                m = rng.choice(_MANTISSAS, size) * rng.choice([-1.0, 1.0], size)
+                flat[r, part] = np.clip(m * 2.0 ** k, -3.4e38, 3.4e38)
+            elif kind == "zero_blocks" and choice in (0, 3, 5):
+                flat[r, part] = {0: 0.0, 3: -0.0, 5: 1e-40 * rng.integers(1, 9, size)}[choice]
+            elif kind == "nonfinite" and choice in (1, 4, 6):
+                flat[r, part.start + int(rng.integers(0, size))] = {1: np.nan, 4: np.inf, 6: -np.inf}[choice]
+    if kind == "nonfinite" and rows:
+        flat[0, :min(block, width)] = np.nan
+    with np.errstate(over="ignore"):
+        out = flat.reshape(shape).astype(_F32)
+    with np.errstate(all="ignore"):  # a narrower dtype rounds (and overflows) the sources
+        return out.astype(NUMPY_DTYPES[dtype])
+
+
+def global_scale(choice: str, source: np.ndarray, tensor: int = 0) -> np.ndarray:
+    """NVFP4's per-tensor scale of case parameter ``choice`` for ``source``: float32, shape (1,)."""
+    if choice not in GLOBAL_SCALES:
+        raise ValueError(f"scale={choice!r} is not one of {GLOBAL_SCALES}")
+    factor = SECOND_SCALE if tensor else 1.0
+    if choice == "1.0":
+        return np.ones(1, _F32)
+    if choice == "0.37":
+        return np.array([0.37 * factor], _F32)
+    finite = np.abs(source.astype(np.float64))[np.isfinite(source.astype(np.float64))]
+    amax = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    value = np.float32(448 * 6 / amax * factor)
+    return np.array([value if np.isfinite(value) and value > 0 else 1.0], _F32)
+
+
+BLOCK_KNOBS = ({f for f in mx.MxKnobs.__dataclass_fields__}
+               | {f for f in nvfp4.Nvfp4Knobs.__dataclass_fields__})
+
+
+def resolve(contract: Contract, fmt: str, override: dict) -> tuple[dict, dict]:
+    """Split an ``expected(**override)`` into (the reference's preset and knobs, the other
+    overrides): the contract's ``block_preset`` and ``block_knobs``, a "preset" override
+    replacing both and knob overrides replacing single knobs."""
+    rest = dict(override)
+    preset = rest.pop("preset", None)
+    knobs = {k: rest.pop(k) for k in list(rest) if k in BLOCK_KNOBS}
+    if preset is not None:
+        return {"preset": preset, **knobs}, rest
+    return {"preset": contract.block_preset, **dict(contract.block_knobs), **knobs}, rest
+
+
+def alternatives(fmt: str, contract: Contract) -> list[Hypothesis]:
+    """What a block-scaled writer may compute instead: the other legitimate knob values, and the
+    faults the diagnosis names (the shared exponent off by one, an element scale taken before its
+    e4m3fn rounding, the per-tensor scale applied twice or never, swapped nibbles)."""
+    declared = contract.block_knob_values(fmt)
+    family = block_scaled.require_format(fmt)[0]
+    out = []
+
+    def other(cause: str, knob: str, value, text: str):
+        if getattr(declared, knob) != value:
+            out.append(Hypothesis(cause, text, override={knob: value}))
+
+    if family == "mx":
+        for offset in (-1, 1):
+            other("shared_exponent_off_by_one", "exponent_offset", offset,
+                  f"the shared exponent is {offset:+d} off (E {'+' if offset > 0 else '-'} 1 for every block)")
+        for rule in mx.EXPONENT_RULES:
+            other("block_scaling_rule", "exponent", rule, f"the shared exponent follows the {rule!r} rule")
+        for zero in mx.ZERO_BLOCKS:
+            other("block_nonfinite", "zero_block", zero, f"an all-zero block gets the {zero!r} scale")
+        for rule in mx.NONFINITE_BLOCKS:
+            other("block_nonfinite", "nonfinite", rule, f"a block holding NaN or inf is scaled by {rule!r}")
+        other("fp8_conversion", "saturate", not declared.saturate,
+              f"the elements {'saturate' if not declared.saturate else 'do not saturate'}")
+        return out
+    other("block_scale_unrounded", "element_scale", "unrounded",
+          "the elements are scaled by the block scale before its e4m3fn rounding, not by the stored scale")
+    for uses in (0, 2):
+        other("global_scale_misapplied", "global_scale_uses", uses,
+              "the per-tensor scale is " + ("never applied" if uses == 0 else "applied twice"))
+    other("nibbles_swapped", "nibble_order", "high_first" if declared.nibble_order == "low_first" else "low_first",
+          "the two codes of each byte are in swapped nibbles")
+    for at in nvfp4.GLOBAL_SCALE_AT:
+        other("block_scaling_rule", "global_scale_at", at, f"the per-tensor scale is applied at {at!r}")
+    for nan in nvfp4.NAN_ELEMENTS:
+        other("block_nonfinite", "nan_element", nan, f"NaN elements are written as {nan!r}")
+    for rule in nvfp4.NONFINITE_BLOCKS:
+        other("block_nonfinite", "nonfinite", rule, f"a block holding NaN is scaled by {rule!r}")
+    return out
+
+
+def global_scale_hypotheses(names: tuple) -> list[Hypothesis]:
+    """Each per-tensor scale read in place of the other (V quantized with K's)."""
+    if len(names) != 2:
+        return []
+    a, b = names
+    return [Hypothesis("scale_swapped", f"{dst} read from {src}",
+                       views={dst: ((1,), (1,), 0, src)}) for src, dst in ((a, b), (b, a))]
+
+
+def padding_into_slot_zero(index: str) -> Hypothesis:
+    """sglang's MXFP8 writers' bug: the rows of padding entries quantized into slot 0."""
+    return Hypothesis("padding_into_slot_zero", "the padding rows (negative slots) are quantized and "
+                      "written into slot 0",
+                      inputs={index: lambda a: np.where(a < 0, 0, a).astype(a.dtype)},
+                      override={"padding": "none", "duplicates": "any"})

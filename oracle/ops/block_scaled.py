@@ -1,0 +1,249 @@
+"""Block-scaled writes (MXFP8, NVFP4): ``quantize_block`` and the paged ``reshape_and_cache_block``.
+
+``quantize_block(codes, scales, x, fmt, global_scale)``: x ``[N, H, D]`` float32, float16 or
+bfloat16 with any row stride; codes uint8 ``[N, H, Dc]`` (``Dc`` = D, or D / 2 for NVFP4: two
+e2m1 codes per byte, D even); scales uint8 ``[N, H, ceil(D / block)]``; fmt one of
+:data:`oracle.reference.block_scaled.FORMATS`; global_scale a float32 tensor [1] (NVFP4's
+per-tensor scale, also checked unchanged; MX ignores it).
+
+``reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache,
+value_scale_cache, slot_mapping, fmt, k_global_scale, v_global_scale)``: vLLM's
+``reshape_and_cache_flash`` into block-scaled caches. key, value ``[T, H, D]`` (T may exceed the
+index's length; the extra rows are never read); code caches uint8 ``[num_blocks, block_size, H,
+Dc]`` ("NHD", or "HND": a permuted view of a ``[num_blocks, H, block_size, Dc]`` allocation);
+scale caches uint8 ``[num_blocks, block_size, H, ceil(D / block)]`` (scale layout "linear", in the
+code caches' layout) or ``[num_blocks, page_bytes]`` (``"swizzled"``: the 128x4 tiled pages of
+:mod:`oracle.reference.block_scaled`; each page here is followed by 16 unused bytes, so the row
+stride exceeds the page). Slot ``s`` is token ``s % block_size`` of block ``s // block_size``; a
+padded slot writes neither codes nor scales. The kernel tells the scale layouts apart by rank.
+
+Block size 16 tokens. Cases beyond the catalogue's classes come from the "block_scaled" class:
+each format with each value set (:mod:`._blockcases`), NVFP4 under each per-tensor scale, heads
+whose D is not a multiple of the block (the last block is shorter and must not straddle into the
+next head), and (paged) the swizzled scale cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..buffers import Arena
+from ..contract import Contract
+from ..diagnose.hypothesis import Hypothesis
+from ..reference import block_scaled as ref
+from . import _blockcases, _build
+from .base import Case, OpSpec, Prepared
+
+BLOCK_SIZE = 16
+PAGE_PAD = 16  # unused bytes after each swizzled page
+SHAPES = ((1, 64), (8, 128), (32, 128), (4, 40), (2, 72), (1, 48), (13, 46), (8, 96))
+
+
+class _BlockSpec(OpSpec):
+    """What the two block-scaled specs share: formats, value sets, knobs, needs."""
+
+    dtypes = ("bfloat16", "float16", "float32")
+    block_formats = tuple(ref.FORMATS)
+    default_shape = (8, 128)
+    shapes = SHAPES
+    straddle_shape = (4, 40)  # D = 40: MX blocks of 32 + 8, NVFP4 16 + 16 + 8
+
+    def p_with_defaults(self, case: Case) -> dict:
+        p = super().p_with_defaults(case)
+        if p.get("bad") in ("global_scale", "odd_head") and "block" not in case.p:
+            p["block"] = "nvfp4"
+        return _blockcases.with_defaults(p, case.p)
+
+    def needs(self, case: Case) -> dict:
+        out = super().needs(case)
+        p = self.p_with_defaults(case)
+        out.update(fp8_format=None, scale=None, block_format=p["block"],
+                   scale_layout=p.get("scale_layout", "linear") if self.name == "reshape_and_cache_block" else None)
+        return out
+
+    def row_bytes(self, case: Case) -> int:
+        return 0
+
+    def _knobs(self, case: Case, contract: Contract, override: dict) -> tuple[str, dict, dict]:
+        fmt = self.p_with_defaults(case)["block"]
+        knobs, rest = _blockcases.resolve(contract, fmt, override)
+        return fmt, knobs, rest
+
+    def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
+        fmt = self.p_with_defaults(case)["block"]
+        return _blockcases.alternatives(fmt, contract)
+
+
+class QuantizeBlock(_BlockSpec):
+    name = "quantize_block"
+    signature = "quantize_block(codes, scales, x, fmt, global_scale)"
+    index_dtypes = ()
+    sources = ("x",)
+    aliasing = ("offset",)
+
+    def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
+        p = self.p_with_defaults(case)
+        heads, dim = p["shape"]
+        n, fmt, bad = p["n"], p["block"], p.get("bad")
+        if bad == "odd_head":
+            dim += 1
+        x_np = _blockcases.values(rng, p["values"], fmt, (n, heads, dim), p["dtype"])
+        gs_np = _blockcases.global_scale(p.get("scale", "1.0"), x_np)
+        if bad == "global_scale":
+            gs_np = np.array([-1.0], np.float32)
+        global_scale = arena.tensor("global_scale", gs_np, role="scale")
+        (x,) = _build.rows(arena, ("x",), (x_np,), p["src"])
+        width = dim // 2 if fmt == "nvfp4" else dim
+        shapes = ((n, heads, width), (n, heads, ref.scale_count(fmt, dim)))
+        codes_dtype = "float16" if bad == "codes_dtype" else "uint8"
+        codes, scales = _build.caches(arena, ("codes",), shapes[:1], codes_dtype, p["cache"]) + \
+            _build.caches(arena, ("scales",), shapes[1:], "uint8", p["cache"])
+        if bad == "x_dtype":
+            x = x.to(torch.float64)
+        elif bad == "shape_mismatch":
+            scales = scales[:, :, :-1]
+        elif bad == "fmt":
+            fmt = "mxfp4"
+        return Prepared(arena, (codes, scales, x, fmt, global_scale), ("codes", "scales"))
+
+    def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
+        fmt, knobs, rest = self._knobs(case, contract, override)
+        if rest:
+            raise ValueError(f"quantize_block has no {sorted(rest)} to override")
+        with np.errstate(all="ignore"):
+            codes, scales = ref.quantize_block(prepared.numpy("x"), fmt, prepared.numpy("global_scale"), **knobs)
+        return {"codes": codes, "scales": scales}
+
+    def bad_inputs(self) -> tuple:
+        return ("x_dtype", "codes_dtype", "shape_mismatch", "fmt", "global_scale", "odd_head")
+
+
+class ReshapeAndCacheBlock(_BlockSpec):
+    name = "reshape_and_cache_block"
+    signature = ("reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, "
+                 "value_scale_cache, slot_mapping, fmt, k_global_scale, v_global_scale)")
+    large_n_shape = (2, 64)
+    sources = ("key", "value")
+    aliasing = ("aliased", "offset")
+    layouts = ("NHD", "HND")
+    large_case = {"n": 7}
+    scale_names = ("key_scale_cache", "value_scale_cache")
+
+    def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
+        p = self.p_with_defaults(case)
+        heads, dim = p["shape"]
+        n, fmt, bad = p["n"], p["block"], p.get("bad")
+        if bad == "odd_head":
+            dim += 1
+        layout, scale_layout = p["layout"], p.get("scale_layout", "linear")
+        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // BLOCK_SIZE)
+        num_slots = num_blocks * BLOCK_SIZE
+        arrays = tuple(_blockcases.values(rng, p["values"], fmt, (n, heads, dim), p["dtype"]) for _ in range(2))
+        scales = [_blockcases.global_scale(p.get("scale", "1.0"), a, t) for t, a in enumerate(arrays)]
+        if bad == "global_scale":
+            scales[0] = np.array([np.inf], np.float32)
+        k_gs = arena.tensor("k_global_scale", scales[0], role="scale")
+        v_gs = arena.tensor("v_global_scale", scales[1], role="scale")
+        key, value = _build.rows(arena, ("key", "value"), arrays, p["src"], rng)
+        width, count = (dim // 2 if fmt == "nvfp4" else dim), ref.scale_count(fmt, dim)
+        code_shape = (num_blocks, BLOCK_SIZE, heads, width)
+        scale_shape = (num_blocks, BLOCK_SIZE, heads, count)
+        names = ("key_cache", "value_cache")
+        cache_dtype = "float16" if bad == "cache_dtype" else "uint8"
+        if p.get("large"):
+            caches = _build.large_caches(arena, names + self.scale_names, (code_shape,) * 2 + (scale_shape,) * 2)
+            entries = _build.large_slots(rng, n, BLOCK_SIZE)
+        else:
+            linear = scale_layout == "linear"
+            caches = _paged(arena, names + (self.scale_names if linear else ()),
+                            (code_shape,) * 2 + ((scale_shape,) * 2 if linear else ()), p["cache"], layout,
+                            cache_dtype)
+            if not linear:
+                caches += _swizzled(arena, self.scale_names, num_blocks, BLOCK_SIZE * heads, count)
+            entries = _build.destinations(rng, p, num_slots, contract)
+        if bad == "out_of_range" and n:
+            entries[n // 2] = num_slots
+        slot_mapping = _build.index_of(arena, "slot_mapping", entries, p, num_slots, rng)
+        key_cache, value_cache, key_scales, value_scales = caches
+        if bad == "dtype_mismatch":
+            key = key.to(torch.float16 if key.dtype != torch.float16 else torch.float32)
+        elif bad == "shape_mismatch":
+            value = value[:, :, : dim - 2]
+        elif bad == "index_dtype":
+            slot_mapping = slot_mapping.to(torch.int16)
+        elif bad == "fmt":
+            fmt = "mxfp4"
+        elif bad == "scale_cache_shape":
+            key_scales = key_scales[..., :-1] if key_scales.dim() == 4 else key_scales[:, :-PAGE_PAD - 1]
+        return Prepared(arena, (key, value, key_cache, value_cache, key_scales, value_scales, slot_mapping,
+                                fmt, k_gs, v_gs), names + self.scale_names)
+
+    def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
+        fmt, knobs, rest = self._knobs(case, contract, override)
+        p = self.p_with_defaults(case)
+        layout = rest.pop("scale_layout", p.get("scale_layout", "linear"))
+        policies = {"padding": contract.padding, "duplicates": contract.duplicates} | rest
+        with np.errstate(all="ignore"):
+            out = ref.reshape_and_cache_block(
+                *(prepared.numpy(name) for name in ("key_cache", "value_cache") + self.scale_names),
+                prepared.numpy("slot_mapping"), prepared.numpy("key"), prepared.numpy("value"), fmt=fmt,
+                k_global_scale=prepared.numpy("k_global_scale"), v_global_scale=prepared.numpy("v_global_scale"),
+                scale_layout=layout, **policies, **knobs)
+        return dict(zip(("key_cache", "value_cache") + self.scale_names, out))
+
+    def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
+        """The block-scaling hypotheses, the per-tensor scales swapped (NVFP4), padding rows
+        quantized into slot 0, and a swizzled scale cache written in the linear order."""
+        p = self.p_with_defaults(case)
+        out = super().alternatives(case, contract)
+        if p["block"] == "nvfp4":
+            out += _blockcases.global_scale_hypotheses(("k_global_scale", "v_global_scale"))
+        if p.get("padding") == "negative":
+            out.append(_blockcases.padding_into_slot_zero("slot_mapping"))
+        if p.get("scale_layout") == "swizzled":
+            heads, dim = p["shape"]
+            count = ref.scale_count(p["block"], dim)
+            page = ref.swizzled_page_bytes(BLOCK_SIZE * heads, count)
+            blocks = -(-(max(2 * p["n"], 64) + 3) // BLOCK_SIZE)
+            shape = (blocks, BLOCK_SIZE, heads, count)
+            strides = (page + PAGE_PAD, heads * count, count, 1)
+            out.append(Hypothesis("scale_layout_wrong", "the swizzled scale cache written in the linear "
+                                  "[block_size, H, blocks] order of each page",
+                                  views={name: (shape, strides, 0) for name in self.scale_names},
+                                  override={"scale_layout": "linear"}))
+        return out
+
+    def bad_inputs(self) -> tuple:
+        return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "fmt", "global_scale",
+                "cache_dtype", "scale_cache_shape", "odd_head")
+
+
+def _paged(arena: Arena, names: tuple, shapes: tuple, variant: str, layout: str, dtype: str) -> tuple:
+    """Paged caches of logical shapes ``shapes`` (``[blocks, block_size, H, W]``), allocated in
+    ``layout`` order (HND: ``[blocks, H, block_size, W]``, handed over as a permuted view) as
+    ``variant`` (plain, offset, aliased: see _build.caches). The code caches get ``dtype``."""
+    alloc = tuple(s if layout == "NHD" else (s[0], s[2], s[1], s[3]) for s in shapes)
+    if variant == "aliased":  # one allocation, slot by slot (cases of the bad class are plain)
+        views = list(_build.caches(arena, names, alloc, "uint8", variant))
+    else:
+        views = [_build.caches(arena, (name,), (shape,), dtype if i < 2 else "uint8", variant)[0]
+                 for i, (name, shape) in enumerate(zip(names, alloc))]
+    if layout == "HND":
+        for i, name in enumerate(names):
+            spec = arena.views[name]
+            s0, s1, s2, s3 = spec.strides
+            views[i] = arena.view(name, spec.region, shapes[i], (s0, s2, s1, s3), spec.offset, spec.dtype,
+                                  role="cache")
+    return tuple(views)
+
+
+def _swizzled(arena: Arena, names: tuple, num_blocks: int, rows: int, cols: int) -> tuple:
+    """Swizzled scale caches ``[num_blocks, page_bytes]`` whose pages lie PAGE_PAD bytes apart."""
+    page = ref.swizzled_page_bytes(rows, cols)
+    out = []
+    for name in names:
+        arena.region(name + "_storage", num_blocks * (page + PAGE_PAD), max(_build.GUARD_MIN, 2 * page))
+        out.append(arena.view(name, name + "_storage", (num_blocks, page), (page + PAGE_PAD, 1), 0, "uint8",
+                              role="cache"))
+    return tuple(out)
