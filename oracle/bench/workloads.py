@@ -31,7 +31,9 @@ VARIANTS = {
     "concat_and_cache_mla": ("auto", "e4m3fn"),
     "reshape_and_cache_flash": ("auto", "e4m3fn"),
     "quantize_fp8": ("e4m3fn",),
+    "reshape_and_cache_block": ("mxfp8_e4m3fn", "nvfp4"),
 }
+BLOCKS = {"mxfp8_e4m3fn": 32, "mxfp8_e5m2": 32, "nvfp4": 16}  # elements per block scale
 
 
 def _slots(n: int, num_slots: int, gen: torch.Generator, device) -> torch.Tensor:
@@ -97,4 +99,18 @@ def make_workload(op: str, variant: str, n: int, device: str = "cpu", seed: int 
         scale = _calibrated_scale(x)
         return Workload(op, variant, (out, x, scale, variant), (0,), n * HEADS * HEAD_DIM * 2 + 4,
                         n * HEADS * HEAD_DIM)
+    if op == "reshape_and_cache_block":
+        key, value = (_randn((n, HEADS, HEAD_DIM), gen, device) for _ in range(2))
+        width = HEAD_DIM // 2 if variant == "nvfp4" else HEAD_DIM
+        count = HEAD_DIM // BLOCKS[variant]
+        caches = tuple(torch.zeros((num_blocks, BLOCK_SIZE, HEADS, width), dtype=torch.uint8, device=device)
+                       for _ in range(2))
+        scale_caches = tuple(torch.zeros((num_blocks, BLOCK_SIZE, HEADS, count), dtype=torch.uint8,
+                                         device=device) for _ in range(2))
+        slots = _slots(n, num_blocks * BLOCK_SIZE, gen, device)
+        # NVFP4's per-tensor scale as vLLM calibrates it: 448 * 6 / amax (MX ignores it)
+        k_gs, v_gs = ((448.0 * 6.0) / (_calibrated_scale(s) * 448.0) for s in (key, value))
+        row = HEADS * HEAD_DIM
+        return Workload(op, variant, (key, value, *caches, *scale_caches, slots, variant, k_gs, v_gs),
+                        (2, 3, 4, 5), 2 * n * row * 2 + index_bytes + 8, 2 * n * HEADS * (width + count))
     raise ValueError(f"op={op!r} has no bench workload; ops: {', '.join(VARIANTS)}")
