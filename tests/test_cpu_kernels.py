@@ -132,15 +132,16 @@ def test_compiled_caller_writes_the_cache():
 def test_registered_python_functions_have_the_baseline_signatures():
     import inspect
 
-    from oracle.kernels import torch_native
+    from oracle.kernels import torch_block, torch_native
 
     registry = Registry()
     registry.load_plugin("cpu", cpu.register)
     assert not registry.errors
     assert {k.contract.op for k in registry.kernels.values()} == {
-        "store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash", "quantize_fp8"}
+        "store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash", "quantize_fp8",
+        "quantize_block", "reshape_and_cache_block"}
     for kernel in registry.kernels.values():
-        baseline = getattr(torch_native, kernel.contract.op)
+        baseline = getattr(torch_native, kernel.contract.op, None) or getattr(torch_block, kernel.contract.op)
         assert list(inspect.signature(kernel.fn).parameters) == list(inspect.signature(baseline).parameters)
         c = kernel.contract
         assert (c.backend, c.device, c.validates, c.fp8_preset) == ("cpu", "cpu", True, "ocp_satfinite")

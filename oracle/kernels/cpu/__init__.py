@@ -14,6 +14,14 @@ the rounded reciprocal and divide only the vectors where that could change a cod
 specials. The conversion runs on AVX-512 or AVX2 when the CPU has them, else scalar code, chosen
 at run time; ``set_isa("scalar")`` (or ``KV_ORACLE_CPU_ISA=scalar`` before the first call) forces
 a slower path, for tests.
+
+Block-scaled formats (``quantize_block``, ``reshape_and_cache_block``; ``fmt`` one of
+:data:`BLOCK_FORMATS`): MXFP8 (blocks of 32 along each head, E8M0 scale byte from amax's float32
+exponent field, elements fp8 of ``x * 2**-E``) and NVFP4 (blocks of 16, e4m3fn scale byte, e2m1
+elements packed two per byte, low nibble first, one float32 global scale), bit for bit with
+``oracle.reference.block_scaled``'s default presets; the paged writer fills code caches (NHD or
+HND views) and scale caches in the linear or the 128x4 swizzled layout, skipping negative slots.
+AVX-512 or scalar code, by the same ISA setting (``csrc/block_scaled.h``).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from . import _build
 
 NAMESPACE = _build.NAMESPACE
 FP8_FORMATS = ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz")
+BLOCK_FORMATS = ("mxfp8_e4m3fn", "mxfp8_e5m2", "nvfp4")
 ISAS = ("scalar", "avx2", "avx512")
 
 _LIB = _jit.Library("CPU", NAMESPACE, lambda: _build.load(), f"{__name__}._fake")
@@ -142,6 +151,27 @@ def quantize_fp8(out, x, scale, fmt):
     (_LIB.loaded or ops()).quantize_fp8(out, x, scale, fmt)
 
 
+def quantize_block(codes, scales, x, fmt, global_scale):
+    """``codes, scales = block-scaled(x)`` for ``x`` ``[N, H, D]``: codes uint8 ``[N, H, D]`` (MX)
+    or ``[N, H, D // 2]`` (NVFP4), scales uint8 ``[N, H, ceil(D / block)]``; ``global_scale`` a
+    float32 [1] tensor (NVFP4; MX ignores it, None or a float included)."""
+    global_scale = _scale_arg("global_scale", global_scale, fmt == "nvfp4")
+    (_LIB.loaded or ops()).quantize_block(codes, scales, x, fmt, global_scale)
+
+
+def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache, slot_mapping,
+                            fmt, k_global_scale, v_global_scale):
+    """The paged block-scaled writer: token ``i`` (of ``len(slot_mapping)``) goes to block
+    ``slot // block_size``, token ``slot % block_size`` of the code caches (any
+    [num_blocks, block_size, H, Dc] view, NHD or HND) and of the scale caches (4-D: linear, any
+    strides; 2-D ``[num_blocks, page_bytes]``: the 128x4 swizzled page); negative slots skipped."""
+    nvfp4 = fmt == "nvfp4"
+    (_LIB.loaded or ops()).reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache,
+                                                   value_scale_cache, slot_mapping, fmt,
+                                                   _scale_arg("k_global_scale", k_global_scale, nvfp4),
+                                                   _scale_arg("v_global_scale", v_global_scale, nvfp4))
+
+
 def _notes(what: str) -> str:
     path = {"avx512": "AVX-512", "avx2": "AVX2", "scalar": "scalar"}[cpu_isa()]
     return (f"C++ (torch.utils.cpp_extension, built once per machine), at::parallel_for over rows, memcpy "
@@ -175,11 +205,20 @@ def register() -> None:
                                  "fp8 x / scale in float32, per-tensor or per-head scale"), **fp8, **common)
     oracle.register(quantize_fp8, op="quantize_fp8", name="cpu.quantize_fp8", dtypes=floats,
                     scales=("tensor", "head"), notes=_notes("fp8 x / scale in float32"), **fp8, **common)
+    block = dict(block_formats=BLOCK_FORMATS, scale_layouts=("linear", "swizzled"), dtypes=floats)
+    oracle.register(quantize_block, op="quantize_block", name="cpu.quantize_block",
+                    notes=_notes("MXFP8 (E8M0 from amax's exponent field) and NVFP4 (fl32 reference "
+                                 "arithmetic, e2m1 packed low nibble first), AVX-512 or scalar"), **block, **common)
+    oracle.register(reshape_and_cache_block, op="reshape_and_cache_block", name="cpu.reshape_and_cache_block",
+                    padding="negative", layouts=("NHD", "HND"),
+                    notes=_notes("MXFP8/NVFP4 codes into NHD or HND caches, scales linear or 128x4 swizzled; "
+                                 "negative slots write nothing"), **block, **common)
 
 
 __all__ = ["available", "ops", "isa", "detected_isa", "set_isa", "forced_isa", "cpu_isa", "register",
            "store_cache", "store_cache_reserved0", "set_mla_kv_buffer", "set_mla_kv_buffer_reserved0",
-           "concat_and_cache_mla", "reshape_and_cache_flash", "quantize_fp8", "FP8_FORMATS", "ISAS"]
+           "concat_and_cache_mla", "reshape_and_cache_flash", "quantize_fp8", "quantize_block",
+           "reshape_and_cache_block", "FP8_FORMATS", "BLOCK_FORMATS", "ISAS"]
 
 if os.environ.get("KV_ORACLE_CPU_EAGER"):  # build at import, e.g. to warm the cache in an image
     available()

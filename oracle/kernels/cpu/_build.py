@@ -28,8 +28,8 @@ from .. import _jit
 NAMESPACE = "kv_oracle_cpu"
 CSRC = Path(__file__).resolve().parent / "csrc"
 # kv_cpu.cpp registers the ops; common.cpp holds what they share (kv_cpu.h), the others one op family each
-SOURCES = ("kv_cpu.cpp", "common.cpp", "flat.cpp", "paged.cpp", "quantize.cpp")
-HEADERS = ("kv_cpu.h", "fp8.h")
+SOURCES = ("kv_cpu.cpp", "common.cpp", "flat.cpp", "paged.cpp", "quantize.cpp", "block.cpp")
+HEADERS = ("kv_cpu.h", "fp8.h", "block_scaled.h")
 # No -march: one build runs on any x86-64; fp8.h picks AVX-512 / AVX2 / scalar at run time.
 # -fopenmp: at::parallel_for is inline OpenMP code (torch's CPU build uses the OpenMP backend),
 # without it every loop would run on one thread. No -ffast-math: the fp8 path needs IEEE division.

@@ -42,8 +42,21 @@ def quantize_fp8(out, x, scale, fmt):
     _need(tuple(out.shape) == tuple(x.shape), f"out has shape {tuple(out.shape)} and x {tuple(x.shape)}")
 
 
+def quantize_block(codes, scales, x, fmt, global_scale):
+    _need(codes.dtype == torch.uint8 and scales.dtype == torch.uint8, "codes and scales must be torch.uint8")
+    _need(x.dim() == 3, f"x must be 3-D [N, H, D], got {tuple(x.shape)}")
+
+
+def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache, slot_mapping,
+                            fmt, k_global_scale, v_global_scale):
+    _need(key_cache.dim() == 4 and value_cache.dim() == 4, "caches must be 4-D [num_blocks, block_size, H, Dc]")
+    _need(key_scale_cache.dim() in (2, 4) and value_scale_cache.dim() in (2, 4),
+          "scale caches must be 4-D (linear) or 2-D (swizzled)")
+    _need(slot_mapping.dim() == 1, f"slot_mapping must be 1-D, got {tuple(slot_mapping.shape)}")
+
+
 FAKES = {f.__name__: f for f in (store_cache, set_mla_kv_buffer, concat_and_cache_mla,
-                                  reshape_and_cache_flash, quantize_fp8)}
+                                  reshape_and_cache_flash, quantize_fp8, quantize_block, reshape_and_cache_block)}
 
 
 def register_fakes() -> None:

@@ -9,13 +9,14 @@
 //
 // The sources: kv_cpu.h (what they share), common.cpp (argument and slot checks, the ISA setting,
 // the copy routines, the fp8 arguments), flat.cpp (store_cache, set_mla_kv_buffer), paged.cpp
-// (concat_and_cache_mla, reshape_and_cache_flash), quantize.cpp (quantize_fp8), and this file,
-// which registers the ops.
+// (concat_and_cache_mla, reshape_and_cache_flash), quantize.cpp (quantize_fp8), block.cpp with
+// block_scaled.h (quantize_block, reshape_and_cache_block: MXFP8 and NVFP4), and this file, which
+// registers the ops.
 
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
-#include "kv_cpu.h"
+#include "block_scaled.h"  // includes kv_cpu.h
 
 TORCH_LIBRARY(kv_oracle_cpu, m) {
   m.set_python_module("oracle.kernels.cpu._fake");
@@ -29,6 +30,10 @@ TORCH_LIBRARY(kv_oracle_cpu, m) {
         "Tensor slot_mapping, str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale, "
         "str padding=\"negative\") -> ()");
   m.def("quantize_fp8(Tensor(a!) out, Tensor x, Tensor scale, str fmt) -> ()");
+  m.def("quantize_block(Tensor(a!) codes, Tensor(b!) scales, Tensor x, str fmt, Tensor? global_scale) -> ()");
+  m.def("reshape_and_cache_block(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        "Tensor(c!) key_scale_cache, Tensor(d!) value_scale_cache, Tensor slot_mapping, str fmt, "
+        "Tensor? k_global_scale, Tensor? v_global_scale) -> ()");
   m.def("isa() -> str", &kvo::isa_op);
   m.def("detected_isa() -> str", &kvo::detected_isa_op);
   m.def("set_isa(str isa) -> str", &kvo::set_isa_op);
@@ -40,6 +45,8 @@ TORCH_LIBRARY_IMPL(kv_oracle_cpu, CPU, m) {
   m.impl("concat_and_cache_mla", &kvo::concat_and_cache_mla);
   m.impl("reshape_and_cache_flash", &kvo::reshape_and_cache_flash);
   m.impl("quantize_fp8", &kvo::quantize_fp8);
+  m.impl("quantize_block", &kvo::quantize_block);
+  m.impl("reshape_and_cache_block", &kvo::reshape_and_cache_block);
 }
 
 // The writers are not differentiable. An explicit Autograd kernel (torch's not-implemented
@@ -47,6 +54,6 @@ TORCH_LIBRARY_IMPL(kv_oracle_cpu, CPU, m) {
 // autograd fallback.
 TORCH_LIBRARY_IMPL(kv_oracle_cpu, Autograd, m) {
   for (const char* op : {"store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash",
-                         "quantize_fp8"})
+                         "quantize_fp8", "quantize_block", "reshape_and_cache_block"})
     m.impl(op, torch::autograd::autogradNotImplementedFallback());
 }
