@@ -34,6 +34,14 @@ def test_quantize_fp8(request, oracle_case):
     check_case(request, oracle_case)
 
 
+def test_quantize_block(request, oracle_case):
+    check_case(request, oracle_case)
+
+
+def test_reshape_and_cache_block(request, oracle_case):
+    check_case(request, oracle_case)
+
+
 def test_plugins_load(oracle_plugin_error):
     """A plug-in that fails to import or registers a bad manifest fails here, by name."""
     if oracle_plugin_error is not None:

@@ -21,7 +21,8 @@ LARGE_ONE_IN = 8  # how often a case draws one of LARGE_ROWS (in the spec's narr
 def cases(draw, op: str, contract: Contract) -> Case:
     """A case of ``op`` that ``contract`` declares: its dtypes, index dtypes, layouts, padding,
     duplicates and fp8 formats only, with random sizes, shapes and strides; one case in
-    LARGE_ONE_IN has a large N, and sources longer than the index where the contract allows."""
+    LARGE_ONE_IN has a large N, and sources longer than the index where the contract allows; for a
+    block-scaled writer, its formats, value sets, per-tensor scales and scale cache layouts."""
     spec = get_spec(op)
     large = draw(st.integers(0, LARGE_ONE_IN - 1)) == 0
     params = {"n": draw(st.sampled_from(LARGE_ROWS) if large else st.integers(0, MAX_ROWS))}
@@ -56,6 +57,15 @@ def cases(draw, op: str, contract: Contract) -> Case:
             scales = [s for s in spec.fp8_scales if s != "head" or "head" in contract.scales]
             params["scale"] = draw(st.sampled_from(scales))
             params["values"] = draw(st.sampled_from(["random", "special"]))
+    formats = [f for f in spec.block_formats if f in contract.block_formats]
+    if formats:
+        params["block"] = draw(st.sampled_from(formats))
+        params["values"] = draw(st.sampled_from(["random", "special", "zero_blocks", "nonfinite"]))
+        if params["block"] == "nvfp4":
+            params["scale"] = draw(st.sampled_from(["calibrated", "1.0", "0.37"]))
+        layouts = [l for l in ("linear", "swizzled") if l in contract.scale_layouts]
+        if spec.layouts and len(layouts) > 1 and params.get("cache", "plain") == "plain":
+            params["scale_layout"] = draw(st.sampled_from(layouts))
     case = Case.make(op, "property", **params)
     row_bytes = spec.row_bytes(case)
     if row_bytes % contract.row_bytes_multiple:

@@ -55,29 +55,29 @@ def values(rng: np.random.Generator, kind: str, fmt: str, shape: tuple, dtype: s
     """Source values ``shape`` (``[..., D]``) of value set ``kind`` for block format ``fmt``."""
     if kind not in VALUE_SETS:
         raise ValueError(f"values={kind!r} is not one of {VALUE_SETS}")
+    if kind == "random":
+        return _build.values(rng, shape, dtype)
     block = block_scaled.require_format(fmt)[2]
-    x = _build.values(rng, shape, "float32").astype(np.float64)
-    width = shape[-1]
-    blocks = -(-width // block)
-    rows = int(np.prod(shape[:-1]))
-    flat = x.reshape(rows, width)
-    for r in range(rows):
-        for b in range(blocks):
-            part = slice(b * block, min((b + 1) * block, width))
-            size = part.stop - part.start
-            choice = (r * blocks + b) % 8
-            if kind == "special":
-                k = int(rng.integers(-140, 121)) if choice else int(rng.integers(-8, 9))
-                m = rng.choice(_MANTISSAS, size) * rng.choice([-1.0, 1.0], size)
-                flat[r, part] = np.clip(m * 2.0 ** k, -3.4e38, 3.4e38)
-            elif kind == "zero_blocks" and choice in (0, 3, 5):
-                flat[r, part] = {0: 0.0, 3: -0.0, 5: 1e-40 * rng.integers(1, 9, size)}[choice]
-            elif kind == "nonfinite" and choice in (1, 4, 6):
-                flat[r, part.start + int(rng.integers(0, size))] = {1: np.nan, 4: np.inf, 6: -np.inf}[choice]
-    if kind == "nonfinite" and rows:
-        flat[0, :min(block, width)] = np.nan
+    width, rows = shape[-1], int(np.prod(shape[:-1]))
+    count = -(-width // block)
+    x = _build.values(rng, (rows, count, block), "float32").astype(np.float64)
+    choice = (np.arange(rows * count).reshape(rows, count) % 8)[..., None]  # each block's role
+    if kind == "special":
+        k = np.where(choice > 0, rng.integers(-140, 121, (rows, count, 1)), rng.integers(-8, 9, (rows, count, 1)))
+        m = rng.choice(_MANTISSAS, x.shape) * rng.choice([-1.0, 1.0], x.shape)
+        x = np.clip(m * np.exp2(k.astype(np.float64)), -3.4e38, 3.4e38)
+    elif kind == "zero_blocks":
+        tiny = 1e-40 * rng.integers(1, 9, x.shape)
+        x = np.where(choice == 0, 0.0, np.where(choice == 3, -0.0, np.where(choice == 5, tiny, x)))
+    else:  # nonfinite: one element of some blocks (inside the row, also in a partial last block)
+        size = np.minimum(block, width - np.arange(count) * block)[None, :, None]
+        at = (rng.integers(0, 1 << 30, (rows, count, 1)) % size) == np.arange(block)
+        special = np.select([choice == 1, choice == 4, choice == 6], [np.nan, np.inf, -np.inf], 0.0)
+        x = np.where(at & np.isin(choice, (1, 4, 6)), special, x)
+        if rows:
+            x[0, 0, :] = np.nan
     with np.errstate(over="ignore"):
-        out = flat.reshape(shape).astype(_F32)
+        out = x.reshape(rows, count * block)[:, :width].reshape(shape).astype(_F32)
     with np.errstate(all="ignore"):  # a narrower dtype rounds (and overflows) the sources
         return out.astype(NUMPY_DTYPES[dtype])
 
