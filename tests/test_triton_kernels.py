@@ -58,7 +58,7 @@ emit({"errors": [e.error for e in registry.errors],
 
 OPS = {"store_cache": "none", "set_mla_kv_buffer": "none", "concat_and_cache_mla": "negative",
        "translate_full_to_swa": "negative", "reshape_and_cache_flash": "negative",
-       "quantize_fp8": "none"}
+       "quantize_fp8": "none", "quantize_block": "none", "reshape_and_cache_block": "negative"}
 
 
 WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash")
@@ -99,7 +99,7 @@ def test_without_triton_registers_unavailable_backend():
     script = "sys.modules['triton'] = None  # import triton now raises ImportError\n" + REGISTER
     out = run(script, interpret=False)
     assert out["errors"] == []
-    assert len(out["kernels"]) == 10
+    assert len(out["kernels"]) == 12
     for k in out["kernels"].values():
         assert (k["backend"], k["device"]) == ("triton", "cuda")
         assert k["unavailable"] == "triton is not installed"

@@ -7,7 +7,9 @@ Entry point ``oracle.kernels: triton = "oracle.kernels.triton:register"`` (or
   e5m2 declared with preset ``triton_sm90`` on sm_90 and newer (older GPUs round float32 through
   float16 first, so no fp8 is declared there);
 - TRITON_INTERPRET=1: backend ``triton-interpret``, device ``cpu``, copies only (the
-  interpreter's fp8 conversion is wrong, so no fp8 format is declared and the fp8 paths refuse);
+  interpreter's fp8 conversion is wrong, so no fp8 format is declared and the fp8 paths refuse),
+  except the block-scaled writers (``quantize_block``, ``reshape_and_cache_block``: MXFP8, NVFP4),
+  which convert by integer arithmetic and declare every block format wherever they run;
 - neither, or triton not installed: backend ``triton``, device ``cuda``, registered with
   ``available()`` saying why it cannot run here.
 
@@ -24,11 +26,12 @@ import os
 
 import oracle
 
-from . import ops
+from . import block_ops, ops
 
 OPS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "translate_full_to_swa",
-       "reshape_and_cache_flash", "quantize_fp8")
+       "reshape_and_cache_flash", "quantize_fp8", "quantize_block", "reshape_and_cache_block")
 FP8 = ("e4m3fn", "e5m2")
+BLOCK_FORMATS = ("mxfp8_e4m3fn", "mxfp8_e5m2", "nvfp4")
 NO_CUDA = "no CUDA device (set TRITON_INTERPRET=1 to run the copy kernels on the CPU interpreter)"
 
 
@@ -106,6 +109,19 @@ def register() -> None:
                     f"per-head scales; {copy}; -1 slots skipped; {fp8_note}")
     _register(ops.quantize_fp8, op="quantize_fp8", name=f"{backend}.quantize_fp8",
               fp8_formats=fp8, **common, notes=fp8_note)
+    # the block-scaled writers convert by integer arithmetic, exact on the interpreter and on any
+    # GPU alike, so they declare every format wherever they run
+    block = dict(backend=backend, device=device, validates=True, available=available,
+                 dtypes=("float32", "float16", "bfloat16"), block_formats=BLOCK_FORMATS,
+                 scale_layouts=("linear", "swizzled"))
+    block_note = ("MXFP8/NVFP4 by integer bit arithmetic (RNE fp8/e2m1, E8M0 floor(log2)), float32 "
+                  "products and IEEE div_rn as the reference; arguments and slots checked on the host")
+    oracle.register(block_ops.quantize_block, op="quantize_block", name=f"{backend}.quantize_block",
+                    notes=block_note, **block)
+    oracle.register(block_ops.reshape_and_cache_block, op="reshape_and_cache_block",
+                    name=f"{backend}.reshape_and_cache_block", padding="negative", layouts=("NHD", "HND"),
+                    notes=f"{block_note}; NHD/HND code caches, linear or 128x4 swizzled scales; "
+                          "-1 slots skipped", **block)
 
 
 UNCHECKED_NOTE = ("validate=False: the decode fast path, no slot check (the caller vouches for the "

@@ -1,0 +1,214 @@
+"""Triton kernels of the block-scaled KV writes (MXFP8, NVFP4): ``block_write`` and the integer
+conversion helpers it is made of. The convention: oracle/reference/block_scaled.py (and mx.py,
+nvfp4.py); the host wrappers: :mod:`.block_ops`.
+
+Every format conversion here is integer arithmetic on float32 bit patterns (int32): the source
+widening (float16, bfloat16), the block maxima, floor(log2) for the E8M0 exponent, and round to
+nearest even into e4m3fn, e5m2 and e2m1. Triton's own fp8 casts are not used: the CPU interpreter
+gets them wrong (triton#8322), and a GPU's differ by architecture. So the interpreter and a GPU
+compute the same bytes, and the interpreter's are exact. The only float operations are the
+float32 products and IEEE divisions (``tl.div_rn``) that the convention itself prescribes.
+
+NaN signs come from the source bits, never from a float result: CUDA's float arithmetic returns
+the canonical NaN (sign cleared) whatever NaN goes in, while numpy (the interpreter) keeps it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FMT_E4M3FN, FMT_E5M2, FMT_NVFP4 = 1, 2, 3  # the FMT constexpr of block_write
+SRC_F32, SRC_F16, SRC_BF16 = 0, 1, 2  # the SRC constexpr: how the source's integer bits widen
+
+MAG = 0x7FFFFFFF  # float32 bits with the sign cleared
+INF = 0x7F800000  # float32 +inf; magnitudes above it are NaN
+
+
+@triton.jit
+def widen_bits(raw, SRC: tl.constexpr):
+    """float32 bit patterns (int32) of source elements loaded as integers: ``SRC_F32`` int32
+    bits as they are, ``SRC_BF16`` and ``SRC_F16`` int16 bits, widened exactly (NaN payload and
+    sign kept; float16 subnormals normalized)."""
+    if SRC == 0:
+        bits = raw.to(tl.int32)
+    elif SRC == 2:
+        bits = (raw.to(tl.int32) & 0xFFFF) << 16  # bfloat16 is the top half of a float32
+    else:
+        h = raw.to(tl.int32) & 0xFFFF
+        sign = (h >> 15) << 31
+        e = (h >> 10) & 0x1F
+        m = h & 0x3FF
+        normal = ((e + 112) << 23) | (m << 13)  # rebias 15 -> 127
+        special = INF | (m << 13)  # inf, NaN (payload kept)
+        # subnormal: m * 2**-24, a normal float32; the int -> float conversion is exact (m < 2**10)
+        sub = (m.to(tl.float32) * 5.9604644775390625e-08).to(tl.int32, bitcast=True)
+        bits = tl.where(e == 0, sub, tl.where(e == 31, special, normal)) | sign
+    return bits
+
+
+@triton.jit
+def round_magnitude(mag, MANT: tl.constexpr, BIAS: tl.constexpr, MAX_CODE: tl.constexpr):
+    """The magnitude code (int32) of float32 magnitudes ``mag`` (int32 bits, sign cleared) in a
+    format of ``MANT`` mantissa bits and exponent bias ``BIAS``: round to nearest, ties to even,
+    from the exact value (float32 subnormals included), overflow decided after rounding and
+    saturated to ``MAX_CODE``; inf gives ``MAX_CODE`` too, NaN is the caller's to override.
+    (oracle.reference.rounding.round_float32 in int32.)"""
+    biased = mag >> 23
+    significand = (mag & 0x7FFFFF) | tl.where(biased != 0, 0x800000, 0)
+    exponent = tl.maximum(biased, 1) - 127  # float32 subnormals share the smallest normal's
+    quantum = tl.maximum(exponent, 1 - BIAS)  # the target's subnormals share its smallest normal's
+    # past 25 every shift rounds a 24-bit significand to zero; the clamp keeps shifts < 32 (defined)
+    shift = tl.minimum(23 - MANT + (quantum - exponent), 25)
+    kept = significand >> shift
+    remainder = significand & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    up = (remainder > half) | ((remainder == half) & ((kept & 1) == 1))
+    # a carry out of the mantissa lands in the exponent field by plain addition
+    code = ((quantum + BIAS - 1) << MANT) + kept + up.to(tl.int32)
+    return tl.minimum(code, MAX_CODE)
+
+
+@triton.jit
+def fp8_code(bits, sign_bits, FMT: tl.constexpr):
+    """Saturating RNE fp8 codes (int32, 0..255) of float32 ``bits``: ``FMT`` 1 e4m3fn (±448,
+    0x7E/0xFE), 2 e5m2 (±57344, 0x7B/0xFB); finite overflow and inf -> ±max, NaN -> 0x7F with
+    the sign bit of ``sign_bits`` (the source element's bits: see the module docstring)."""
+    mag = bits & MAG
+    if FMT == 1:
+        code = round_magnitude(mag, 3, 7, 0x7E)
+    else:
+        code = round_magnitude(mag, 2, 15, 0x7B)
+    code = tl.where(mag > INF, 0x7F, code)
+    return code | ((sign_bits >> 24) & 0x80)  # arithmetic shift: bit 31 lands in bit 7
+
+
+@triton.jit
+def e2m1_code(bits):
+    """e2m1 codes (int32, 0..15) of float32 ``bits``: RNE on 0, 0.5, 1, 1.5, 2, 3, 4, 6,
+    saturating to ±6 (code 7 | sign), inf -> ±6, NaN -> 7 (+6, whatever its sign), -0 -> 8."""
+    mag = bits & MAG
+    code = round_magnitude(mag, 1, 1, 7) | ((bits >> 28) & 0x8)
+    return tl.where(mag > INF, 7, code)
+
+
+@triton.jit
+def e4m3_value(code):
+    """float32 value of non-negative e4m3fn codes (int32, 0..0x7E): exact."""
+    e = code >> 3
+    m = code & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)  # rebias 7 -> 127
+    sub = m.to(tl.float32) * 0.001953125  # m * 2**-9, exact
+    return tl.where(e == 0, sub, normal)
+
+
+@triton.jit
+def floor_log2(mag):
+    """floor(log2(v)) (int32) of positive finite float32 magnitudes (int32 bits): the exponent
+    field, or for a subnormal (v = m * 2**-149) that of float32(m), exact since m < 2**23."""
+    biased = mag >> 23
+    sub = ((mag.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127) - 149
+    return tl.where(biased != 0, biased - 127, sub)
+
+
+@triton.jit
+def mx_scale(mag, FMT: tl.constexpr):
+    """(E, scale byte) of each row of ``mag`` ``[T, BLOCK]`` (a block's magnitudes, padding
+    lanes 0): E = floor(log2(amax)) - emax_elem over the finite elements, clamped to
+    [-127, 127], -127 for amax == 0; the byte is E + 127, or 0xFF (NaN) where the block holds a
+    NaN or an inf."""
+    amax = tl.max(tl.where(mag < INF, mag, 0), axis=1)  # non-negative floats order as their bits
+    nonfinite = tl.max((mag >= INF).to(tl.int32), axis=1)
+    if FMT == 1:
+        e = floor_log2(tl.maximum(amax, 1)) - 8
+    else:
+        e = floor_log2(tl.maximum(amax, 1)) - 15
+    e = tl.where(amax > 0, tl.minimum(tl.maximum(e, -127), 127), -127)
+    return e, tl.where(nonfinite > 0, 255, e + 127)
+
+
+@triton.jit
+def nvfp4_scale(mag, gs):
+    """(scale byte, out) of each row of ``mag`` ``[T, BLOCK]`` with the float32 global scale
+    ``gs`` (> 0, finite): amax over the non-NaN elements (inf counts), sf = fl32(gs *
+    fl32(amax * fl32(1/6))), the byte its saturating RNE e4m3fn code (sf >= 448 and inf ->
+    0x7E), sfq that code's value, out = sfq == 0 ? 0 : fl32(1 / fl32(sfq * fl32(1 / gs)))."""
+    amax = tl.max(tl.where(mag <= INF, mag, 0), axis=1).to(tl.float32, bitcast=True)
+    sixth = tl.full([], 0x3E2AAAAB, tl.int32).to(tl.float32, bitcast=True)  # fl32(1/6), exactly
+    sf = gs * (amax * sixth)
+    byte = round_magnitude(sf.to(tl.int32, bitcast=True) & MAG, 3, 7, 0x7E)
+    sfq = e4m3_value(byte)
+    denominator = sfq * tl.div_rn(1.0 + tl.zeros_like(gs), gs)
+    # the division by a zero scale is never taken (numpy would warn): its lanes divide by 1
+    out = tl.div_rn(1.0 + tl.zeros_like(sfq), tl.where(sfq == 0, 1.0, denominator))
+    return byte, tl.where(sfq == 0, 0.0, out)
+
+
+@triton.jit
+def block_write(src_ptr, src_s0, src_s1, src_s2,
+                dst_ptr, dst_block_stride, dst_token_stride, dst_head_stride,
+                sc_ptr, sc_block_stride, sc_token_stride, sc_head_stride,
+                idx_ptr, idx_stride, gs_ptr,
+                n_rows, heads, dim, nb, block_size, num_slots, cp4,
+                SRC: tl.constexpr, FMT: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
+                ROWS: tl.constexpr, HAS_INDEX: tl.constexpr, SWIZZLED: tl.constexpr):
+    """Quantize ``ROWS`` head rows (row = token * heads + head, ``n_rows`` = tokens * heads) of
+    the source ``[tokens, heads, dim]`` (any strides, integer bits: see :func:`widen_bits`) per
+    block of ``BLOCK`` elements (``nb`` blocks a row, ``NBP`` = nb rounded up to a power of two)
+    and store the codes and the scale bytes (uint8).
+
+    Token ``i`` goes to entry ``(slot // block_size, slot % block_size)`` of the caches, ``slot``
+    = ``idx[i * idx_stride]`` (``HAS_INDEX``; else ``slot = i``); slots < 0 or >= ``num_slots``
+    write nothing. The codes cache is addressed by its block, token and head strides (element
+    stride 1); the scale cache likewise (``SWIZZLED`` = 0) or as one page of ``sc_block_stride``
+    bytes per cache block in cuBLAS's 128x4 tiling (``cp4`` = padded columns / 4). ``FMT``: 1, 2
+    MXFP8 e4m3fn, e5m2 (codes one per element); 3 NVFP4 (two per byte, even element in the low
+    nibble; the global scale at ``gs_ptr``).
+
+    The tile is ``[ROWS * NBP, BLOCK]``: tile row ``t`` is block ``t % NBP`` of head row
+    ``t // NBP``, so each block's maximum is one ``tl.max`` along axis 1."""
+    t = tl.arange(0, ROWS * NBP)
+    row = tl.program_id(0).to(tl.int64) * ROWS + t // NBP  # int64: every offset below is 64-bit
+    blk = t % NBP
+    live = row < n_rows
+    token = row // heads
+    head = row % heads
+    if HAS_INDEX:
+        slot = tl.load(idx_ptr + token * idx_stride, mask=live, other=-1).to(tl.int64)
+    else:
+        slot = token
+    keep = live & (slot >= 0) & (slot < num_slots)
+    cache_block = slot // block_size
+    cache_token = slot % block_size
+    j = tl.arange(0, BLOCK)
+    d = blk[:, None] * BLOCK + j[None, :]
+    inside = live[:, None] & (d < dim)
+    raw = tl.load(src_ptr + (token * src_s0 + head * src_s1)[:, None] + d * src_s2, mask=inside, other=0)
+    bits = widen_bits(raw, SRC)  # masked lanes are +0: they move no maximum
+    mag = bits & MAG
+    dst_row = cache_block * dst_block_stride + cache_token * dst_token_stride + head * dst_head_stride
+    if FMT == 3:
+        byte, out = nvfp4_scale(mag, tl.load(gs_ptr))
+        q = bits.to(tl.float32, bitcast=True) * out[:, None]
+        code = e2m1_code(q.to(tl.int32, bitcast=True))
+        # pack: element 2k in the low nibble, 2k + 1 in the high one
+        low, high = tl.split(tl.reshape(code, [ROWS * NBP, BLOCK // 2, 2]))
+        k = tl.arange(0, BLOCK // 2)
+        pair = blk[:, None] * (BLOCK // 2) + k[None, :]
+        tl.store(dst_ptr + dst_row[:, None] + pair, (low | (high << 4)).to(tl.uint8),
+                 mask=keep[:, None] & (2 * pair < dim))
+    else:
+        e, byte = mx_scale(mag, FMT)
+        factor = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-E: normal, E in [-127, 119]
+        # fl32(x * 2**-E), as the reference: exact but for float32-subnormal quotients, which
+        # are fp8 zeros however they round
+        q = bits.to(tl.float32, bitcast=True) * factor[:, None]
+        code = fp8_code(q.to(tl.int32, bitcast=True), bits, FMT)
+        tl.store(dst_ptr + dst_row[:, None] + d, code.to(tl.uint8), mask=keep[:, None] & (d < dim))
+    if SWIZZLED:
+        r = cache_token * heads + head  # the page's scale matrix: row r, column blk
+        within = ((r // 128) * cp4 + blk // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + blk % 4
+        sc_off = cache_block * sc_block_stride + within
+    else:
+        sc_off = cache_block * sc_block_stride + cache_token * sc_token_stride + head * sc_head_stride + blk
+    tl.store(sc_ptr + sc_off, byte.to(tl.uint8), mask=keep & (blk < nb))

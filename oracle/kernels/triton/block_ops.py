@@ -1,0 +1,251 @@
+"""Host wrappers of the block-scaled Triton writers (MXFP8, NVFP4): :func:`quantize_block` and
+:func:`reshape_and_cache_block`, with the calling conventions of /tmp/kvo/block_convention.md
+(oracle.reference.block_scaled is the arithmetic's single source of truth).
+
+Both validate everything before anything is written, on the host: dtypes, shapes, strides,
+devices, ``fmt``, the NVFP4 global scales (read: finite and > 0) and the slots (read: none at or
+past ``num_blocks * block_size``; negative slots are padding and write nothing). A rejected call
+raises TypeError or ValueError naming the argument and its value, and writes nothing. Reading
+the values synchronizes on a GPU; this is the simple validating path (no launch plans, no device
+mailbox, no ``validate=False`` variant).
+
+The kernels (:mod:`._block_kernels`) convert with integer arithmetic only, so they are exact on
+Triton's CPU interpreter (TRITON_INTERPRET=1) as well as on a GPU. Importing this module does not
+import triton.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .._checks import FLOAT_DTYPES, INDEX_DTYPES
+from . import _host, _runtime
+
+# fmt -> (the kernel's FMT code, elements per block, elements per code byte)
+FORMATS = {"mxfp8_e4m3fn": (1, 32, 1), "mxfp8_e5m2": (2, 32, 1), "nvfp4": (3, 16, 2)}
+_SRC = {torch.float32: (0, torch.int32), torch.float16: (1, torch.int16), torch.bfloat16: (2, torch.int16)}
+TILE_ELEMENTS = 4096  # source elements per program on a GPU (rows of blocks; a power of two)
+# the interpreter's cost is per operation and program, not per element: far fewer, larger programs
+INTERPRETER_TILE_ELEMENTS = 1 << 16
+
+_block_kernels = None
+
+
+def kernels():
+    """The block kernel module (imports triton on first use)."""
+    global _block_kernels
+    if _block_kernels is None:
+        from . import _block_kernels as module
+
+        _block_kernels = module
+    return _block_kernels
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+def _format(fmt) -> tuple[int, int, int]:
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r} is not one of {', '.join(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def _tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _source(name: str, x) -> None:
+    _tensor(name, x)
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} has dtype {x.dtype}; expected float32, float16 or bfloat16")
+    if x.dim() != 3:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [N, H, D]")
+
+
+def _uint8(name: str, t, shape: tuple) -> None:
+    """``t`` a uint8 tensor of ``shape`` whose last dimension is contiguous."""
+    _tensor(name, t)
+    if t.dtype != torch.uint8:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected torch.uint8")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {list(shape)}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} has strides {t.stride()}; its last dimension must be contiguous")
+
+
+def _global_scale(name: str, gs) -> None:
+    """A float32 tensor [1] (its value: :func:`_global_scale_value`)."""
+    _tensor(name, gs)
+    if gs.dtype != torch.float32:
+        raise TypeError(f"{name} has dtype {gs.dtype}; expected torch.float32")
+    if tuple(gs.shape) != (1,):
+        raise ValueError(f"{name} has shape {tuple(gs.shape)}; expected [1]")
+
+
+def _global_scale_value(name: str, gs: torch.Tensor) -> None:
+    """The value finite and > 0 (read: synchronizes on a GPU)."""
+    value = float(gs.reshape(()))
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{name} = {value!r}; the NVFP4 global scale must be finite and > 0")
+
+
+def _dim(name: str, d: int, per_byte: int, fmt: str) -> None:
+    if d % per_byte:
+        raise ValueError(f"{name} has head dim D = {d}; {fmt} packs two elements a byte and needs D even")
+
+
+def swizzled_page_bytes(block_size: int, heads: int, nb: int) -> int:
+    """Bytes of one cache block's page of scales in cuBLAS's 128x4 tiling: roundup(block_size *
+    heads, 128) * roundup(nb, 4)."""
+    return _cdiv(block_size * heads, 128) * 128 * _cdiv(nb, 4) * 4
+
+
+# --- launching -------------------------------------------------------------------------------
+
+def _launch(src, codes4: tuple, scales4: tuple, index, gs, n: int, fmt_code: int, block: int,
+            block_size: int, num_slots: int, swizzled: bool, cp4: int, device) -> None:
+    """One ``block_write`` launch: ``codes4``/``scales4`` = (tensor, block stride, token stride,
+    head stride) (swizzled scales: the page stride as block stride)."""
+    _, heads, dim = src.shape
+    n_rows = n * heads
+    if n_rows == 0 or dim == 0:
+        return
+    nb = _cdiv(dim, block)
+    nbp = _pow2(nb)
+    interpreting = _runtime.interpreting()
+    tile = INTERPRETER_TILE_ELEMENTS if interpreting else TILE_ELEMENTS
+    rows = max(1, min(_pow2(n_rows), tile // (nbp * block)))
+    code, int_dtype = _SRC[src.dtype]
+    bits = src.view(int_dtype)  # loaded as integers: the kernel widens them itself (exactly)
+    s0, s1, s2 = bits.stride()
+    codes, c0, c1, c2 = codes4
+    scales, a0, a1, a2 = scales4
+    k = kernels()
+    args = (bits, s0, s1, s2, codes, c0, c1, c2, scales, a0, a1, a2,
+            index if index is not None else codes, index.stride(0) if index is not None else 0,
+            gs if gs is not None else codes, n_rows, heads, dim, nb, block_size, num_slots, cp4)
+    meta = dict(SRC=code, FMT=fmt_code, BLOCK=block, NBP=nbp, ROWS=rows, HAS_INDEX=index is not None,
+                SWIZZLED=swizzled, num_warps=4)
+    grid = (_cdiv(n_rows, rows),)
+    if interpreting:
+        # numpy computes the interpreter's float32 arithmetic: inf * 0 (a NaN the convention
+        # wants) and overflow to inf are not errors
+        with np.errstate(all="ignore"):
+            _runtime.launch(k.block_write, grid, device, *args, **meta)
+    else:
+        _runtime.launch(k.block_write, grid, device, *args, **meta)
+
+
+# --- the ops -----------------------------------------------------------------------------------
+
+def quantize_block(codes, scales, x, fmt, global_scale=None) -> None:
+    """Quantize ``x`` ``[N, H, D]`` (float32/float16/bfloat16, any strides) into ``codes`` (uint8
+    ``[N, H, D]`` for MXFP8, ``[N, H, D // 2]`` for NVFP4, last dimension contiguous) and
+    ``scales`` (uint8 ``[N, H, ceil(D / block)]``: E8M0 for MXFP8, e4m3fn for NVFP4), blocks of
+    32 (MXFP8) or 16 (NVFP4) elements along each head's D, never straddling heads.
+    ``global_scale``: float32 ``[1]``, finite and > 0 (NVFP4; ignored by MXFP8). Returns None."""
+    fmt_code, block, per_byte = _format(fmt)
+    _source("x", x)
+    n, heads, dim = x.shape
+    _dim("x", dim, per_byte, fmt)
+    _uint8("codes", codes, (n, heads, dim // per_byte))
+    _uint8("scales", scales, (n, heads, _cdiv(dim, block)))
+    tensors = [codes, scales, x]
+    if fmt_code == 3:
+        _global_scale("global_scale", global_scale)
+        tensors.append(global_scale)
+    device = _host.device_of(*tensors)
+    if fmt_code == 3:
+        _global_scale_value("global_scale", global_scale)
+    # a [N, H, *] output is a cache of N blocks of one token: slot i = token i
+    _launch(x, (codes, codes.stride(0), 0, codes.stride(1)), (scales, scales.stride(0), 0, scales.stride(1)),
+            None, global_scale if fmt_code == 3 else None, n, fmt_code, block, 1, n, False, 0, device)
+
+
+def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
+                            slot_mapping, fmt, k_global_scale=None, v_global_scale=None) -> None:
+    """Token ``i < len(slot_mapping)`` of ``key``/``value`` (``[T, H, D]``, T >= the slot count,
+    float32/float16/bfloat16, any strides) goes, quantized as :func:`quantize_block` does, to
+    entry ``(slot // block_size, slot % block_size)`` of ``key_cache``/``value_cache`` (uint8
+    ``[num_blocks, block_size, H, D or D // 2]``, any strides: NHD or HND views; last dimension
+    contiguous) with its scales in the scale caches: "linear" (uint8 ``[num_blocks, block_size, H,
+    nb]``, any strides, last dimension contiguous) or "swizzled" (uint8 ``[num_blocks, >=
+    page_bytes]``, :func:`swizzled_page_bytes`; bytes no scale maps to are never written), told
+    apart by rank. ``slot_mapping``: int32/int64, 1-D, any stride; slots
+    < 0 are padding (nothing written), slots >= num_blocks * block_size are rejected.
+    ``k_global_scale``, ``v_global_scale``: float32 ``[1]`` (NVFP4; ignored by MXFP8)."""
+    fmt_code, block, per_byte = _format(fmt)
+    _source("key", key)
+    _source("value", value)
+    if value.dtype != key.dtype:
+        raise TypeError(f"value has dtype {value.dtype} but key has dtype {key.dtype}")
+    _tensor("slot_mapping", slot_mapping)
+    if slot_mapping.dtype not in INDEX_DTYPES:
+        raise TypeError(f"slot_mapping has dtype {slot_mapping.dtype}; expected torch.int32 or torch.int64")
+    if slot_mapping.dim() != 1:
+        raise ValueError(f"slot_mapping must be 1-D, got shape {tuple(slot_mapping.shape)}")
+    n = slot_mapping.shape[0]
+    _, heads, dim = key.shape
+    _dim("key", dim, per_byte, fmt)
+    for name, src in (("key", key), ("value", value)):
+        if src.shape[0] < n or tuple(src.shape[1:]) != (heads, dim):
+            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [>= {n}, {heads}, {dim}] "
+                             "(key's heads and head dim, a row per slot_mapping entry at least)")
+    _tensor("key_cache", key_cache)
+    if key_cache.dim() != 4:
+        raise ValueError(f"key_cache has shape {tuple(key_cache.shape)}; expected [num_blocks, block_size, H, Dc]")
+    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
+    nb = _cdiv(dim, block)
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _uint8(name, cache, (num_blocks, block_size, heads, dim // per_byte))
+    _tensor("key_scale_cache", key_scale_cache)
+    swizzled = key_scale_cache.dim() == 2
+    page = swizzled_page_bytes(block_size, heads, nb)
+    for name, sc in (("key_scale_cache", key_scale_cache), ("value_scale_cache", value_scale_cache)):
+        if swizzled:  # a page a row, rows at least a page wide (the bytes past it are never written)
+            _tensor(name, sc)
+            if sc.dtype != torch.uint8:
+                raise TypeError(f"{name} has dtype {sc.dtype}; expected torch.uint8")
+            if sc.dim() != 2 or sc.shape[0] != num_blocks or sc.shape[1] < page:
+                raise ValueError(f"{name} has shape {tuple(sc.shape)}; a swizzled scale cache (as "
+                                 f"key_scale_cache) is [num_blocks={num_blocks}, page_bytes >= {page}]")
+            if sc.stride(1) != 1 or (num_blocks > 1 and sc.stride(0) < page):
+                raise ValueError(f"{name} has strides {sc.stride()}; a swizzled scale cache needs contiguous "
+                                 f"pages of {page} bytes (row stride >= {page}, element stride 1)")
+        else:
+            _tensor(name, sc)
+            if sc.dim() != 4:
+                raise ValueError(f"{name} has shape {tuple(sc.shape)}; expected [num_blocks, block_size, H, "
+                                 f"{nb}] (linear) or [num_blocks, {page}] (swizzled, as key_scale_cache)")
+            _uint8(name, sc, (num_blocks, block_size, heads, nb))
+    tensors = [key, value, key_cache, value_cache, key_scale_cache, value_scale_cache, slot_mapping]
+    if fmt_code == 3:
+        _global_scale("k_global_scale", k_global_scale)
+        _global_scale("v_global_scale", v_global_scale)
+        tensors += [k_global_scale, v_global_scale]
+    device = _host.device_of(*tensors)
+    if fmt_code == 3:
+        _global_scale_value("k_global_scale", k_global_scale)
+        _global_scale_value("v_global_scale", v_global_scale)
+    num_slots = num_blocks * block_size
+    if n:  # reads the slots (synchronizes on a GPU): nothing is launched before they are known legal
+        high = int(slot_mapping.max())
+        if high >= num_slots:
+            raise ValueError(f"slot_mapping holds slot {high}, out of range: the caches have "
+                             f"{num_blocks} x {block_size} = {num_slots} slots (negative slots are padding)")
+    cp4 = _cdiv(nb, 4)
+    for src, cache, sc, gs in ((key, key_cache, key_scale_cache, k_global_scale),
+                               (value, value_cache, value_scale_cache, v_global_scale)):
+        scales4 = (sc, sc.stride(0), 0, 0) if swizzled else (sc,) + tuple(sc.stride()[:3])
+        _launch(src, (cache,) + tuple(cache.stride()[:3]), scales4, slot_mapping,
+                gs if fmt_code == 3 else None, n, fmt_code, block, block_size, num_slots, swizzled, cp4, device)
