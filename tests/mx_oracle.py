@@ -66,9 +66,12 @@ def quantize_row(row: list, fmt: str, rule: str, *, block: int = 32, zero_block:
     for start in range(0, len(row), block):
         part = row[start:start + block]
         exponent = block_exponent(part, fmt, rule, zero_block)
-        nan_scale = nonfinite == "nan_scale" and not all(math.isfinite(v) for v in part)
+        nonfinite_block = not all(math.isfinite(v) for v in part)
+        nan_scale = nonfinite in ("nan_scale", "nan_block") and nonfinite_block
         scales.append(0xFF if nan_scale else exponent + 127)
         for v in part:
             quotient = float(np.float32(np.float32(v) * np.float32(2.0 ** -exponent)))
+            if nonfinite == "nan_block" and nonfinite_block:
+                quotient = math.nan
             codes.append(element_code(quotient, fmt, saturate))
     return codes, scales

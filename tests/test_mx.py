@@ -48,7 +48,7 @@ def test_quantize_matches_a_block_by_block_oracle(fmt, rule, saturate):
 
 
 @pytest.mark.parametrize("width", [1, 31, 32, 33, 40, 64, 100])
-@pytest.mark.parametrize("zero_block, nonfinite", [("min", "nan_scale"), ("one", "finite_amax")])
+@pytest.mark.parametrize("zero_block, nonfinite", [("min", "nan_scale"), ("one", "finite_amax"), ("min", "nan_block")])
 def test_partial_blocks_zero_blocks_and_non_finite_blocks(width, zero_block, nonfinite):
     rng = np.random.default_rng(width)
     x = rng.normal(size=(4, width)).astype(np.float32) * 8

@@ -20,6 +20,8 @@ Where implementations legitimately differ, :class:`MxKnobs` says how:
   makes every element of such a block NaN) or ``"finite_amax"`` (the scale comes from the block's
   finite elements; the NaN and inf elements are converted on their own, by the element rules).
   Either way the element codes are those of ``x / X`` with ``X`` from the finite elements.
+  ``"nan_block"``: the scale is 0xFF and every element of the block is the element format's NaN
+  (torchao's ``to_mx``: a NaN or inf amax, whose reciprocal scale makes every quotient NaN).
 - ``saturate`` and ``element_preset``: the element conversion, as :func:`oracle.reference.fp8.quantize`
   does it (default: saturating, round to nearest even, the preset ``ocp_satfinite``'s NaN byte).
 
@@ -48,7 +50,7 @@ E_MIN, E_MAX = -127, 127
 ELEMENT_FORMATS = ("e4m3fn", "e5m2")
 EXPONENT_RULES = ("floor", "ceil")
 ZERO_BLOCKS = ("min", "one")
-NONFINITE_BLOCKS = ("nan_scale", "finite_amax")
+NONFINITE_BLOCKS = ("nan_scale", "finite_amax", "nan_block")
 
 
 @dataclass(frozen=True)
@@ -144,11 +146,14 @@ def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | 
         amax = np.max(np.where(finite, np.abs(blocks), np.float32(0)), axis=-1)
     exponent = shared_exponents(amax, fmt, resolved)
     scales = (exponent + E8M0_BIAS).astype(np.uint8)
-    if resolved.nonfinite == "nan_scale":
-        scales = np.where(np.all(finite, axis=-1), scales, np.uint8(E8M0_NAN)).astype(np.uint8)
+    all_finite = np.all(finite, axis=-1)
+    if resolved.nonfinite in ("nan_scale", "nan_block"):
+        scales = np.where(all_finite, scales, np.uint8(E8M0_NAN)).astype(np.uint8)
     factor = np.ldexp(np.float32(1), -exponent).astype(np.float32)[..., None]  # 2**-E, exact in float32
     with np.errstate(over="ignore", invalid="ignore"):
         quotient = (blocks * factor).astype(np.float32)
+    if resolved.nonfinite == "nan_block":
+        quotient = np.where(all_finite[..., None], quotient, np.float32(np.nan))
     codes = fp8_quantize(quotient, fmt, preset=resolved.element_preset, saturate=resolved.saturate)
     codes = codes.reshape(x32.shape[:-1] + (blocks.shape[-2] * block,))[..., :width]
     return np.ascontiguousarray(codes), scales
