@@ -136,3 +136,16 @@ def test_a_block_of_float32_subnormals_keeps_its_values(fmt, unit, rule):
     want_codes, want_scales = mx_oracle.quantize_row([float(v) for v in x[0]], fmt, rule)
     assert scales[0].tolist() == want_scales == [0] and codes[0].tolist() == want_codes
     assert np.count_nonzero(codes) == 32
+
+
+@pytest.mark.parametrize("preset, rule, nonfinite", [("ocp_mx_v1", "floor", "nan_scale"),
+                                                     ("torchao_floor", "floor", "nan_block"),
+                                                     ("rceil", "ceil", "nan_scale")])
+def test_each_preset_is_the_rule_its_writers_use(preset, rule, nonfinite):
+    x = rows(seed=11)
+    x[3, 5], x[4, 70] = np.nan, -np.inf
+    codes, scales = mx.quantize_mxfp8(x, "e5m2", preset=preset)
+    for r, row in enumerate(x):
+        want_codes, want_scales = mx_oracle.quantize_row([float(v) for v in row], "e5m2", rule,
+                                                         nonfinite=nonfinite)
+        assert scales[r].tolist() == want_scales and codes[r].tolist() == want_codes, r

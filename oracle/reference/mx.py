@@ -77,6 +77,7 @@ class MxKnobs:
 # What real implementations do (docs/semantics.md, "Block-scaled formats").
 MX_PRESETS = {
     "ocp_mx_v1": MxKnobs(),  # the spec: floor, NaN scale for a non-finite block, saturating elements
+    "torchao_floor": MxKnobs(nonfinite="nan_block"),  # torchao's to_mx, FLOOR mode
     "rceil": MxKnobs(exponent="ceil"),  # TransformerEngine's MXFP8 cast, torchao's RCEIL mode
 }
 
