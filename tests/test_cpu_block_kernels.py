@@ -1,5 +1,5 @@
 """The C++ block-scaled kernels (cpu.quantize_block, cpu.reshape_and_cache_block) against the numpy
-reference (oracle.reference.block_scaled), byte for byte, on both ISA paths (AVX-512, scalar).
+reference (oracle.reference.block_scaled), byte for byte, on every ISA path (AVX-512, AVX2, scalar).
 
 Every output lives in a poisoned allocation (random bytes 1..255, never zero) with guard bands on
 both sides; the whole allocation is compared with the poison plus what the reference writes, so
@@ -31,7 +31,7 @@ BLOCK_SIZE = 16
 GLOBAL_SCALES = (1.0, 0.37, 2688.0 / 3.1, 1e-3, 3.3e4, 1e-30, 1e30, 1e-40)  # 1e-40: a subnormal
 
 
-@pytest.fixture(params=["avx512", "scalar"])
+@pytest.fixture(params=["avx512", "avx2", "scalar"])
 def isa(request):
     best = cpu.detected_isa()
     if cpu.ISAS.index(request.param) > cpu.ISAS.index(best):

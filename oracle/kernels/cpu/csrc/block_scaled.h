@@ -8,8 +8,9 @@
 // contiguous buffer; the caller places the scales (linear or swizzled layout, block.cpp, whose two
 // ops are declared at the end of this file).
 //
-// Two implementations of each, chosen at run time like fp8.h's: scalar (the definition) and
-// AVX-512 (one block per one or two vectors, masked tails). Both do the same float32 operations in
+// Three implementations of each, chosen at run time like fp8.h's: scalar (the definition), AVX2
+// (whole blocks in vectors of 8, a partial last block scalar) and AVX-512 (one block per one or two
+// vectors, masked tails). Both do the same float32 operations in
 // the same order, so they agree bit for bit; no FMA is formed (there is no a * b + c to contract).
 #pragma once
 
@@ -139,6 +140,93 @@ static void nvfp4_row_scalar(uint8_t* codes, uint8_t* scales, const void* src, i
 }
 
 #if KVO_X86
+// ---------------------------------------------------------------- AVX2 rows
+
+KVO_AVX2 static inline float hmax8_avx2(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+// Whole blocks of 32 as four vectors of 8; a partial last block goes to the scalar row.
+template <int F, int S>
+KVO_AVX2 static void mx_row_avx2(uint8_t* codes, uint8_t* scales, const void* src, int64_t dim, const BlockParams& p) {
+  using E = MxElem<F>;
+  constexpr int64_t kSize = S == kF32 ? 4 : 2;
+  const char* s = static_cast<const char*>(src);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  int64_t b0 = 0, blk = 0;
+  for (; b0 + 32 <= dim; b0 += 32, ++blk) {
+    __m256 x[4];
+    __m256 m = _mm256_setzero_ps();
+    int finite = 0xFF;
+    for (int j = 0; j < 4; ++j) {
+      x[j] = load8_avx2<S>(s + (b0 + 8 * j) * kSize);
+      const __m256 a = _mm256_and_ps(x[j], abs_mask);
+      const __m256 fin = _mm256_cmp_ps(a, inf, _CMP_LT_OQ);  // NaN and inf fail
+      finite &= _mm256_movemask_ps(fin);
+      m = _mm256_max_ps(m, _mm256_and_ps(a, fin));
+    }
+    const int e = mx_exponent(hmax8_avx2(m), E::EMAX);
+    scales[blk] = finite == 0xFF ? uint8_t(e + 127) : uint8_t(0xFF);
+    const __m256 f = _mm256_set1_ps(mx_factor(e));
+    for (int j = 0; j < 4; j += 2) {
+      const __m256i ca = fp8_codes_avx2<E::FP8>(_mm256_mul_ps(x[j], f));
+      const __m256i cb = fp8_codes_avx2<E::FP8>(_mm256_mul_ps(x[j + 1], f));
+      const __m128i wa = _mm_packus_epi32(_mm256_castsi256_si128(ca), _mm256_extracti128_si256(ca, 1));
+      const __m128i wb = _mm_packus_epi32(_mm256_castsi256_si128(cb), _mm256_extracti128_si256(cb, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b0 + 8 * j), _mm_packus_epi16(wa, wb));
+    }
+  }
+  if (b0 < dim) mx_row_scalar<F, S>(codes + b0, scales + blk, s + b0 * kSize, dim - b0, p);
+}
+
+// e2m1 codes of 8 floats, as e2m1_code: the count of thresholds below |q| (compares give -1).
+KVO_AVX2 static inline __m256i e2m1_codes_avx2(__m256 q) {
+  const __m256 a = _mm256_and_ps(q, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+  __m256i code = _mm256_setzero_si256();
+#define KVO_E2M1_COUNT(t, op) \
+  code = _mm256_sub_epi32(code, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(t), op)))
+  KVO_E2M1_COUNT(0.25f, _CMP_GT_OQ);  // a lambda would lose the function's target attribute
+  KVO_E2M1_COUNT(0.75f, _CMP_GE_OQ);
+  KVO_E2M1_COUNT(1.25f, _CMP_GT_OQ);
+  KVO_E2M1_COUNT(1.75f, _CMP_GE_OQ);
+  KVO_E2M1_COUNT(2.5f, _CMP_GT_OQ);
+  KVO_E2M1_COUNT(3.5f, _CMP_GE_OQ);
+  KVO_E2M1_COUNT(5.0f, _CMP_GT_OQ);
+#undef KVO_E2M1_COUNT
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(q), 28), _mm256_set1_epi32(8));
+  code = _mm256_or_si256(code, sign);
+  return _mm256_blendv_epi8(code, _mm256_set1_epi32(7), _mm256_castps_si256(_mm256_cmp_ps(q, q, _CMP_UNORD_Q)));
+}
+
+// Whole blocks of 16 as two vectors of 8; a partial last block goes to the scalar row.
+template <int S>
+KVO_AVX2 static void nvfp4_row_avx2(uint8_t* codes, uint8_t* scales, const void* src, int64_t dim,
+                                    const BlockParams& p) {
+  constexpr int64_t kSize = S == kF32 ? 4 : 2;
+  const char* s = static_cast<const char*>(src);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  int64_t b0 = 0, blk = 0;
+  for (; b0 + 16 <= dim; b0 += 16, ++blk) {
+    const __m256 x0 = load8_avx2<S>(s + b0 * kSize), x1 = load8_avx2<S>(s + (b0 + 8) * kSize);
+    const __m256 a0 = _mm256_and_ps(x0, abs_mask), a1 = _mm256_and_ps(x1, abs_mask);
+    const __m256 m0 = _mm256_and_ps(a0, _mm256_cmp_ps(a0, a0, _CMP_ORD_Q));  // NaN ignored, inf counts
+    const __m256 m1 = _mm256_and_ps(a1, _mm256_cmp_ps(a1, a1, _CMP_ORD_Q));
+    float out;
+    scales[blk] = nvfp4_scale(hmax8_avx2(_mm256_max_ps(m0, m1)), p, &out);
+    const __m256 vo = _mm256_set1_ps(out);
+    const __m256i c0 = e2m1_codes_avx2(_mm256_mul_ps(x0, vo)), c1 = e2m1_codes_avx2(_mm256_mul_ps(x1, vo));
+    // each 64-bit lane holds codes 2j (low half) and 2j+1 (high half): its low byte becomes the pair
+    alignas(32) uint64_t pairs[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(pairs), _mm256_or_si256(c0, _mm256_srli_epi64(c0, 28)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(pairs + 4), _mm256_or_si256(c1, _mm256_srli_epi64(c1, 28)));
+    for (int j = 0; j < 8; ++j) codes[b0 / 2 + j] = uint8_t(pairs[j]);
+  }
+  if (b0 < dim) nvfp4_row_scalar<S>(codes + b0 / 2, scales + blk, s + b0 * kSize, dim - b0, p);
+}
+
 // ---------------------------------------------------------------- AVX-512 rows
 
 static inline __mmask16 lanes16(int64_t n) {
@@ -221,8 +309,13 @@ static BlockRowFn pick_block_row_src(int isa, int fmt) {
     if (fmt == kMxE5M2) return &mx_row_avx512<kMxE5M2, S>;
     return &nvfp4_row_avx512<S>;
   }
+  if (isa == kAvx2) {
+    if (fmt == kMxE4M3) return &mx_row_avx2<kMxE4M3, S>;
+    if (fmt == kMxE5M2) return &mx_row_avx2<kMxE5M2, S>;
+    return &nvfp4_row_avx2<S>;
+  }
 #endif
-  (void)isa;  // AVX2 runs the scalar rows
+  (void)isa;
   if (fmt == kMxE4M3) return &mx_row_scalar<kMxE4M3, S>;
   if (fmt == kMxE5M2) return &mx_row_scalar<kMxE5M2, S>;
   return &nvfp4_row_scalar<S>;
