@@ -223,6 +223,7 @@ def test_a_report_the_bench_writes_reads_back_with_its_command_and_commit(tmp_pa
 
 @pytest.mark.parametrize("args", [["bench-table", "reports/h100-bench.json", "--l2", "cold"],
                                   ["bench-table", "reports/cpu-bench.json"],
+                                  ["bench-table", "reports/cpu-block-bench.json"],
                                   ["bench-goals", "reports/h100-bench.json"]])
 def test_docs_benchmarks_holds_what_the_commands_print_from_the_committed_reports(args, capsys, monkeypatch):
     """docs/benchmarks.md pastes these commands' output: a report or a formatter that changes
