@@ -11,7 +11,7 @@
 # - conformance: the conformance matrix of every GPU backend (full profile);
 # - graphs: the CUDA-graph replay lane of the Triton and the CUDA kernels, each registered variant;
 # - bench: oracle bench on the GPU (eager and graph, beside index_put_, the seed's writer and the
-#   peers' files in .peers/) and its goals;
+#   peers' files in .peers/) and its goals, then the block-scaled paged writer (N = 1 to 16384);
 # - sanitize: the compute-sanitizer lane over the CUDA and Triton kernels.
 #
 # With no stage, all of them (longer than one call allows). Each stage writes its files to $OUT
@@ -65,6 +65,8 @@ stage_bench() {
       --sizes 1,16,64,4096,16384 --repeats 7 --mode both --l2 cold "${peers[@]}" \
       --json "$OUT/bench.json" --plot "$OUT/bench.png"
   oracle report bench-goals "$OUT/bench.json"
+  time timeout 200 oracle bench --backend triton --op reshape_and_cache_block --sizes 1,256,4096,16384 \
+      --repeats 7 --mode both --l2 cold --json "$OUT/block-bench.json"
 }
 
 stage_sanitize() {
