@@ -115,7 +115,8 @@ def register() -> None:
                  dtypes=("float32", "float16", "bfloat16"), block_formats=BLOCK_FORMATS,
                  scale_layouts=("linear", "swizzled"))
     block_note = ("MXFP8/NVFP4 by integer bit arithmetic (RNE fp8/e2m1, E8M0 floor(log2)), float32 "
-                  "products and IEEE div_rn as the reference; arguments and slots checked on the host")
+                  "products and IEEE div_rn as the reference; arguments, slots and global scales checked on the "
+                  "host (on a GPU, one synchronization per call)")
     oracle.register(block_ops.quantize_block, op="quantize_block", name=f"{backend}.quantize_block",
                     notes=block_note, **block)
     oracle.register(block_ops.reshape_and_cache_block, op="reshape_and_cache_block",
