@@ -56,6 +56,7 @@ CAUSES = {
     "nibbles_swapped": "the two 4-bit codes of each byte are swapped",
     "padding_into_slot_zero": "padding rows are quantized and written into slot 0",
     "scale_layout_wrong": "the scale cache is written in another layout than its own",
+    "blocks_straddle_heads": "scaling blocks run across head boundaries",
 }
 
 

@@ -106,6 +106,14 @@ def quantize_block(codes, scales, x, fmt, global_scale):
 
 def write_quantized(codes, scales, x, fmt, global_scale, encoder) -> None:
     """:func:`quantize_block` with ``encoder`` (``encode``'s signature) computing the bytes."""
+    check_quantize(codes, scales, x, fmt, global_scale)
+    c, s = encoder(x, fmt, global_scale)
+    codes.copy_(c)
+    scales.copy_(s)
+
+
+def check_quantize(codes, scales, x, fmt, global_scale) -> None:
+    """:func:`quantize_block`'s argument checks."""
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x has dtype {x.dtype}; expected float32, float16 or bfloat16")
     if x.dim() != 3:
@@ -118,9 +126,6 @@ def write_quantized(codes, scales, x, fmt, global_scale, encoder) -> None:
             raise TypeError(f"{name} has dtype {out.dtype}; expected torch.uint8")
         if tuple(out.shape) != tuple(x.shape[:2]) + (last,):
             raise ValueError(f"{name} has shape {tuple(out.shape)}; expected {tuple(x.shape[:2]) + (last,)}")
-    c, s = encoder(x, fmt, global_scale)
-    codes.copy_(c)
-    scales.copy_(s)
 
 
 def _swizzled_offsets(rows: int, cols: int) -> torch.Tensor:

@@ -55,6 +55,15 @@ def _padding_to_slot_zero(slot_mapping: torch.Tensor):
     return torch.ones_like(slot_mapping, dtype=torch.bool), slot_mapping.long().clamp(min=0)
 
 
+def quantize_straddles_heads(codes, scales, x, fmt, global_scale):
+    """Blocks over each token's whole [H * D] row, as a kernel that flattens the heads does; the
+    row's scales first in the token's [H, blocks] scale row."""
+    tb.check_quantize(codes, scales, x, fmt, global_scale)
+    c, s = tb.encode(x.reshape(x.shape[0], -1), fmt, global_scale)
+    codes.copy_(c.reshape(codes.shape))
+    scales.view(scales.shape[0], -1)[:, :s.shape[1]] = s
+
+
 def paged_swizzle_as_linear(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
                             slot_mapping, fmt, k_global_scale, v_global_scale):
     """Writes each page of a swizzled scale cache in the linear [block_size, H, blocks] order."""
@@ -86,6 +95,8 @@ _ROWS = [
      "global_scale_misapplied", _paged(lambda *a: _nvfp4(*a, uses=0)), ("block_scaled",)),
     (P + ".padding_into_slot_zero", P, "padding rows (negative slots) quantized into slot 0, as sglang's "
      "MXFP8 writers did", "padding_into_slot_zero", _paged(tb.encode, _padding_to_slot_zero), ("padding",)),
+    (Q + ".blocks_straddle_heads", Q, "blocks run over each token's whole [H * D] row, across heads",
+     "blocks_straddle_heads", quantize_straddles_heads, ("block_scaled",)),
     (P + ".swizzle_as_linear", P, "a swizzled scale cache written in the linear order of each page",
      "scale_layout_wrong", paged_swizzle_as_linear, ("block_scaled",)),
 ]

@@ -109,11 +109,33 @@ class QuantizeBlock(_BlockSpec):
 
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
         fmt, knobs, rest = self._knobs(case, contract, override)
+        straddle = rest.pop("straddle_heads", False)
         if rest:
             raise ValueError(f"quantize_block has no {sorted(rest)} to override")
+        x = prepared.numpy("x")
         with np.errstate(all="ignore"):
-            codes, scales = ref.quantize_block(prepared.numpy("x"), fmt, prepared.numpy("global_scale"), **knobs)
-        return {"codes": codes, "scales": scales}
+            if not straddle:
+                codes, scales = ref.quantize_block(x, fmt, prepared.numpy("global_scale"), **knobs)
+                return {"codes": codes, "scales": scales}
+            # blocks over each token's whole [H * D] row; its scales in the first entries of the
+            # token's [H, blocks] scale row, the rest untouched
+            flat, flat_scales = ref.quantize_block(x.reshape(x.shape[0], -1), fmt, prepared.numpy("global_scale"),
+                                                   **knobs)
+        scales = prepared.numpy("scales")
+        rows = scales.reshape(scales.shape[0], -1)
+        rows[:, :flat_scales.shape[1]] = flat_scales
+        return {"codes": flat.reshape(x.shape[:2] + (-1,)), "scales": rows.reshape(scales.shape)}
+
+    def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
+        """The block-scaling hypotheses, and blocks that straddle heads (where D is not a multiple
+        of the block, the only case where they differ)."""
+        p = self.p_with_defaults(case)
+        out = super().alternatives(case, contract)
+        if p["shape"][1] % ref.require_format(p["block"])[2]:
+            out.append(Hypothesis("blocks_straddle_heads", "blocks run over each token's whole [H * D] row, "
+                                  "straddling heads, their scales written first in the token's scale row",
+                                  override={"straddle_heads": True}))
+        return out
 
     def bad_inputs(self) -> tuple:
         return ("x_dtype", "codes_dtype", "shape_mismatch", "fmt", "global_scale", "odd_head")
