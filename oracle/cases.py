@@ -123,6 +123,9 @@ def _block_scaled(spec: OpSpec, profile: str, contract=None):
             yield {"block": fmt, "scale_layout": "swizzled"}
             yield {"block": fmt, "scale_layout": "swizzled", "values": "special", "shape": spec.straddle_shape}
             yield {"block": fmt, "scale_layout": "swizzled", "padding": "negative"}
+            # pages of 208 rows and 5 (MX) or 10 (NVFP4) columns: two row tiles and two or three
+            # column tiles, both padded, so tile order and the in-tile interleave are reached
+            yield {"block": fmt, "scale_layout": "swizzled", "shape": spec.wide_page_shape}
 
 
 def _bad_input(spec: OpSpec, profile: str, contract=None):

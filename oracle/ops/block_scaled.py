@@ -48,6 +48,7 @@ class _BlockSpec(OpSpec):
     default_shape = (8, 128)
     shapes = SHAPES
     straddle_shape = (4, 40)  # D = 40: MX blocks of 32 + 8, NVFP4 16 + 16 + 8
+    wide_page_shape = (13, 160)  # swizzled pages of 16 * 13 = 208 rows, 5 or 10 scale columns
 
     def p_with_defaults(self, case: Case) -> dict:
         p = super().p_with_defaults(case)
