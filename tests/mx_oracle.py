@@ -60,18 +60,30 @@ def element_code(value: float, fmt: str, saturate: bool) -> int:
 
 
 def quantize_row(row: list, fmt: str, rule: str, *, block: int = 32, zero_block: str = "min",
-                 nonfinite: str = "nan_scale", saturate: bool = True) -> tuple[list, list]:
-    """(element codes, E8M0 scale codes) of one row (float32 values), block by block."""
+                 nonfinite: str = "nan_scale", saturate: bool = True, min_scale_factor: str = "exact",
+                 nan_sign: bool = True) -> tuple[list, list]:
+    """(element codes, E8M0 scale codes) of one row (float32 values), block by block.
+    ``nan_sign=False``: NaN elements lose their sign (the CUDA satfinite conversion)."""
     codes, scales = [], []
     for start in range(0, len(row), block):
         part = row[start:start + block]
         exponent = block_exponent(part, fmt, rule, zero_block)
         nonfinite_block = not all(math.isfinite(v) for v in part)
+        inf_block = nonfinite == "inf_saturates" and any(math.isinf(v) for v in part)
+        if inf_block:
+            exponent = 127
         nan_scale = nonfinite in ("nan_scale", "nan_block") and nonfinite_block
         scales.append(0xFF if nan_scale else exponent + 127)
+        multiplier = 2.0 ** -exponent
+        if min_scale_factor == "one" and exponent == -127:
+            multiplier = 1.0
         for v in part:
-            quotient = float(np.float32(np.float32(v) * np.float32(2.0 ** -exponent)))
+            quotient = float(np.float32(np.float32(v) * np.float32(multiplier)))
+            if inf_block:  # the multiplier is 0: finite elements +-0, inf and NaN a positive NaN
+                quotient = math.copysign(0.0, v) if math.isfinite(v) else math.nan
             if nonfinite == "nan_block" and nonfinite_block:
+                quotient = math.nan
+            if not nan_sign and math.isnan(quotient):
                 quotient = math.nan
             codes.append(element_code(quotient, fmt, saturate))
     return codes, scales

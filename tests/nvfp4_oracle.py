@@ -27,14 +27,16 @@ KNOB_CHOICES = {
     "global_scale_at": ("block_scale", "input"),
     "nibble_order": ("low_first", "high_first"),
     "nan_element": ("max", "zero"),
-    "nonfinite": ("ignore_nan", "nan_scale"),
+    "nonfinite": ("ignore_nan", "nan_scale", "all_nan_scale"),
+    "zero_guard": ("stored", "unrounded"),
 }
 FAULT_KNOB_CHOICES = {  # bugs the reference can model: scale the elements by the unrounded sf,
     "element_scale": ("stored", "unrounded"),  # or apply gs 0 or 2 times instead of once
     "global_scale_uses": (1, 0, 2),
 }
 DEFAULTS = {"global_scale_at": "block_scale", "nibble_order": "low_first", "nan_element": "max",
-            "nonfinite": "ignore_nan", "element_scale": "stored", "global_scale_uses": 1}
+            "nonfinite": "ignore_nan", "zero_guard": "stored", "element_scale": "stored",
+            "global_scale_uses": 1}
 
 
 def f32(value) -> np.float32:
@@ -96,12 +98,15 @@ def quantize_block(block: list, gs: float, knobs: dict) -> tuple[list, int]:
         sf = f32(encode * f32(f32(amax) * ONE_SIXTH))
         scale = e4m3_code(sf)
         sfq = e4m3_value(scale) if knobs["element_scale"] == "stored" else sf
-        if float(sfq) == 0:
+        guard = sf if knobs["zero_guard"] == "unrounded" else sfq  # the value tested against 0
+        if float(guard) == 0:
             out = F32(0)
         else:  # input: encode is 1, so this is fl(1 / sfq)
             out = f32(F32(1) / f32(sfq * f32(F32(1) / encode)))
         codes = [e2m1_code(float(f32(v * out)), knobs["nan_element"]) for v in values]
     if knobs["nonfinite"] == "nan_scale" and any(math.isnan(v) for v in block):
+        scale = 0x7F
+    if knobs["nonfinite"] == "all_nan_scale" and all(math.isnan(v) for v in block):
         scale = 0x7F
     return codes, scale
 

@@ -48,7 +48,8 @@ def test_quantize_matches_a_block_by_block_oracle(fmt, rule, saturate):
 
 
 @pytest.mark.parametrize("width", [1, 31, 32, 33, 40, 64, 100])
-@pytest.mark.parametrize("zero_block, nonfinite", [("min", "nan_scale"), ("one", "finite_amax"), ("min", "nan_block")])
+@pytest.mark.parametrize("zero_block, nonfinite", [("min", "nan_scale"), ("one", "finite_amax"), ("min", "nan_block"),
+                                                   ("min", "inf_saturates")])
 def test_partial_blocks_zero_blocks_and_non_finite_blocks(width, zero_block, nonfinite):
     rng = np.random.default_rng(width)
     x = rng.normal(size=(4, width)).astype(np.float32) * 8
@@ -149,3 +150,37 @@ def test_each_preset_is_the_rule_its_writers_use(preset, rule, nonfinite):
         want_codes, want_scales = mx_oracle.quantize_row([float(v) for v in row], "e5m2", rule,
                                                          nonfinite=nonfinite)
         assert scales[r].tolist() == want_scales and codes[r].tolist() == want_codes, r
+
+
+@pytest.mark.parametrize("rule", ["floor", "ceil"])
+@pytest.mark.parametrize("factor", ["exact", "one"])
+def test_the_multiplier_of_a_byte_zero_block(rule, factor):
+    """A block of float32 subnormals gets E = -127 (byte 0): "one" writes its elements unscaled
+    (TransformerEngine: all zero in e4m3fn), "exact" scales them by 2**127; a block of tiny
+    normals (E = -126) is scaled either way."""
+    x = np.concatenate([np.arange(1, 33, dtype=np.float32) * np.float32(3e-40),
+                        np.arange(1, 33, dtype=np.float32) * np.float32(1e-37)]).reshape(1, 64)
+    codes, scales = mx.quantize_mxfp8(x, "e4m3fn", exponent=rule, min_scale_factor=factor)
+    want = mx_oracle.quantize_row([float(v) for v in x[0]], "e4m3fn", rule, min_scale_factor=factor)
+    assert (codes[0].tolist(), scales[0].tolist()) == want
+    assert scales[0, 0] == 0 and scales[0, 1] == 1
+    assert (np.count_nonzero(codes[0, :32]) == 0) == (factor == "one") and np.count_nonzero(codes[0, 32:]) == 32
+
+
+def test_an_inf_block_saturates_its_scale_under_inf_saturates():
+    x = np.full((1, 64), 3.0, np.float32)
+    x[0, 5], x[0, 9], x[0, 40] = np.inf, np.nan, np.nan
+    codes, scales = mx.quantize_mxfp8(x, "e4m3fn", nonfinite="inf_saturates")
+    assert scales[0].tolist() == [0xFE, 127 - 7]  # the inf block saturated; the other from 3 (E = 1 - 8)
+    assert set(codes[0, :32].tolist()) == {0x00, 0x7F}  # +-0 for finite, NaN for inf and NaN
+    assert codes[0, 40] == 0x7F and codes[0, 41] == mx_oracle.element_code(3.0 * 2 ** 7, "e4m3fn", True)
+
+
+def test_the_transformer_engine_preset():
+    x = rows(seed=13)
+    x[1, 3], x[2, 33], x[3, 64] = np.inf, np.nan, -np.inf
+    codes, scales = mx.quantize_mxfp8(x, "e4m3fn", preset="te_mxfp8")
+    for r, row in enumerate(x):
+        want = mx_oracle.quantize_row([float(v) for v in row], "e4m3fn", "ceil", nonfinite="inf_saturates",
+                                      min_scale_factor="one", nan_sign=False)
+        assert (codes[r].tolist(), scales[r].tolist()) == want, r

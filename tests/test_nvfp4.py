@@ -110,11 +110,13 @@ def test_fault_knobs_match_the_oracle(element_scale, uses, at):
 @pytest.mark.parametrize("preset", sorted(nvfp4.NVFP4_PRESETS))
 def test_presets_are_their_knobs(preset):
     x = rows(seed(preset), gs=268.8)
-    at = {"nvfp4_ref": "block_scale", "nvfp4_prescaled": "input"}[preset]
+    knobs = {"nvfp4_ref": {}, "nvfp4_prescaled": {"global_scale_at": "input"},
+             "nvfp4_vllm": {"nonfinite": "all_nan_scale"},
+             "nvfp4_trtllm": {"nonfinite": "all_nan_scale", "zero_guard": "unrounded"}}[preset]
     a = nvfp4.quantize_nvfp4(x, np.float32(268.8), preset=preset)
-    b = nvfp4.quantize_nvfp4(x, np.float32(268.8), global_scale_at=at)
+    b = nvfp4.quantize_nvfp4(x, np.float32(268.8), **knobs)
     assert all(np.array_equal(p, q) for p, q in zip(a, b))
-    check_against_oracle(x, float(np.float32(268.8)), global_scale_at=at)
+    check_against_oracle(x, float(np.float32(268.8)), **knobs)
 
 
 @pytest.mark.parametrize("width", [2, 18, 40, 72])
@@ -321,3 +323,21 @@ def test_the_golden_derivations_agree_with_the_oracle():
 def test_bad_input_is_refused_by_name(call, message):
     with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(").replace("[", r"\[")):
         call()
+
+
+def test_an_all_nan_block_and_a_scale_that_rounds_to_zero():
+    """vLLM's and TensorRT-LLM's amax is NaN only for an all-NaN block (scale 0x7F); TensorRT-LLM
+    guards the multiplier by the unrounded scale, so a block whose sf rounds to byte 0 gets an
+    infinite multiplier: nonzero elements +-6, zeros NaN (code 7)."""
+    x = np.zeros((1, 48), np.float32)
+    x[0, :16] = np.nan
+    x[0, 16:32] = [1e-6, -1e-6, 0.0, 2e-6] * 4  # sf = 2e-6 / 6 rounds to e4m3fn byte 0
+    x[0, 32:] = np.linspace(-3, 3, 16)
+    x[0, 40] = np.nan
+    packed, scales = nvfp4.quantize_nvfp4(x, 1.0, preset="nvfp4_trtllm")
+    codes = nvfp4.unpack(packed)
+    assert scales[0, 0] == 0x7F and scales[0, 1] == 0 and scales[0, 2] != 0x7F
+    assert codes[0, 16:20].tolist() == [7, 15, 7, 7]
+    ref_packed, ref_scales = nvfp4.quantize_nvfp4(x, 1.0)
+    assert ref_scales[0, 0] == 0 and nvfp4.unpack(ref_packed)[0, 16:20].tolist() == [0, 8, 0, 0]
+    check_against_oracle(x, 1.0, nonfinite="all_nan_scale", zero_guard="unrounded")

@@ -135,6 +135,9 @@ def alternatives(fmt: str, contract: Contract) -> list[Hypothesis]:
             other("block_nonfinite", "zero_block", zero, f"an all-zero block gets the {zero!r} scale")
         for rule in mx.NONFINITE_BLOCKS:
             other("block_nonfinite", "nonfinite", rule, f"a block holding NaN or inf is scaled by {rule!r}")
+        for factor in mx.MIN_SCALE_FACTORS:
+            other("block_nonfinite", "min_scale_factor", factor,
+                  f"a nonzero block with scale byte 0 is multiplied by the {factor!r} factor")
         other("fp8_conversion", "saturate", not declared.saturate,
               f"the elements {'saturate' if not declared.saturate else 'do not saturate'}")
         return out
@@ -151,6 +154,8 @@ def alternatives(fmt: str, contract: Contract) -> list[Hypothesis]:
         other("block_nonfinite", "nan_element", nan, f"NaN elements are written as {nan!r}")
     for rule in nvfp4.NONFINITE_BLOCKS:
         other("block_nonfinite", "nonfinite", rule, f"a block holding NaN is scaled by {rule!r}")
+    for guard in nvfp4.ZERO_GUARDS:
+        other("block_nonfinite", "zero_guard", guard, f"the element multiplier is 0 where the {guard} scale is")
     return out
 
 

@@ -22,6 +22,13 @@ Where implementations legitimately differ, :class:`MxKnobs` says how:
   Either way the element codes are those of ``x / X`` with ``X`` from the finite elements.
   ``"nan_block"``: the scale is 0xFF and every element of the block is the element format's NaN
   (torchao's ``to_mx``: a NaN or inf amax, whose reciprocal scale makes every quotient NaN).
+  ``"inf_saturates"`` (TransformerEngine, TensorRT-LLM): NaN is skipped by amax and inf is not,
+  so a block holding ±inf gets the saturated scale 0xFE (E = 127) and the multiplier 0: its
+  finite elements are written as ±0, its inf and NaN elements as NaN (the positive NaN of an
+  invalid product); a block with NaN but no inf is scaled by its finite elements.
+- ``min_scale_factor``: the element multiplier of a nonzero block whose E is -127 (scale byte 0):
+  ``"exact"`` (``2**127``) or ``"one"`` (TransformerEngine's ``exp2f_rcp``, which returns 1 for
+  byte 0, so such a block's elements are written unscaled).
 - ``saturate`` and ``element_preset``: the element conversion, as :func:`oracle.reference.fp8.quantize`
   does it (default: saturating, round to nearest even, the preset ``ocp_satfinite``'s NaN byte).
 
@@ -50,7 +57,8 @@ E_MIN, E_MAX = -127, 127
 ELEMENT_FORMATS = ("e4m3fn", "e5m2")
 EXPONENT_RULES = ("floor", "ceil")
 ZERO_BLOCKS = ("min", "one")
-NONFINITE_BLOCKS = ("nan_scale", "finite_amax", "nan_block")
+NONFINITE_BLOCKS = ("nan_scale", "finite_amax", "nan_block", "inf_saturates")
+MIN_SCALE_FACTORS = ("exact", "one")
 
 
 @dataclass(frozen=True)
@@ -62,12 +70,14 @@ class MxKnobs:
     nonfinite: str = "nan_scale"
     saturate: bool = True
     element_preset: str = "ocp_satfinite"
+    min_scale_factor: str = "exact"
     exponent_offset: int = 0  # fault knob: -1 or +1
 
     def validated(self) -> "MxKnobs":
         v.require_choice("exponent", self.exponent, EXPONENT_RULES)
         v.require_choice("zero_block", self.zero_block, ZERO_BLOCKS)
         v.require_choice("nonfinite", self.nonfinite, NONFINITE_BLOCKS)
+        v.require_choice("min_scale_factor", self.min_scale_factor, MIN_SCALE_FACTORS)
         v.require_choice("exponent_offset", self.exponent_offset, (-1, 0, 1))
         if not isinstance(self.saturate, bool):
             raise TypeError(f"saturate must be a bool, got {self.saturate!r}")
@@ -78,7 +88,10 @@ class MxKnobs:
 MX_PRESETS = {
     "ocp_mx_v1": MxKnobs(),  # the spec: floor, NaN scale for a non-finite block, saturating elements
     "torchao_floor": MxKnobs(nonfinite="nan_block"),  # torchao's to_mx, FLOOR mode
-    "rceil": MxKnobs(exponent="ceil"),  # TransformerEngine's MXFP8 cast, torchao's RCEIL mode
+    "rceil": MxKnobs(exponent="ceil"),  # torchao's RCEIL mode; the others' rule on finite blocks
+    # TransformerEngine's quantize_mxfp8 (float_to_e8m0, exp2f_rcp, cvt.rn.satfinite.e4m3x2)
+    "te_mxfp8": MxKnobs(exponent="ceil", nonfinite="inf_saturates", min_scale_factor="one",
+                        element_preset="cuda_satfinite"),
 }
 
 
@@ -146,15 +159,22 @@ def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | 
     with np.errstate(invalid="ignore"):
         amax = np.max(np.where(finite, np.abs(blocks), np.float32(0)), axis=-1)
     exponent = shared_exponents(amax, fmt, resolved)
+    has_inf = np.any(np.isinf(blocks), axis=-1) if resolved.nonfinite == "inf_saturates" else False
+    exponent = np.where(has_inf, E_MAX, exponent)
     scales = (exponent + E8M0_BIAS).astype(np.uint8)
     all_finite = np.all(finite, axis=-1)
     if resolved.nonfinite in ("nan_scale", "nan_block"):
         scales = np.where(all_finite, scales, np.uint8(E8M0_NAN)).astype(np.uint8)
-    factor = np.ldexp(np.float32(1), -exponent).astype(np.float32)[..., None]  # 2**-E, exact in float32
+    factor = np.ldexp(np.float32(1), -exponent).astype(np.float32)  # 2**-E, exact in float32
+    if resolved.min_scale_factor == "one":
+        factor = np.where(exponent == E_MIN, np.float32(1), factor).astype(np.float32)
+    factor = np.where(has_inf, np.float32(0), factor).astype(np.float32)[..., None]
     with np.errstate(over="ignore", invalid="ignore"):
         quotient = (blocks * factor).astype(np.float32)
     if resolved.nonfinite == "nan_block":
         quotient = np.where(all_finite[..., None], quotient, np.float32(np.nan))
+    elif resolved.nonfinite == "inf_saturates":  # inf * 0 and NaN * 0: the invalid product's NaN
+        quotient = np.where(np.asarray(has_inf)[..., None] & ~finite, np.float32(np.nan), quotient)
     codes = fp8_quantize(quotient, fmt, preset=resolved.element_preset, saturate=resolved.saturate)
     codes = codes.reshape(x32.shape[:-1] + (blocks.shape[-2] * block,))[..., :width]
     return np.ascontiguousarray(codes), scales

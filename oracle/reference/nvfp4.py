@@ -25,8 +25,14 @@ Where implementations differ, :class:`Nvfp4Knobs` says how:
   ``cvt.rn.satfinite.e2m1x2.f32 d, a, b`` gives with ``a`` the odd element) or ``"high_first"``.
 - ``nan_element``: the code of a NaN element (e2m1 has no NaN): ``"max"`` (7, +6: the
   satfinite conversion) or ``"zero"`` (0).
-- ``nonfinite``: ``"ignore_nan"`` (amax over the non-NaN elements, as CUDA's ``fmaxf`` does) or
-  ``"nan_scale"`` (a block holding NaN gets the e4m3fn NaN scale byte 0x7F).
+- ``nonfinite``: ``"ignore_nan"`` (amax over the non-NaN elements, as CUDA's ``fmaxf`` does),
+  ``"nan_scale"`` (a block holding NaN gets the e4m3fn NaN scale byte 0x7F) or
+  ``"all_nan_scale"`` (only a block whose elements are all NaN gets 0x7F: vLLM's and
+  TensorRT-LLM's ``__hmax2`` amax, NaN only where both operands are).
+- ``zero_guard``: what decides that the element multiplier is 0: ``"stored"`` (the stored scale
+  ``sfq`` is 0) or ``"unrounded"`` (TensorRT-LLM: ``sf`` is 0; a block whose ``sf`` is positive
+  but rounds to the scale byte 0 gets ``1 / 0 = inf``, so its nonzero elements are written as
+  ±6 and its zeros as NaN).
 
 Fault knobs (never a real writer's choice; the diagnosis replays them to name a bug):
 ``element_scale="unrounded"`` (elements scaled by the block scale before its e4m3fn rounding)
@@ -52,7 +58,8 @@ SIXTH = np.float32(1) / np.float32(6)  # fl32(1/6) = 0.1666666716...
 GLOBAL_SCALE_AT = ("block_scale", "input")
 NIBBLE_ORDERS = ("low_first", "high_first")
 NAN_ELEMENTS = ("max", "zero")
-NONFINITE_BLOCKS = ("ignore_nan", "nan_scale")
+NONFINITE_BLOCKS = ("ignore_nan", "nan_scale", "all_nan_scale")
+ZERO_GUARDS = ("stored", "unrounded")
 ELEMENT_SCALES = ("stored", "unrounded")
 
 
@@ -64,6 +71,7 @@ class Nvfp4Knobs:
     nibble_order: str = "low_first"
     nan_element: str = "max"
     nonfinite: str = "ignore_nan"
+    zero_guard: str = "stored"
     element_scale: str = "stored"  # fault knob: "unrounded"
     global_scale_uses: int = 1  # fault knob: 0 or 2
 
@@ -72,6 +80,7 @@ class Nvfp4Knobs:
         v.require_choice("nibble_order", self.nibble_order, NIBBLE_ORDERS)
         v.require_choice("nan_element", self.nan_element, NAN_ELEMENTS)
         v.require_choice("nonfinite", self.nonfinite, NONFINITE_BLOCKS)
+        v.require_choice("zero_guard", self.zero_guard, ZERO_GUARDS)
         v.require_choice("element_scale", self.element_scale, ELEMENT_SCALES)
         v.require_choice("global_scale_uses", self.global_scale_uses, (0, 1, 2))
         return self
@@ -81,6 +90,10 @@ class Nvfp4Knobs:
 NVFP4_PRESETS = {
     "nvfp4_ref": Nvfp4Knobs(),  # vLLM's ref_nvfp4_quant, TensorRT-LLM's and FlashInfer's fp4 quantize
     "nvfp4_prescaled": Nvfp4Knobs(global_scale_at="input"),  # x * gs first, then a plain block scale
+    # vLLM's cvt_warp_fp16_to_fp4 (scaled_fp4_quant, the NVFP4 KV store), IEEE reciprocals assumed
+    "nvfp4_vllm": Nvfp4Knobs(nonfinite="all_nan_scale"),
+    # TensorRT-LLM's cvt_warp_fp16_to_fp4: the multiplier guarded by the unrounded scale
+    "nvfp4_trtllm": Nvfp4Knobs(nonfinite="all_nan_scale", zero_guard="unrounded"),
 }
 
 
@@ -192,11 +205,13 @@ def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nv
         sf = (encode * (amax * SIXTH).astype(f32)).astype(f32)
         scale_codes = fp8_quantize(sf, "e4m3fn", preset="ocp_satfinite")
         sfq = code_values("e4m3fn")[scale_codes] if k.element_scale == "stored" else sf
-        if k.nonfinite == "nan_scale":  # the elements keep the finite scale, as MX's nan_scale
-            has_nan = np.any(np.isnan(blocks) & real, axis=-1)
-            scale_codes = np.where(has_nan, np.uint8(SCALE_NAN), scale_codes).astype(np.uint8)
+        if k.nonfinite != "ignore_nan":  # the elements keep the finite scale, as MX's nan_scale
+            nan = np.isnan(blocks) & real
+            flagged = np.any(nan, axis=-1) if k.nonfinite == "nan_scale" else np.all(nan | ~real, axis=-1)
+            scale_codes = np.where(flagged, np.uint8(SCALE_NAN), scale_codes).astype(np.uint8)
         decode = (f32(1) / encode).astype(f32)
-        out = np.where(sfq == 0, f32(0), (f32(1) / (sfq * decode).astype(f32))).astype(f32)
+        zero = (sf if k.zero_guard == "unrounded" else sfq) == 0
+        out = np.where(zero, f32(0), (f32(1) / (sfq * decode).astype(f32))).astype(f32)
         q = (blocks * out[..., None]).astype(f32)
     return e2m1_codes(q, nan_element=k.nan_element), scale_codes.astype(np.uint8)
 
