@@ -1,0 +1,95 @@
+"""The block-scaled ops in the engine: contract fields, gaps, the block_scaled case class, and a
+plug-in judged under what it declares (oracle.contract, oracle.cases, oracle.ops.block_scaled)."""
+
+import pytest
+
+from oracle.cases import catalogue
+from oracle.contract import Contract, gaps
+from oracle.kernels import torch_block
+from oracle.ops import get_spec
+from oracle.registry import Registry
+from oracle.runner import FAIL, NOT_SUPPORTED, PASS, UNDECLARED, run_case
+
+
+def contract(**fields) -> Contract:
+    return Contract(op=fields.pop("op", "reshape_and_cache_block"), name="vendor.block", backend="vendor",
+                    **fields)
+
+
+def test_a_preset_applies_to_its_own_family_only():
+    c = contract(block_formats=("nvfp4", "mxfp8_e4m3fn"), block_preset="te_mxfp8")
+    assert c.block_knob_values("mxfp8_e4m3fn").nonfinite == "inf_saturates"
+    assert c.block_knob_values("nvfp4").zero_guard == "stored"  # nvfp4_ref, untouched
+    c = contract(block_formats=("nvfp4",), block_knobs=(("zero_guard", "unrounded"), ("exponent", "ceil")))
+    assert c.block_knob_values("nvfp4").zero_guard == "unrounded"
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(block_formats=("nvfp4",), block_preset="bogus"), "preset='bogus'"),
+    (dict(block_formats=("mxfp4",)), "block_formats has ['mxfp4']"),
+    (dict(block_formats=("nvfp4",), block_knobs=(("nibbles", "x"),)), "unknown block-scaling knob"),
+    (dict(op="store_cache", block_formats=("nvfp4",)), "only quantize_block, reshape_and_cache_block"),
+    (dict(scale_layouts=("tiled",)), "scale_layouts has ['tiled']"),
+])
+def test_a_bad_manifest_is_refused_by_name(fields, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        contract(**fields)
+
+
+def test_an_undeclared_format_or_layout_is_a_gap_worth_probing():
+    spec = get_spec("reshape_and_cache_block")
+    c = contract(block_formats=("mxfp8_e4m3fn",), scale_layouts=("linear",), padding="negative")
+    case = next(x for x in catalogue(spec.name, "quick", c) if x.id == "nvfp4-swizzled_scales")
+    found = {g.key: g for g in gaps(c, spec.needs(case))}
+    assert set(found) == {"block_format", "scale_layout"} and all(g.probe for g in found.values())
+    assert "block format nvfp4 not declared" in found["block_format"].text
+
+
+@pytest.mark.parametrize("op", ["quantize_block", "reshape_and_cache_block"])
+def test_the_block_scaled_class_reaches_every_format_and_the_straddling_head(op):
+    ids = [c.id for c in catalogue(op, "quick") if c.cls == "block_scaled"]
+    for fmt in ("mxfp8_e4m3fn", "mxfp8_e5m2", "nvfp4"):
+        special = "nvfp4-scale_calibrated-special" if fmt == "nvfp4" else f"{fmt}-special"
+        assert {special, f"{fmt}-zero_blocks", f"{fmt}-nonfinite", f"{fmt}-4x40-special"} <= set(ids)
+        if op == "reshape_and_cache_block":
+            assert {f"{fmt}-HND", f"{fmt}-13x160-swizzled_scales", f"{fmt}-swizzled_scales-pad_negative"} <= set(ids)
+    assert "nvfp4-scale_0.37-special" in ids and "nvfp4-scale_1.0-special" in ids
+
+
+def test_a_plugin_is_judged_under_what_it_declares():
+    """An NVFP4-only writer that declares linear scales: its NVFP4 cases pass, an MX case is
+    probed (works, not declared), and the reserved-slot padding it never declared is n/s."""
+    registry = Registry()
+
+    def register():
+        import oracle
+        oracle.register(torch_block.reshape_and_cache_block, op="reshape_and_cache_block", name="vendor.nvfp4",
+                        backend="vendor", validates=True, padding="negative", block_formats=("nvfp4",),
+                        block_preset="nvfp4_vllm", scale_layouts=("linear",))
+
+    registry.load_plugin("vendor", register)
+    assert not registry.errors
+    kernel = registry.kernels["vendor.nvfp4"]
+    cases = {c.id: c for c in catalogue("reshape_and_cache_block", "quick", kernel.contract)}
+    assert run_case(kernel, cases["nvfp4-scale_calibrated-special"]).status == PASS
+    assert run_case(kernel, cases["mxfp8_e4m3fn-special"]).status == UNDECLARED
+    assert run_case(kernel, cases["int32-pad_reserved0"]).status == NOT_SUPPORTED
+
+
+def test_a_writer_whose_nan_blocks_differ_fails_and_says_why():
+    """The torch writer declared under the TransformerEngine preset it does not follow: the
+    non-finite MX case fails, and the cause names the non-finite block handling."""
+    registry = Registry()
+
+    def register():
+        import oracle
+        oracle.register(torch_block.quantize_block, op="quantize_block", name="vendor.te", backend="vendor",
+                        validates=True, block_formats=("mxfp8_e4m3fn",),
+                        block_knobs=(("nonfinite", "inf_saturates"),))
+
+    registry.load_plugin("vendor", register)
+    kernel = registry.kernels["vendor.te"]
+    case = next(c for c in catalogue("quantize_block", "quick", kernel.contract) if c.id == "mxfp8_e4m3fn-nonfinite")
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL
+    assert outcome.cause["id"] == "block_nonfinite" and "nan_scale" in outcome.cause["text"]
