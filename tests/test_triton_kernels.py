@@ -62,12 +62,14 @@ OPS = {"store_cache": "none", "set_mla_kv_buffer": "none", "concat_and_cache_mla
 
 
 WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash")
+BLOCK_WRITERS = ("quantize_block", "reshape_and_cache_block")
 
 
 def test_interpreter_registers_copy_only_backend():
     out = run(REGISTER)
     assert out["errors"] == []
-    names = {f"triton-interpret.{op}" for op in OPS} | {f"triton-interpret.{op}.unchecked" for op in WRITERS}
+    names = {f"triton-interpret.{op}" for op in OPS} | {f"triton-interpret.{op}.unchecked"
+                                                         for op in WRITERS + BLOCK_WRITERS}
     assert set(out["kernels"]) == names
     for name, k in out["kernels"].items():
         assert k["backend"] == "triton-interpret" and k["device"] == "cpu", k
@@ -79,7 +81,7 @@ def test_interpreter_registers_copy_only_backend():
     for op in ("concat_and_cache_mla", "reshape_and_cache_flash", "quantize_fp8"):
         notes = out["kernels"][f"triton-interpret.{op}"]["notes"]
         assert "interpreter" in notes and "fp8" in notes
-    for op in WRITERS:
+    for op in WRITERS + BLOCK_WRITERS:
         assert "validate=False" in out["kernels"][f"triton-interpret.{op}.unchecked"]["notes"]
 
 
@@ -99,7 +101,7 @@ def test_without_triton_registers_unavailable_backend():
     script = "sys.modules['triton'] = None  # import triton now raises ImportError\n" + REGISTER
     out = run(script, interpret=False)
     assert out["errors"] == []
-    assert len(out["kernels"]) == 12
+    assert len(out["kernels"]) == 14
     for k in out["kernels"].values():
         assert (k["backend"], k["device"]) == ("triton", "cuda")
         assert k["unavailable"] == "triton is not installed"

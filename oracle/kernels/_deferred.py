@@ -22,10 +22,12 @@ the argument, the entry and its value, in the reference's own words):
 
 Nothing here uses a device-side assert: the CUDA context stays usable after an error.
 
-Mailbox layout (int64 words): ``[0]`` error kind (0: none; :data:`SLOT`: a slot out of range),
-``[1]`` the entry (position in the index), ``[2]`` its value, ``[3]`` the number of slots,
-``[4]`` the argument code (:data:`ARGUMENTS`), ``[5]`` the padding code (:data:`PADDINGS`),
-``[6]`` the reserved slot of ``reserved:K``. A kernel writes words 1-6 before word 0.
+Mailbox layout (int64 words): ``[0]`` error kind (0: none; :data:`SLOT`: a slot out of range;
+:data:`SCALE`: a per-tensor scale that is not a finite float32 > 0). For a slot: ``[1]`` the
+entry (position in the index), ``[2]`` its value, ``[3]`` the number of slots, ``[4]`` the
+argument code (:data:`ARGUMENTS`), ``[5]`` the padding code (:data:`PADDINGS`), ``[6]`` the
+reserved slot of ``reserved:K``. For a scale: ``[1]`` the argument code (:data:`SCALE_ARGUMENTS`),
+``[2]`` the float32 bits of its value. A kernel writes the other words before word 0.
 """
 
 from __future__ import annotations
@@ -33,18 +35,22 @@ from __future__ import annotations
 import os
 import threading
 
+import numpy as np
 import torch
 
 WORDS = 8
 SLOT = 1  # error kind: an index entry outside the slots its padding policy allows
+SCALE = 2  # error kind: a per-tensor scale that is not a finite float32 > 0
 ARGUMENTS = ("loc", "slot_mapping")  # argument code -> the argument's name in the op's signature
+SCALE_ARGUMENTS = ("global_scale", "k_global_scale", "v_global_scale")  # scale code -> its name
 PADDINGS = ("none", "negative", "reserved")  # padding code -> policy kind
 
 SYNC_ENV = "KV_ORACLE_SYNC_ERRORS"
 
 
 class DeferredSlotError(ValueError):
-    """A slot a writer found illegal on the device; nothing of that call was written."""
+    """A slot (or a per-tensor scale) a writer found illegal on the device; nothing of that call
+    was written."""
 
 
 def sync_by_default() -> bool:
@@ -106,7 +112,12 @@ def raise_at_once(device_index: int) -> None:
 
 def message(words) -> str:
     """The error a mailbox holds, in the reference's words (oracle.reference.slots)."""
-    _, row, value, num_slots, argument, padding, reserved = (int(w) for w in words[:7])
+    kind, row, value, num_slots, argument, padding, reserved = (int(w) for w in words[:7])
+    if kind == SCALE:
+        name = SCALE_ARGUMENTS[row] if 0 <= row < len(SCALE_ARGUMENTS) else f"scale {row}"
+        number = float(np.array([value & 0xFFFFFFFF], np.uint32).view(np.float32)[0])
+        return (f"{name} = {number!r} must be a finite float32 > 0; found on the device, nothing of "
+                "that call was written")
     name = ARGUMENTS[argument] if 0 <= argument < len(ARGUMENTS) else f"argument {argument}"
     kind = PADDINGS[padding] if 0 <= padding < len(PADDINGS) else "none"
     policy = f"reserved:{reserved}" if kind == "reserved" else kind

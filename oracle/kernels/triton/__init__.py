@@ -115,14 +115,22 @@ def register() -> None:
                  dtypes=("float32", "float16", "bfloat16"), block_formats=BLOCK_FORMATS,
                  scale_layouts=("linear", "swizzled"))
     block_note = ("MXFP8/NVFP4 by integer bit arithmetic (RNE fp8/e2m1, E8M0 floor(log2)), float32 "
-                  "products and IEEE div_rn as the reference; arguments, slots and global scales checked on the "
-                  "host (on a GPU, one synchronization per call)")
-    oracle.register(block_ops.quantize_block, op="quantize_block", name=f"{backend}.quantize_block",
-                    notes=block_note, **block)
-    oracle.register(block_ops.reshape_and_cache_block, op="reshape_and_cache_block",
-                    name=f"{backend}.reshape_and_cache_block", padding="negative", layouts=("NHD", "HND"),
-                    notes=f"{block_note}; NHD/HND code caches, linear or 128x4 swizzled scales; "
-                          "-1 slots skipped", **block)
+                  "products and IEEE div_rn as the reference; slots and per-tensor scales checked on the device")
+    if device == "cuda":
+        from .. import raise_deferred_errors
+
+        block.update(errors="deferred", raise_deferred=raise_deferred_errors)
+        block_note = f"{DEFERRED_NOTE}; {block_note}"
+    paged = dict(padding="negative", layouts=("NHD", "HND"))
+    paged_note = "NHD/HND code caches, linear or 128x4 swizzled scales; -1 slots skipped"
+    for fn, op, extra, note in ((block_ops.quantize_block, "quantize_block", {}, block_note),
+                                (block_ops.reshape_and_cache_block, "reshape_and_cache_block", paged,
+                                 f"{block_note}; {paged_note}")):
+        oracle.register(fn, op=op, name=f"{backend}.{op}", notes=note, **extra, **block)
+        # validate=False: nothing checked on the device (the decode fast path), bad input out of contract
+        unchecked = dict(block, validates=False, errors="raise", raise_deferred=None)
+        oracle.register(functools.partial(fn, validate=False), op=op, name=f"{backend}.{op}.unchecked",
+                        notes=f"{UNCHECKED_NOTE}; {note}", **extra, **unchecked)
 
 
 UNCHECKED_NOTE = ("validate=False: the decode fast path, no slot check (the caller vouches for the "

@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._kernels import _call_is_legal
+
 FMT_E4M3FN, FMT_E5M2, FMT_NVFP4 = 1, 2, 3  # the FMT constexpr of block_write
 SRC_F32, SRC_F16, SRC_BF16 = 0, 1, 2  # the SRC constexpr: how the source's integer bits widen
 
@@ -145,13 +147,34 @@ def nvfp4_scale(mag, gs):
 
 
 @triton.jit
+def _scales_are_legal(gs_ptr, gs2_ptr, gs_code, gs2_code, mailbox_ptr, report, SYS_FENCE: tl.constexpr):
+    """Whether both per-tensor scales are finite float32 > 0 (by their bits: positive and below
+    +inf as int32); where one is not, ``report`` (one program) writes it into the mailbox."""
+    a = tl.load(gs_ptr).to(tl.int32, bitcast=True)
+    b = tl.load(gs2_ptr).to(tl.int32, bitcast=True)
+    ok_a = (a > 0) & (a < INF)
+    ok_b = (b > 0) & (b < INF)
+    if report & ((ok_a & ok_b) == 0):
+        tl.store(mailbox_ptr + 1, tl.where(ok_a, gs2_code, gs_code).to(tl.int64))
+        tl.store(mailbox_ptr + 2, tl.where(ok_a, b, a).to(tl.int64) & 0xFFFFFFFF)
+        if SYS_FENCE:  # the host may read word 0 without synchronizing: the words before it land first
+            tl.inline_asm_elementwise("fence.sc.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        tl.store(mailbox_ptr, 2 + tl.zeros([], tl.int64))
+    return ok_a & ok_b
+
+
+@triton.jit
 def block_write(src_ptr, src_s0, src_s1, src_s2,
                 dst_ptr, dst_block_stride, dst_token_stride, dst_head_stride,
                 sc_ptr, sc_block_stride, sc_token_stride, sc_head_stride,
-                idx_ptr, idx_stride, gs_ptr,
+                idx_ptr, idx_stride, gs_ptr, gs2_ptr,
                 n_rows, heads, dim, nb, block_size, num_slots, cp4,
+                verdict_ptr, verdict_count, mailbox_ptr, arg_code, pad_code, gs_code, gs2_code,
                 SRC: tl.constexpr, FMT: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
-                ROWS: tl.constexpr, HAS_INDEX: tl.constexpr, SWIZZLED: tl.constexpr):
+                ROWS: tl.constexpr, HAS_INDEX: tl.constexpr, SWIZZLED: tl.constexpr,
+                CHECK: tl.constexpr = 0, NEGATIVE_OK: tl.constexpr = 1, CHECK_BLOCK: tl.constexpr = 16,
+                SYS_FENCE: tl.constexpr = 0, CHECK_GS: tl.constexpr = 0):
     """Quantize ``ROWS`` head rows (row = token * heads + head, ``n_rows`` = tokens * heads) of
     the source ``[tokens, heads, dim]`` (any strides, integer bits: see :func:`widen_bits`) per
     block of ``BLOCK`` elements (``nb`` blocks a row, ``NBP`` = nb rounded up to a power of two)
@@ -166,7 +189,13 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     nibble; the global scale at ``gs_ptr``).
 
     The tile is ``[ROWS * NBP, BLOCK]``: tile row ``t`` is block ``t % NBP`` of head row
-    ``t // NBP``, so each block's maximum is one ``tl.max`` along axis 1."""
+    ``t // NBP``, so each block's maximum is one ``tl.max`` along axis 1.
+
+    Validation on the device, before any store (``oracle.kernels._deferred``): ``CHECK`` as the
+    other writers' (:func:`._kernels._call_is_legal`: every slot of the call legal, or nothing is
+    stored and program 0 leaves the first illegal entry in the mailbox); ``CHECK_GS``: both
+    per-tensor scales (``gs_ptr`` and ``gs2_ptr``, the call's other one, so the K and the V launch
+    agree) finite and > 0, or nothing is stored and program 0 leaves the bad one in the mailbox."""
     t = tl.arange(0, ROWS * NBP)
     row = tl.program_id(0).to(tl.int64) * ROWS + t // NBP  # int64: every offset below is 64-bit
     blk = t % NBP
@@ -178,6 +207,16 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     else:
         slot = token
     keep = live & (slot >= 0) & (slot < num_slots)
+    first_program = tl.program_id(0) == 0
+    legal = tl.program_id(0) >= 0  # a scalar True
+    if CHECK != 0:
+        legal = _call_is_legal(idx_ptr, idx_stride, n_rows // heads, num_slots, verdict_ptr, verdict_count,
+                               mailbox_ptr, arg_code, pad_code, -1, first_program, CHECK, NEGATIVE_OK,
+                               CHECK_BLOCK, SYS_FENCE)
+        keep = keep & legal
+    if CHECK_GS:
+        keep = keep & _scales_are_legal(gs_ptr, gs2_ptr, gs_code, gs2_code, mailbox_ptr, first_program & legal,
+                                        SYS_FENCE)
     cache_block = slot // block_size
     cache_token = slot % block_size
     j = tl.arange(0, BLOCK)

@@ -1,13 +1,15 @@
 """Host wrappers of the block-scaled Triton writers (MXFP8, NVFP4): :func:`quantize_block` and
-:func:`reshape_and_cache_block`, with the calling conventions of /tmp/kvo/block_convention.md
-(oracle.reference.block_scaled is the arithmetic's single source of truth).
+:func:`reshape_and_cache_block` (oracle.reference.block_scaled is the arithmetic's single source
+of truth; oracle/ops/block_scaled.py the calling conventions).
 
-Both validate everything before anything is written, on the host: dtypes, shapes, strides,
-devices, ``fmt``, the NVFP4 global scales (read: finite and > 0) and the slots (read: none at or
-past ``num_blocks * block_size``; negative slots are padding and write nothing). A rejected call
-raises TypeError or ValueError naming the argument and its value, and writes nothing. Reading
-the values synchronizes on a GPU; this is the simple validating path (no launch plans, no device
-mailbox, no ``validate=False`` variant).
+Both check on the host what the host knows without reading device memory (dtypes, shapes,
+strides, devices, ``fmt``), and on the device what it would have to read: the slots (none at or
+past ``num_blocks * block_size``; negative slots are padding and write nothing) and the NVFP4
+per-tensor scales (finite and > 0). A call that fails either writes nothing at all, as the other
+Triton writers do (:mod:`._validate`, :mod:`oracle.kernels._deferred`): its error, a ValueError
+naming the argument and its value, is raised by the next validating call on that device, by
+``oracle.kernels.raise_deferred_errors()``, or at once with ``validate="sync"``,
+``KV_ORACLE_SYNC_ERRORS=1`` and on the CPU interpreter. ``validate=False`` checks neither.
 
 The kernels (:mod:`._block_kernels`) convert with integer arithmetic only, so they are exact on
 Triton's CPU interpreter (TRITON_INTERPRET=1) as well as on a GPU. Importing this module does not
@@ -20,7 +22,8 @@ import numpy as np
 import torch
 
 from .._checks import FLOAT_DTYPES, INDEX_DTYPES
-from . import _host, _runtime
+from .. import _deferred
+from . import _host, _runtime, _validate
 
 # fmt -> (the kernel's FMT code, elements per block, elements per code byte)
 FORMATS = {"mxfp8_e4m3fn": (1, 32, 1), "mxfp8_e5m2": (2, 32, 1), "nvfp4": (3, 16, 2)}
@@ -113,9 +116,13 @@ def swizzled_page_bytes(block_size: int, heads: int, nb: int) -> int:
 # --- launching -------------------------------------------------------------------------------
 
 def _launch(src, codes4: tuple, scales4: tuple, index, gs, n: int, fmt_code: int, block: int,
-            block_size: int, num_slots: int, swizzled: bool, cp4: int, device) -> None:
+            block_size: int, num_slots: int, swizzled: bool, cp4: int, device, check: _validate.Check,
+            scale_check: tuple | None) -> None:
     """One ``block_write`` launch: ``codes4``/``scales4`` = (tensor, block stride, token stride,
-    head stride) (swizzled scales: the page stride as block stride)."""
+    head stride) (swizzled scales: the page stride as block stride); ``check`` the slot check
+    (:mod:`._validate`); ``scale_check`` (the call's other per-tensor scale, this one's code and
+    the other's in ``_deferred.SCALE_ARGUMENTS``) where the per-tensor scales are checked on the
+    device, else None."""
     _, heads, dim = src.shape
     n_rows = n * heads
     if n_rows == 0 or dim == 0:
@@ -130,12 +137,14 @@ def _launch(src, codes4: tuple, scales4: tuple, index, gs, n: int, fmt_code: int
     s0, s1, s2 = bits.stride()
     codes, c0, c1, c2 = codes4
     scales, a0, a1, a2 = scales4
+    gs2, gs_code, gs2_code = scale_check or (gs, 0, 0)
     k = kernels()
     args = (bits, s0, s1, s2, codes, c0, c1, c2, scales, a0, a1, a2,
             index if index is not None else codes, index.stride(0) if index is not None else 0,
-            gs if gs is not None else codes, n_rows, heads, dim, nb, block_size, num_slots, cp4)
+            gs if gs is not None else codes, gs2 if gs2 is not None else codes,
+            n_rows, heads, dim, nb, block_size, num_slots, cp4, *check.args, gs_code, gs2_code)
     meta = dict(SRC=code, FMT=fmt_code, BLOCK=block, NBP=nbp, ROWS=rows, HAS_INDEX=index is not None,
-                SWIZZLED=swizzled, num_warps=4)
+                SWIZZLED=swizzled, CHECK_GS=scale_check is not None, num_warps=4, **check.meta)
     grid = (_cdiv(n_rows, rows),)
     if interpreting:
         # numpy computes the interpreter's float32 arithmetic: inf * 0 (a NaN the convention
@@ -146,14 +155,46 @@ def _launch(src, codes4: tuple, scales4: tuple, index, gs, n: int, fmt_code: int
         _runtime.launch(k.block_write, grid, device, *args, **meta)
 
 
+def _slot_check(index: torch.Tensor, n: int, num_slots: int, validate, device, placeholder) -> _validate.Check:
+    """The device check of the slots (:mod:`._validate`, padding "negative"): none with
+    ``validate=False`` or while a CUDA graph is captured; the check grid of a long index runs
+    before the writer in stream order (no programmatic dependent launch)."""
+    if validate is False or _host.capturing(index):
+        return _validate.unchecked(placeholder)
+    return _validate.plan(_runtime.kernels(), _runtime.launch, index, n, num_slots, _host.parse_padding("negative"),
+                          "slot_mapping", validate, device, _runtime.interpreting(), False, False)
+
+
+def _scale_only_check(validate, device, placeholder) -> _validate.Check:
+    """No slots to check (quantize_block), but the mailbox for the per-tensor scale's check."""
+    check = _validate.unchecked(placeholder)
+    if validate is False:
+        return check
+    _deferred.take(device.index if device.type == "cuda" else -1)  # an earlier call's error
+    box = _deferred.mailbox(device)
+    interpreting = _runtime.interpreting()
+    return _validate.Check((placeholder, 0, box, 0, 0), dict(check.meta, SYS_FENCE=0 if interpreting else 1),
+                           sync=_deferred.sync_requested(validate) or interpreting,
+                           device_index=device.index if device.type == "cuda" else -1)
+
+
+def _empty_call_scales(validate, names_and_scales) -> None:
+    """A call that launches nothing still rejects a bad per-tensor scale: read on the host (the
+    one case where it is: such a call moves no data)."""
+    if validate is not False:
+        for name, gs in names_and_scales:
+            _global_scale_value(name, gs)
+
+
 # --- the ops -----------------------------------------------------------------------------------
 
-def quantize_block(codes, scales, x, fmt, global_scale=None) -> None:
+def quantize_block(codes, scales, x, fmt, global_scale=None, *, validate=True) -> None:
     """Quantize ``x`` ``[N, H, D]`` (float32/float16/bfloat16, any strides) into ``codes`` (uint8
     ``[N, H, D]`` for MXFP8, ``[N, H, D // 2]`` for NVFP4, last dimension contiguous) and
     ``scales`` (uint8 ``[N, H, ceil(D / block)]``: E8M0 for MXFP8, e4m3fn for NVFP4), blocks of
     32 (MXFP8) or 16 (NVFP4) elements along each head's D, never straddling heads.
-    ``global_scale``: float32 ``[1]``, finite and > 0 (NVFP4; ignored by MXFP8). Returns None."""
+    ``global_scale``: float32 ``[1]``, finite and > 0 (NVFP4, checked on the device; ignored by
+    MXFP8). Returns None."""
     fmt_code, block, per_byte = _format(fmt)
     _source("x", x)
     n, heads, dim = x.shape
@@ -161,19 +202,25 @@ def quantize_block(codes, scales, x, fmt, global_scale=None) -> None:
     _uint8("codes", codes, (n, heads, dim // per_byte))
     _uint8("scales", scales, (n, heads, _cdiv(dim, block)))
     tensors = [codes, scales, x]
-    if fmt_code == 3:
+    nvfp4 = fmt_code == 3
+    if nvfp4:
         _global_scale("global_scale", global_scale)
         tensors.append(global_scale)
     device = _host.device_of(*tensors)
-    if fmt_code == 3:
-        _global_scale_value("global_scale", global_scale)
+    if n * heads * dim == 0:
+        _empty_call_scales(validate, (("global_scale", global_scale),) if nvfp4 else ())
+        return
+    check = _scale_only_check(validate, device, codes)
+    code = _deferred.SCALE_ARGUMENTS.index("global_scale")
     # a [N, H, *] output is a cache of N blocks of one token: slot i = token i
     _launch(x, (codes, codes.stride(0), 0, codes.stride(1)), (scales, scales.stride(0), 0, scales.stride(1)),
-            None, global_scale if fmt_code == 3 else None, n, fmt_code, block, 1, n, False, 0, device)
+            None, global_scale if nvfp4 else None, n, fmt_code, block, 1, n, False, 0, device, check,
+            (global_scale, code, code) if nvfp4 and validate is not False else None)
+    _validate.finish(check)
 
 
 def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
-                            slot_mapping, fmt, k_global_scale=None, v_global_scale=None) -> None:
+                            slot_mapping, fmt, k_global_scale=None, v_global_scale=None, *, validate=True) -> None:
     """Token ``i < len(slot_mapping)`` of ``key``/``value`` (``[T, H, D]``, T >= the slot count,
     float32/float16/bfloat16, any strides) goes, quantized as :func:`quantize_block` does, to
     entry ``(slot // block_size, slot % block_size)`` of ``key_cache``/``value_cache`` (uint8
@@ -234,18 +281,21 @@ def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache,
         _global_scale("v_global_scale", v_global_scale)
         tensors += [k_global_scale, v_global_scale]
     device = _host.device_of(*tensors)
-    if fmt_code == 3:
-        _global_scale_value("k_global_scale", k_global_scale)
-        _global_scale_value("v_global_scale", v_global_scale)
+    nvfp4 = fmt_code == 3
     num_slots = num_blocks * block_size
-    if n:  # reads the slots (synchronizes on a GPU): nothing is launched before they are known legal
-        high = int(slot_mapping.max())
-        if high >= num_slots:
-            raise ValueError(f"slot_mapping holds slot {high}, out of range: the caches have "
-                             f"{num_blocks} x {block_size} = {num_slots} slots (negative slots are padding)")
+    if n * heads * dim == 0:
+        _empty_call_scales(validate, (("k_global_scale", k_global_scale), ("v_global_scale", v_global_scale))
+                           if nvfp4 else ())
+        return
+    check = _slot_check(slot_mapping, n, num_slots, validate, device, key_cache)
+    k_code, v_code = (_deferred.SCALE_ARGUMENTS.index(name) for name in ("k_global_scale", "v_global_scale"))
     cp4 = _cdiv(nb, 4)
-    for src, cache, sc, gs in ((key, key_cache, key_scale_cache, k_global_scale),
-                               (value, value_cache, value_scale_cache, v_global_scale)):
+    for src, cache, sc, gs, other, codes in ((key, key_cache, key_scale_cache, k_global_scale, v_global_scale,
+                                             (k_code, v_code)),
+                                            (value, value_cache, value_scale_cache, v_global_scale, k_global_scale,
+                                             (v_code, k_code))):
         scales4 = (sc, sc.stride(0), 0, 0) if swizzled else (sc,) + tuple(sc.stride()[:3])
-        _launch(src, (cache,) + tuple(cache.stride()[:3]), scales4, slot_mapping,
-                gs if fmt_code == 3 else None, n, fmt_code, block, block_size, num_slots, swizzled, cp4, device)
+        _launch(src, (cache,) + tuple(cache.stride()[:3]), scales4, slot_mapping, gs if nvfp4 else None, n,
+                fmt_code, block, block_size, num_slots, swizzled, cp4, device, check,
+                (other,) + codes if nvfp4 and validate is not False else None)
+    _validate.finish(check)
