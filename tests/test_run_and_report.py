@@ -167,14 +167,14 @@ def test_a_version_3_report_is_read_as_version_4_without_devices(tmp_path):
     assert [c["device"] for c in loaded["cases"]] == [None]
 
 
-@pytest.mark.parametrize("name", ["cpu.json", "h100.json"])  # schema 1 and 3; 2 is built above
+@pytest.mark.parametrize("name", ["cpu.json", "h100.json"])  # as written (schema 4 and 3); 1-3 are built above
 def test_the_committed_reports_still_load(name):
     path = Path(__file__).parent.parent / "reports" / name
     written_as = json.loads(path.read_text())["schema_version"]
     loaded = report.load(path)
     assert loaded["schema_version"] == 4 and loaded["cases"]
     assert report.validate(loaded) == []
-    assert all(c["device"] is None for c in loaded["cases"])  # devices were first recorded in version 4
+    assert all(c["device"] is None for c in loaded["cases"])  # no GPU in the CPU run; none recorded before version 4
     if written_as < 3:  # limits were first recorded in version 3
         assert loaded["limits"] is None
     else:
