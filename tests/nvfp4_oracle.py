@@ -5,7 +5,7 @@
   rules (NOT ml_dtypes, so the tests can check ml_dtypes' float4 and this table against each
   other and the reference against both);
 - float32 arithmetic: ``np.float32`` scalars, one rounding per operation, in the order the
-  convention (/tmp/kvo/block_convention.md) gives;
+  convention (docs/semantics.md, "Block-scaled formats") gives;
 - packing two codes per byte by hand.
 
 Nothing here imports the reference; tests/test_nvfp4.py compares the reference with it.

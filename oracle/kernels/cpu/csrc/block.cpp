@@ -2,7 +2,7 @@
 // (vLLM-style paged K/V write into code caches plus scale caches, linear or swizzled), for the
 // formats "mxfp8_e4m3fn", "mxfp8_e5m2" and "nvfp4" (block_scaled.h holds the per-row arithmetic).
 //
-// Contract (/tmp/kvo/block_convention.md; the reference is oracle/reference/block_scaled.py):
+// Contract (docs/semantics.md, "Block-scaled formats"; the reference is oracle/reference/block_scaled.py):
 // - blocks run along each head's D elements and never straddle heads; the last block of a head
 //   may be shorter; NVFP4 needs D even;
 // - every argument is checked before anything is written (a rejected call changes no byte);

@@ -1,7 +1,7 @@
 // Block-scaled formats, one head row at a time: MXFP8 (e4m3fn / e5m2 elements, blocks of 32 sharing
 // an E8M0 scale byte) and NVFP4 (e2m1 elements packed two per byte, blocks of 16 sharing an e4m3fn
 // scale byte, one float32 global scale), bit for bit with oracle/reference/block_scaled.py's default
-// presets ("ocp_mx_v1", "nvfp4_ref"); the arithmetic is spelled out in /tmp/kvo/block_convention.md.
+// presets ("ocp_mx_v1", "nvfp4_ref"); the arithmetic is spelled out in docs/semantics.md ("Block-scaled formats").
 //
 // A row function reads D contiguous source elements (float32, float16 or bfloat16), writes the
 // codes (D bytes for MX, D / 2 for NVFP4) contiguously and one scale byte per block into a
