@@ -176,6 +176,22 @@ def test_bench_goals_judges_the_report_as_a_markdown_table(tmp_path, capsys):
     assert f"{met} of {len(lines)} goals met" in out
 
 
+def test_bench_goals_judge_the_block_scaled_triton_writer_against_the_ceiling(tmp_path, capsys):
+    report = goal_report(2.0)
+    for kernel, us in (("triton.reshape_and_cache_block", 1.2), ("triton.reshape_and_cache_block.unchecked", 1.1),
+                       ("cpu.reshape_and_cache_block", 1.0)):
+        report["rows"].append(dict(row(kernel, 16384, us, "eager", backend=kernel.split(".")[0]),
+                                   op="reshape_and_cache_block", variant="nvfp4"))
+    assert main(["report", "bench-goals", write(tmp_path, report)]) == 0
+    lines = goal_lines(capsys.readouterr().out)
+    block = {k: v for k, v in lines.items() if k.startswith("reshape_and_cache_block")}
+    assert block == {  # 2 us is 50% of the ceiling
+        "reshape_and_cache_block [nvfp4] N=16384 eager: triton.reshape_and_cache_block vs the copy ceiling":
+            ["1.2 us, 83%", ">= 80%", "yes"],
+        "reshape_and_cache_block [nvfp4] N=16384 eager: triton.reshape_and_cache_block.unchecked vs the copy ceiling":
+            ["1.1 us, 91%", ">= 80%", "yes"]}
+
+
 def test_bench_goals_before_flags_a_graph_regression(tmp_path, capsys):
     before = write(tmp_path, goal_report(2.0), "before.json")
     now = write(tmp_path, goal_report(2.2), "now.json")  # 10% slower in the graph too

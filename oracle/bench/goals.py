@@ -12,6 +12,8 @@ whether it is met. The goals:
 - store_cache, 2 KiB rows, N = 16384, eager: CUDA and Triton writers at >= 85% of the ceiling.
 - reshape_and_cache_flash, auto and e4m3fn, N = 1, 64, 4096, 16384, eager: every writer at least
   as fast as the fastest peer (sglang's and vLLM's Triton writers, ``--peer-file``).
+- reshape_and_cache_block (MXFP8 e4m3fn, NVFP4), N = 16384, eager: every Triton writer at >= 80%
+  of the copy ceiling (its bytes: sources, index, codes and scale bytes).
 - with a report from before: inside CUDA graphs, no writer more than 3% slower than there.
 
 A goal whose rows the report lacks (a size not timed, no peers) is left out, not failed.
@@ -89,6 +91,13 @@ def goals(report: dict) -> list[Goal]:
             for name, r in sorted(_writers(rows).items()):
                 out.append((f"reshape_and_cache_flash [{variant}] N={n} eager: {name} vs {best_name}",
                             f"{r['us']:.1f} vs {best['us']:.1f} us", "<=", r["us"] <= best["us"]))
+    for variant in ("mxfp8_e4m3fn", "nvfp4"):
+        rows = _rows(report, "reshape_and_cache_block", variant, 16384)
+        for name, r in sorted(rows.items()):
+            if r["backend"] == "triton":
+                pct = 100 * r["gbps"] / ceiling
+                out.append((f"reshape_and_cache_block [{variant}] N=16384 eager: {name} vs the copy ceiling",
+                            f"{r['us']:.1f} us, {pct:.0f}%", ">= 80%", pct >= 80))
     return out
 
 
