@@ -29,13 +29,15 @@ KNOB_CHOICES = {
     "nan_element": ("max", "zero"),
     "nonfinite": ("ignore_nan", "nan_scale", "all_nan_scale"),
     "zero_guard": ("stored", "unrounded"),
+    "element_rounding": ("nearest_even", "ties_away", "toward_zero"),
 }
 FAULT_KNOB_CHOICES = {  # bugs the reference can model: scale the elements by the unrounded sf,
     "element_scale": ("stored", "unrounded"),  # or apply gs 0 or 2 times instead of once
     "global_scale_uses": (1, 0, 2),
 }
 DEFAULTS = {"global_scale_at": "block_scale", "nibble_order": "low_first", "nan_element": "max",
-            "nonfinite": "ignore_nan", "zero_guard": "stored", "element_scale": "stored",
+            "nonfinite": "ignore_nan", "zero_guard": "stored", "element_rounding": "nearest_even",
+            "element_scale": "stored",
             "global_scale_uses": 1}
 
 
@@ -47,10 +49,11 @@ def f32_from_bits(bits: int) -> float:
     return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
 
 
-def e2m1_code(q: float, nan: str = "max") -> int:
+def e2m1_code(q: float, nan: str = "max", rounding: str = "nearest_even") -> int:
     """The e2m1 code of a float32 value: round to nearest, ties to the even code (the code whose
-    mantissa bit is 0), saturating to ±6 (inf too); NaN -> 7 ("max") or 0 ("zero"). The sign of
-    a value that rounds to zero is kept (-0.25 -> code 8)."""
+    mantissa bit is 0; "ties_away": to the larger magnitude), or toward zero ("toward_zero"),
+    saturating to ±6 (inf too); NaN -> 7 ("max") or 0 ("zero"). The sign of a value that rounds
+    to zero is kept (-0.25 -> code 8)."""
     if math.isnan(q):
         return 7 if nan == "max" else 0
     sign = 8 if math.copysign(1.0, q) < 0 else 0
@@ -58,12 +61,17 @@ def e2m1_code(q: float, nan: str = "max") -> int:
     code = 7  # a >= 6 (inf included) saturates
     for i in range(7):
         lo, hi = E2M1_MAGNITUDES[i], E2M1_MAGNITUDES[i + 1]
+        if rounding == "toward_zero":
+            if a < hi:
+                code = i
+                break
+            continue
         mid = (lo + hi) / 2  # exact: every midpoint is a short binary fraction
         if a < mid:
             code = i
             break
         if a == mid:
-            code = i if i % 2 == 0 else i + 1
+            code = i + 1 if rounding == "ties_away" or i % 2 else i
             break
     return sign | code
 
@@ -103,7 +111,7 @@ def quantize_block(block: list, gs: float, knobs: dict) -> tuple[list, int]:
             out = F32(0)
         else:  # input: encode is 1, so this is fl(1 / sfq)
             out = f32(F32(1) / f32(sfq * f32(F32(1) / encode)))
-        codes = [e2m1_code(float(f32(v * out)), knobs["nan_element"]) for v in values]
+        codes = [e2m1_code(float(f32(v * out)), knobs["nan_element"], knobs["element_rounding"]) for v in values]
     if knobs["nonfinite"] == "nan_scale" and any(math.isnan(v) for v in block):
         scale = 0x7F
     if knobs["nonfinite"] == "all_nan_scale" and all(math.isnan(v) for v in block):

@@ -57,6 +57,7 @@ CAUSES = {
     "padding_into_slot_zero": "padding rows are quantized and written into slot 0",
     "scale_layout_wrong": "the scale cache is written in another layout than its own",
     "blocks_straddle_heads": "scaling blocks run across head boundaries",
+    "element_rounding": "the 4-bit elements are rounded another way (ties away from zero, toward zero)",
 }
 
 

@@ -22,7 +22,15 @@ def _mx_exponent_plus_one(x, fmt, global_scale):
     return tb._mx(x.float(), dtype, block, emax - 1)
 
 
-def _nvfp4(x, fmt, global_scale, *, unrounded=False, uses=1, swap=False):
+def _e2m1_ties_away(q):
+    """e2m1 codes with every tie rounded to the larger magnitude (a >= at every midpoint)."""
+    magnitude = q.abs()
+    code = sum((magnitude >= bound).to(torch.int64) for bound in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0))
+    code = torch.where(torch.signbit(q), code | 8, code)
+    return torch.where(torch.isnan(q), 7, code).to(torch.uint8)
+
+
+def _nvfp4(x, fmt, global_scale, *, unrounded=False, uses=1, swap=False, ties_away=False):
     if fmt != "nvfp4":
         return tb.encode(x, fmt, global_scale)
     gs = global_scale.reshape(()).float()
@@ -33,7 +41,7 @@ def _nvfp4(x, fmt, global_scale, *, unrounded=False, uses=1, swap=False):
     scales = sf.clamp(max=448).to(torch.float8_e4m3fn)
     sfq = sf if unrounded else scales.float()
     out = torch.where(sfq == 0, 0, 1 / (sfq * (1 / gs)))
-    codes = tb._e2m1(blocks * out[..., None]).flatten(-2)[..., :x.shape[-1]]
+    codes = (_e2m1_ties_away if ties_away else tb._e2m1)(blocks * out[..., None]).flatten(-2)[..., :x.shape[-1]]
     even, odd = codes[..., 0::2], codes[..., 1::2]
     return (odd | (even << 4)) if swap else (even | (odd << 4)), scales.view(torch.uint8)
 
@@ -89,6 +97,8 @@ _ROWS = [
      "nibbles_swapped", _quantize(lambda *a: _nvfp4(*a, swap=True)), ("block_scaled",)),
     (P + ".nibbles_swapped", P, "NVFP4 even elements in the high nibble, odd in the low",
      "nibbles_swapped", _paged(lambda *a: _nvfp4(*a, swap=True)), ("block_scaled",)),
+    (Q + ".e2m1_ties_away", Q, "NVFP4 element ties rounded away from zero (>= at every midpoint)",
+     "element_rounding", _quantize(lambda *a: _nvfp4(*a, ties_away=True)), ("block_scaled",)),
     (Q + ".global_scale_twice", Q, "NVFP4 per-tensor scale applied twice (gs * gs)",
      "global_scale_misapplied", _quantize(lambda *a: _nvfp4(*a, uses=2)), ("block_scaled",)),
     (P + ".global_scale_ignored", P, "NVFP4 per-tensor scale never applied",

@@ -154,6 +154,8 @@ def alternatives(fmt: str, contract: Contract) -> list[Hypothesis]:
         other("block_nonfinite", "nan_element", nan, f"NaN elements are written as {nan!r}")
     for rule in nvfp4.NONFINITE_BLOCKS:
         other("block_nonfinite", "nonfinite", rule, f"a block holding NaN is scaled by {rule!r}")
+    for rounding in nvfp4.ELEMENT_ROUNDINGS:
+        other("element_rounding", "element_rounding", rounding, f"the e2m1 codes are rounded {rounding.replace('_', ' ')}")
     for guard in nvfp4.ZERO_GUARDS:
         other("block_nonfinite", "zero_guard", guard, f"the element multiplier is 0 where the {guard} scale is")
     return out

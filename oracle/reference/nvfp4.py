@@ -33,6 +33,9 @@ Where implementations differ, :class:`Nvfp4Knobs` says how:
   ``sfq`` is 0) or ``"unrounded"`` (TensorRT-LLM: ``sf`` is 0; a block whose ``sf`` is positive
   but rounds to the scale byte 0 gets ``1 / 0 = inf``, so its nonzero elements are written as
   ±6 and its zeros as NaN).
+- ``element_rounding``: how the e2m1 codes round: ``"nearest_even"`` (the satfinite conversion),
+  ``"ties_away"`` (a tie to the larger magnitude: converters that compare with ``>=`` at every
+  midpoint) or ``"toward_zero"`` (truncation).
 
 Fault knobs (never a real writer's choice; the diagnosis replays them to name a bug):
 ``element_scale="unrounded"`` (elements scaled by the block scale before its e4m3fn rounding)
@@ -61,6 +64,7 @@ NAN_ELEMENTS = ("max", "zero")
 NONFINITE_BLOCKS = ("ignore_nan", "nan_scale", "all_nan_scale")
 ZERO_GUARDS = ("stored", "unrounded")
 ELEMENT_SCALES = ("stored", "unrounded")
+ELEMENT_ROUNDINGS = ("nearest_even", "ties_away", "toward_zero")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Nvfp4Knobs:
     nan_element: str = "max"
     nonfinite: str = "ignore_nan"
     zero_guard: str = "stored"
+    element_rounding: str = "nearest_even"
     element_scale: str = "stored"  # fault knob: "unrounded"
     global_scale_uses: int = 1  # fault knob: 0 or 2
 
@@ -81,6 +86,7 @@ class Nvfp4Knobs:
         v.require_choice("nan_element", self.nan_element, NAN_ELEMENTS)
         v.require_choice("nonfinite", self.nonfinite, NONFINITE_BLOCKS)
         v.require_choice("zero_guard", self.zero_guard, ZERO_GUARDS)
+        v.require_choice("element_rounding", self.element_rounding, ELEMENT_ROUNDINGS)
         v.require_choice("element_scale", self.element_scale, ELEMENT_SCALES)
         v.require_choice("global_scale_uses", self.global_scale_uses, (0, 1, 2))
         return self
@@ -124,17 +130,23 @@ _UPPER = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=np.float32)
 _TIE_GOES_UP = np.array([False, True, False, True, False, True, False])
 
 
-def e2m1_codes(q, *, nan_element: str = "max") -> np.ndarray:
-    """e2m1 codes (uint8 0..15) of float32 ``q``: round to nearest even, saturating to +-6
-    (infinities too); -0 is code 8; NaN is code 7 (``nan_element="max"``) or 0 (``"zero"``)."""
+def e2m1_codes(q, *, nan_element: str = "max", rounding: str = "nearest_even") -> np.ndarray:
+    """e2m1 codes (uint8 0..15) of float32 ``q``: rounded by ``rounding`` (``"nearest_even"``;
+    ``"ties_away"``, a tie to the larger magnitude; ``"toward_zero"``, the largest magnitude not
+    above), saturating to +-6 (infinities too); -0 is code 8; NaN is code 7
+    (``nan_element="max"``) or 0 (``"zero"``)."""
     v.require_choice("nan_element", nan_element, NAN_ELEMENTS)
+    v.require_choice("rounding", rounding, ELEMENT_ROUNDINGS)
     q = np.asarray(q, dtype=np.float32)
     magnitude = np.abs(q)
     index = np.searchsorted(_UPPER, magnitude, side="left")  # boundaries strictly below magnitude
-    at_tie = np.zeros(q.shape, bool)
     clipped = np.minimum(index, len(_UPPER) - 1)
     at_tie = _UPPER[clipped] == magnitude
-    code = np.where(at_tie & _TIE_GOES_UP[clipped], index + 1, index)
+    up = _TIE_GOES_UP[clipped] if rounding == "nearest_even" else True
+    code = np.where(at_tie & up, index + 1, index)
+    if rounding == "toward_zero":
+        with np.errstate(invalid="ignore"):
+            code = np.searchsorted(E2M1_MAGNITUDES, magnitude, side="right") - 1
     code = np.minimum(code, 7)
     code = np.where(np.signbit(q), code | 8, code)
     nan = np.isnan(q)
@@ -213,7 +225,7 @@ def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nv
         zero = (sf if k.zero_guard == "unrounded" else sfq) == 0
         out = np.where(zero, f32(0), (f32(1) / (sfq * decode).astype(f32))).astype(f32)
         q = (blocks * out[..., None]).astype(f32)
-    return e2m1_codes(q, nan_element=k.nan_element), scale_codes.astype(np.uint8)
+    return e2m1_codes(q, nan_element=k.nan_element, rounding=k.element_rounding), scale_codes.astype(np.uint8)
 
 
 def pack(codes: np.ndarray, nibble_order: str = "low_first") -> np.ndarray:
