@@ -425,6 +425,9 @@ def test_gpu_check_refuses_loudly_without_a_gpu(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "gpu_check.json").read_text())
     assert summary["status"] == "pass" and summary["counts"]["pass"] >= 10 and summary["counts"]["fail"] == 0
+    # the block-scaled writers convert in integer arithmetic: their scenarios run on the interpreter too
+    block = {r["scenario"]: r["status"] for r in summary["results"] if r["scenario"].startswith("reshape_and_cache_block")}
+    assert len(block) == 4 and set(block.values()) == {"pass"}, block
 
 
 # ---- the compiled-kernel launch path (GPU only) ------------------------------------------------

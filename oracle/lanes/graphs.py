@@ -52,6 +52,7 @@ import torch
 
 from ..buffers import NUMPY_DTYPES, to_numpy
 # the scenarios and their builders are part of this lane's interface (tests build and sabotage them)
+from .graph_block_scenarios import BLOCK_SCENARIOS
 from .graph_scenarios import (BACKENDS, SCENARIOS, TRITON, Backend, Setup, _put, concat_mla_setup,  # noqa: F401
                               flash_setup, quantize_setup, set_mla_setup, store_cache_setup, translate_setup)
 
@@ -249,7 +250,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     results = []
     start = time.perf_counter()
-    for name, (build, params, needs_fp8) in SCENARIOS.items():
+    for name, (build, params, needs_fp8) in {**SCENARIOS, **BLOCK_SCENARIOS}.items():
         if args.only and args.only not in name:
             continue
         op = name.split("/")[0]

@@ -44,6 +44,7 @@ from . import _host, _plans, _runtime, _validate, tiles
 from ._host import Padding, parse_padding  # noqa: F401  (part of this module's interface)
 from ._runtime import INTERPRETER_FP8, KERNEL_FP8, interpreting, kernels  # noqa: F401
 from .tiles import tile  # noqa: F401
+from .block_ops import quantize_block, reshape_and_cache_block  # noqa: F401  (the block-scaled writers)
 
 
 # KV_ORACLE_TRITON_PLANS=0 turns the launch plans off (every call runs the wrapper in full)
