@@ -113,6 +113,24 @@ def resolve(contract: Contract, fmt: str, override: dict) -> tuple[dict, dict]:
     return {"preset": contract.block_preset, **dict(contract.block_knobs), **knobs}, rest
 
 
+# (cause, knob, values, text) of each legitimate block-scaling knob: the diagnosis tries every value
+# a writer does not declare
+MX_ALTERNATIVES = (
+    ("block_scaling_rule", "exponent", mx.EXPONENT_RULES, "the shared exponent follows the {!r} rule"),
+    ("block_nonfinite", "zero_block", mx.ZERO_BLOCKS, "an all-zero block gets the {!r} scale"),
+    ("block_nonfinite", "nonfinite", mx.NONFINITE_BLOCKS, "a block holding NaN or inf is scaled by {!r}"),
+    ("block_nonfinite", "min_scale_factor", mx.MIN_SCALE_FACTORS,
+     "a nonzero block with scale byte 0 is multiplied by the {!r} factor"),
+)
+NVFP4_ALTERNATIVES = (
+    ("block_scaling_rule", "global_scale_at", nvfp4.GLOBAL_SCALE_AT, "the per-tensor scale is applied at {!r}"),
+    ("block_nonfinite", "nan_element", nvfp4.NAN_ELEMENTS, "NaN elements are written as {!r}"),
+    ("block_nonfinite", "nonfinite", nvfp4.NONFINITE_BLOCKS, "a block holding NaN is scaled by {!r}"),
+    ("element_rounding", "element_rounding", nvfp4.ELEMENT_ROUNDINGS, "the e2m1 codes are rounded {}"),
+    ("block_nonfinite", "zero_guard", nvfp4.ZERO_GUARDS, "the element multiplier is 0 where the {} scale is"),
+)
+
+
 def alternatives(fmt: str, contract: Contract) -> list[Hypothesis]:
     """What a block-scaled writer may compute instead: the other legitimate knob values, and the
     faults the diagnosis names (the shared exponent off by one, an element scale taken before its
@@ -129,35 +147,20 @@ def alternatives(fmt: str, contract: Contract) -> list[Hypothesis]:
         for offset in (-1, 1):
             other("shared_exponent_off_by_one", "exponent_offset", offset,
                   f"the shared exponent is {offset:+d} off (E {'+' if offset > 0 else '-'} 1 for every block)")
-        for rule in mx.EXPONENT_RULES:
-            other("block_scaling_rule", "exponent", rule, f"the shared exponent follows the {rule!r} rule")
-        for zero in mx.ZERO_BLOCKS:
-            other("block_nonfinite", "zero_block", zero, f"an all-zero block gets the {zero!r} scale")
-        for rule in mx.NONFINITE_BLOCKS:
-            other("block_nonfinite", "nonfinite", rule, f"a block holding NaN or inf is scaled by {rule!r}")
-        for factor in mx.MIN_SCALE_FACTORS:
-            other("block_nonfinite", "min_scale_factor", factor,
-                  f"a nonzero block with scale byte 0 is multiplied by the {factor!r} factor")
+    else:
+        other("block_scale_unrounded", "element_scale", "unrounded",
+              "the elements are scaled by the block scale before its e4m3fn rounding, not by the stored scale")
+        for uses in (0, 2):
+            other("global_scale_misapplied", "global_scale_uses", uses,
+                  "the per-tensor scale is " + ("never applied" if uses == 0 else "applied twice"))
+        other("nibbles_swapped", "nibble_order", "high_first" if declared.nibble_order == "low_first" else "low_first",
+              "the two codes of each byte are in swapped nibbles")
+    for cause, knob, values, text in MX_ALTERNATIVES if family == "mx" else NVFP4_ALTERNATIVES:
+        for value in values:
+            other(cause, knob, value, text.format(value if "!r" in text else value.replace("_", " ")))
+    if family == "mx":
         other("fp8_conversion", "saturate", not declared.saturate,
               f"the elements {'saturate' if not declared.saturate else 'do not saturate'}")
-        return out
-    other("block_scale_unrounded", "element_scale", "unrounded",
-          "the elements are scaled by the block scale before its e4m3fn rounding, not by the stored scale")
-    for uses in (0, 2):
-        other("global_scale_misapplied", "global_scale_uses", uses,
-              "the per-tensor scale is " + ("never applied" if uses == 0 else "applied twice"))
-    other("nibbles_swapped", "nibble_order", "high_first" if declared.nibble_order == "low_first" else "low_first",
-          "the two codes of each byte are in swapped nibbles")
-    for at in nvfp4.GLOBAL_SCALE_AT:
-        other("block_scaling_rule", "global_scale_at", at, f"the per-tensor scale is applied at {at!r}")
-    for nan in nvfp4.NAN_ELEMENTS:
-        other("block_nonfinite", "nan_element", nan, f"NaN elements are written as {nan!r}")
-    for rule in nvfp4.NONFINITE_BLOCKS:
-        other("block_nonfinite", "nonfinite", rule, f"a block holding NaN is scaled by {rule!r}")
-    for rounding in nvfp4.ELEMENT_ROUNDINGS:
-        other("element_rounding", "element_rounding", rounding, f"the e2m1 codes are rounded {rounding.replace('_', ' ')}")
-    for guard in nvfp4.ZERO_GUARDS:
-        other("block_nonfinite", "zero_guard", guard, f"the element multiplier is 0 where the {guard} scale is")
     return out
 
 

@@ -66,6 +66,13 @@ class _BlockSpec(OpSpec):
     def row_bytes(self, case: Case) -> int:
         return 0
 
+    def _params(self, case: Case) -> tuple:
+        """(p, n, heads, head size, format, bad input) of a case; the bad input "odd_head" makes
+        the head one element longer."""
+        p = self.p_with_defaults(case)
+        heads, dim = p["shape"]
+        return p, p["n"], heads, dim + (p.get("bad") == "odd_head"), p["block"], p.get("bad")
+
     def _knobs(self, case: Case, contract: Contract, override: dict) -> tuple[str, dict, dict]:
         fmt = self.p_with_defaults(case)["block"]
         knobs, rest = _blockcases.resolve(contract, fmt, override)
@@ -84,11 +91,7 @@ class QuantizeBlock(_BlockSpec):
     aliasing = ("offset",)
 
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
-        p = self.p_with_defaults(case)
-        heads, dim = p["shape"]
-        n, fmt, bad = p["n"], p["block"], p.get("bad")
-        if bad == "odd_head":
-            dim += 1
+        p, n, heads, dim, fmt, bad = self._params(case)
         x_np = _blockcases.values(rng, p["values"], fmt, (n, heads, dim), p["dtype"])
         gs_np = _blockcases.global_scale(p.get("scale", "1.0"), x_np)
         if bad == "global_scale":
@@ -154,11 +157,7 @@ class ReshapeAndCacheBlock(_BlockSpec):
     scale_names = ("key_scale_cache", "value_scale_cache")
 
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
-        p = self.p_with_defaults(case)
-        heads, dim = p["shape"]
-        n, fmt, bad = p["n"], p["block"], p.get("bad")
-        if bad == "odd_head":
-            dim += 1
+        p, n, heads, dim, fmt, bad = self._params(case)
         layout, scale_layout = p["layout"], p.get("scale_layout", "linear")
         num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // BLOCK_SIZE)
         num_slots = num_blocks * BLOCK_SIZE

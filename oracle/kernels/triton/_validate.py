@@ -87,16 +87,31 @@ def _meta(check: int, negative: int, block: int, interpreting: bool) -> dict:
     return found
 
 
+def _begin(validate, device: torch.device, interpreting: bool) -> tuple:
+    """(raise at once, the mailbox, the device index) of a validating call, after raising the
+    error an earlier call left in the mailbox, if the GPU has written one by now."""
+    sync = _deferred.sync_requested(validate) or interpreting  # the interpreter has already run it
+    box = _deferred.mailbox(device)
+    device_index = device.index if device.type == "cuda" else -1
+    _plans.note("take", device_index)
+    _deferred.take(device_index)
+    return sync, box, device_index
+
+
+def mailbox_only(placeholder: torch.Tensor, validate, device: torch.device, interpreting: bool) -> Check:
+    """A validating call with no slots to check (``CHECK = 0``) that still reports to the mailbox
+    (a writer's per-tensor scale check)."""
+    sync, box, device_index = _begin(validate, device, interpreting)
+    return Check((placeholder, 0, box, 0, 0), dict(_meta(0, 0, 16, interpreting)), sync=sync,
+                 device_index=device_index)
+
+
 def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, argument: str, validate,
          device: torch.device, interpreting: bool, pdl_capable: bool, pdl: bool) -> Check:
     """The device check of a validating call (``validate`` True or "sync") outside CUDA-graph
     capture; launches the check grid where the index is longer than FUSED_CHECK_MAX.
     ``launch(kernel, grid, device, *args, **meta)`` launches a Triton kernel as the writers do."""
-    sync = _deferred.sync_requested(validate) or interpreting  # the interpreter has already run it
-    box = _deferred.mailbox(device)
-    device_index = device.index if device.type == "cuda" else -1
-    _plans.note("take", device_index)
-    _deferred.take(device_index)  # an earlier call's error, if the GPU has written one by now
+    sync, box, device_index = _begin(validate, device, interpreting)
     pad_code = _deferred.PADDINGS.index(padding.kind)  # the writer passes the reserved slot itself
     negative = 1 if padding.kind == "negative" else 0
     code = _deferred.ARGUMENTS.index(argument)

@@ -167,15 +167,9 @@ def _slot_check(index: torch.Tensor, n: int, num_slots: int, validate, device, p
 
 def _scale_only_check(validate, device, placeholder) -> _validate.Check:
     """No slots to check (quantize_block), but the mailbox for the per-tensor scale's check."""
-    check = _validate.unchecked(placeholder)
     if validate is False:
-        return check
-    _deferred.take(device.index if device.type == "cuda" else -1)  # an earlier call's error
-    box = _deferred.mailbox(device)
-    interpreting = _runtime.interpreting()
-    return _validate.Check((placeholder, 0, box, 0, 0), dict(check.meta, SYS_FENCE=0 if interpreting else 1),
-                           sync=_deferred.sync_requested(validate) or interpreting,
-                           device_index=device.index if device.type == "cuda" else -1)
+        return _validate.unchecked(placeholder)
+    return _validate.mailbox_only(placeholder, validate, device, _runtime.interpreting())
 
 
 def _empty_call_scales(validate, names_and_scales) -> None:
