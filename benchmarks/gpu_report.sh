@@ -2,16 +2,23 @@
 # The GPU report (run on the H100 through the device tool, results under $OUT), in stages so each
 # call fits the tool's 10-minute limit:
 #
-#   benchmarks/gpu_report.sh tests graphs bench    # about 8 minutes
-#   benchmarks/gpu_report.sh conformance           # about 6 minutes
+#   benchmarks/gpu_report.sh tests graphs          # about 4 minutes
+#   benchmarks/gpu_report.sh bench blockbench      # about 6 minutes
+#   benchmarks/gpu_report.sh conformance           # about 4 minutes
 #   benchmarks/gpu_report.sh sanitize              # about 6 minutes
+#
+# On a host with several GPUs, stages can run side by side, one GPU each (CUDA_VISIBLE_DEVICES, a
+# separate OUT each, ORACLE_INSTALLED=1 after one install); the conformance stage takes DEVICES
+# (e.g. 0,1: every case dealt out over both, see oracle run --devices), WORKERS (default 8) and
+# NAME (the report's file name, default h100).
 #
 # - tests: the GPU tests (Triton launch plans, deferred slot errors, CUDA and Triton kernels) and
 #   benchmarks/host_cost.py (where a Triton call's host time goes);
 # - conformance: the conformance matrix of every GPU backend (full profile);
 # - graphs: the CUDA-graph replay lane of the Triton and the CUDA kernels, each registered variant;
 # - bench: oracle bench on the GPU (eager and graph, beside index_put_, the seed's writer and the
-#   peers' files in .peers/) and its goals, then the block-scaled paged writer (N = 1 to 16384);
+#   peers' files in .peers/) and its goals;
+# - blockbench: the block-scaled paged writer (MXFP8, NVFP4; N = 1 to 16384) and its goals;
 # - sanitize: the compute-sanitizer lane over the CUDA and Triton kernels.
 #
 # With no stage, all of them (longer than one call allows). Each stage writes its files to $OUT
@@ -20,10 +27,10 @@
 set -uo pipefail
 OUT=${OUT:-reports/gpu}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-build-isolation --no-deps -e . >/dev/null 2>&1
+[ -n "${ORACLE_INSTALLED:-}" ] || python3 -m pip install -q --no-build-isolation --no-deps -e . >/dev/null 2>&1
 export TARGET="${TARGET:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)}"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests conformance graphs bench sanitize)
+[ ${#stages[@]} -eq 0 ] && stages=(tests conformance graphs bench blockbench sanitize)
 
 stage_tests() {
   time timeout 420 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_triton_plans.py \
@@ -32,9 +39,10 @@ stage_tests() {
 }
 
 stage_conformance() {
-  time timeout 480 oracle run --backend torch,triton,cuda --kernel "${KERNELS:-}" --profile full -n 8 \
-      --target "$TARGET" --report "$OUT/h100.json" --markdown "$OUT/h100.md" -- -q -p no:warnings \
-      | tail -80
+  local name=${NAME:-h100}
+  time timeout "${LIMIT:-480}" oracle run --backend torch,triton,cuda --kernel "${KERNELS:-}" --profile full \
+      -n "${WORKERS:-8}" ${DEVICES:+--devices "$DEVICES"} ${CASE_TIMEOUT:+--timeout "$CASE_TIMEOUT"} --target "$TARGET" --report "$OUT/$name.json" \
+      --markdown "$OUT/$name.md" -- -q -p no:warnings | tail -80
 }
 
 stage_graphs() {
@@ -61,12 +69,16 @@ stage_bench() {
   # their files (never committed: copy them from the sglang and vLLM wheels)
   local peers=()
   for f in .peers/*.py; do [ -f "$f" ] && peers+=(--peer-file "$f"); done
-  time timeout 340 oracle bench --backend triton,cuda --op set_mla_kv_buffer,store_cache,reshape_and_cache_flash \
+  time timeout 520 oracle bench --backend triton,cuda --op set_mla_kv_buffer,store_cache,reshape_and_cache_flash \
       --sizes 1,16,64,4096,16384 --repeats 7 --mode both --l2 cold "${peers[@]}" \
       --json "$OUT/bench.json" --plot "$OUT/bench.png"
   oracle report bench-goals "$OUT/bench.json"
-  time timeout 200 oracle bench --backend triton --op reshape_and_cache_block --sizes 1,256,4096,16384 \
+}
+
+stage_blockbench() {
+  time timeout 300 oracle bench --backend triton --op reshape_and_cache_block --sizes 1,256,4096,16384 \
       --repeats 7 --mode both --l2 cold --json "$OUT/block-bench.json"
+  oracle report bench-goals "$OUT/block-bench.json"
 }
 
 stage_sanitize() {
@@ -79,7 +91,7 @@ stage_sanitize() {
 
 for stage in "${stages[@]}"; do
   if ! declare -F "stage_$stage" >/dev/null; then
-    echo "unknown stage '$stage' (tests, conformance, graphs, bench, sanitize)" >&2
+    echo "unknown stage '$stage' (tests, conformance, graphs, bench, blockbench, sanitize)" >&2
     exit 2
   fi
   echo "== $stage"

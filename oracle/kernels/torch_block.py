@@ -71,9 +71,10 @@ def _mx(x: torch.Tensor, dtype, block: int, emax: int) -> tuple[torch.Tensor, to
 
 def _e2m1(q: torch.Tensor) -> torch.Tensor:
     magnitude = q.abs()
-    index = torch.bucketize(magnitude, _BOUNDS)  # boundaries strictly below the magnitude
-    on = _BOUNDS[index.clamp(max=6)] == magnitude
-    code = torch.where(on & _TIE_UP[index.clamp(max=6)], index + 1, index).clamp(max=7)
+    bounds, tie_up = _BOUNDS.to(q.device), _TIE_UP.to(q.device)  # the baseline runs on any device
+    index = torch.bucketize(magnitude, bounds)  # boundaries strictly below the magnitude
+    on = bounds[index.clamp(max=6)] == magnitude
+    code = torch.where(on & tie_up[index.clamp(max=6)], index + 1, index).clamp(max=7)
     code = torch.where(torch.signbit(q), code | 8, code)
     return torch.where(torch.isnan(q), 7, code).to(torch.uint8)
 

@@ -23,8 +23,8 @@ from ._kernels import _call_is_legal
 FMT_E4M3FN, FMT_E5M2, FMT_NVFP4 = 1, 2, 3  # the FMT constexpr of block_write
 SRC_F32, SRC_F16, SRC_BF16 = 0, 1, 2  # the SRC constexpr: how the source's integer bits widen
 
-MAG = 0x7FFFFFFF  # float32 bits with the sign cleared
-INF = 0x7F800000  # float32 +inf; magnitudes above it are NaN
+MAG = tl.constexpr(0x7FFFFFFF)  # float32 bits with the sign cleared (a jit function reads only constexpr globals)
+INF = tl.constexpr(0x7F800000)  # float32 +inf; magnitudes above it are NaN
 
 
 @triton.jit
