@@ -8,6 +8,9 @@ limits and the memory budget"). The pytest plug-in calls in here; this module ow
   ``os._exit(1)``. Under xdist the controller sees a crashed worker, finds the watchdog's dump in
   that file, and reports the case as timed out; xdist starts a fresh worker for the other cases.
   Without xdist (``-n 0``) there is no worker to replace: the dump goes to stderr and the run ends.
+- **Ending from outside.** SIGTERM (a CI job's cancellation, ``timeout``) ends the run as Ctrl-C
+  does, so the report is still written, with the cases that were in flight
+  (:func:`catch_termination`, :func:`cases_in_flight`).
 - **The memory budget** (``--oracle-memory``). A large case reserves its estimated bytes from its
   device's budget before it builds anything, and waits while other workers' large cases hold too
   much of it; a case that could never fit is not run, with the reason. The budget is a weighted
@@ -26,8 +29,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -147,14 +152,20 @@ def time_limit(config, nodeid: str, case_record: dict):
         return
     path = _limit_file(config, nodeid)
     with open(path, "w") as out:
-        out.write(json.dumps(dict(case_record, limit_s=seconds)) + "\n")
+        out.write(json.dumps(dict(case_record, limit_s=seconds, started=time.time(), nodeid=nodeid)) + "\n")
         out.flush()  # the watchdog writes through the descriptor, after this line
         faulthandler.dump_traceback_later(seconds, exit=True, file=out)
         try:
             yield
-        finally:
+        except KeyboardInterrupt:  # the run is being stopped: the case stays in flight for the report
             faulthandler.cancel_dump_traceback_later()
-            path.unlink()  # ended in time (or raised): nothing for the controller to find
+            raise
+        except BaseException:
+            faulthandler.cancel_dump_traceback_later()
+            path.unlink()  # ended in time, by raising: nothing for the controller to find
+            raise
+        faulthandler.cancel_dump_traceback_later()
+        path.unlink()  # ended in time: nothing for the controller to find
 
 
 def case_in_flight(config, nodeid: str) -> tuple[dict, str] | None:
@@ -171,6 +182,48 @@ def case_in_flight(config, nodeid: str) -> tuple[dict, str] | None:
     except json.JSONDecodeError:
         return None
     return case, dump.strip()
+
+
+def cases_in_flight(config) -> list[dict]:
+    """Controller side, when the run is interrupted: the case each worker was running (its record,
+    with ``running_s``), from the limit files still open, longest-running first. Empty without a
+    time limit (no limit files are written then)."""
+    found = []
+    for path in Path(_state(config)["directory"]).glob("*.case"):
+        try:
+            header = path.read_text(errors="replace").partition("\n")[0]
+            case = json.loads(header)
+        except (OSError, json.JSONDecodeError):  # ended meanwhile, or its line is being written
+            continue
+        started = case.pop("started", None)
+        case.pop("limit_s", None)
+        case["running_s"] = round(time.time() - started, 1) if started else None
+        found.append(case)
+    return sorted(found, key=lambda c: -(c["running_s"] or 0))
+
+
+# --- ending the run from outside --------------------------------------------------------------
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def catch_termination(config) -> None:
+    """Controller side: make SIGTERM (a CI job's or ``timeout``'s cancellation) end the run as
+    Ctrl-C does, so pytest finishes the session and the report is written with what finished and
+    what was in flight. Only where SIGTERM still has its default action (a caller's own handler
+    stays), and only in the main thread."""
+    if hasattr(config, "workerinput") or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+        _state(config)["sigterm"] = True
+
+
+def release_termination(config) -> None:
+    if _state(config).pop("sigterm", False) and signal.getsignal(signal.SIGTERM) is _interrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # --- the memory budget ------------------------------------------------------------------------

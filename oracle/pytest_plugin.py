@@ -58,6 +58,7 @@ _CONFIG: list = []  # the sessions' configs, innermost last, for hooks that get 
 def pytest_configure(config):
     devices.configure(config)
     limits.configure(config)
+    limits.catch_termination(config)
     _CONFIG.append(config)
 
 
@@ -68,6 +69,7 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_unconfigure(config):
+    limits.release_termination(config)
     limits.unconfigure(config)
     if config in _CONFIG:
         _CONFIG.remove(config)
@@ -359,6 +361,7 @@ def pytest_sessionstart(session):
     _STARTED.update(wall=time.time(), iso=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which ends the workers (and their cases in flight)
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     path = config.getoption("oracle_report", None)
@@ -380,7 +383,24 @@ def pytest_sessionfinish(session, exitstatus):
         "kernels": [k for k in kernels if k["name"] in selected], "plugin_errors": errors,
         "limits": {"timeout_s": config.getoption("oracle_timeout"), "memory_gb": config.getoption("oracle_memory"),
                    "memory_budgets": limits.budgets(config)},
+        "interrupted": _interruption(session, exitstatus),
         "cases": [_CASES[n] for n in sorted(_CASES)]})
+
+
+def _interruption(session, exitstatus) -> dict | None:
+    """None for a run that ended by itself; for one stopped from outside (Ctrl-C, SIGTERM): how
+    many of the collected cases finished and which were in flight (oracle.limits)."""
+    if exitstatus != pytest.ExitCode.INTERRUPTED:
+        return None
+    config = session.config
+    in_flight = []
+    for running in limits.cases_in_flight(config):
+        nodeid = running.pop("nodeid", "")
+        path, _, name = nodeid.rpartition("::")
+        kernel = name.partition("[")[2].partition("]")[0]
+        in_flight.append(dict(running, kernel=kernel, nodeid=nodeid,
+                              replay=_replay_line(config, os.path.normpath(config.rootpath / path), name)))
+    return {"finished": len(_CASES), "collected": session.testscollected, "in_flight": in_flight}
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from . import __version__
 
-SCHEMA_VERSION = 4  # 2: each case's diagnosed "cause" and difference "pattern"; 3: the run's "limits",
-# the statuses "timeout" and "not run"; 4: each case's "device" (the GPU it ran on)
+SCHEMA_VERSION = 5  # 2: each case's diagnosed "cause" and difference "pattern"; 3: the run's "limits",
+# the statuses "timeout" and "not run"; 4: each case's "device" (the GPU it ran on); 5: "interrupted"
+# (a run stopped from outside: what finished and what was in flight)
 STATUSES = ("pass", "fail", "crashed", "timeout", "not supported", "works, not declared", "not run",
             "unavailable")
 FAILING = ("fail", "crashed", "timeout")
@@ -33,7 +34,11 @@ SCHEMA = {
                "profile": (_STR, True), "started": (_STR, True), "duration_s": (_NUM, True),
                "command": (([str],), True), "kernels": (([("kernel",)],), True),
                "plugin_errors": (([("plugin_error",)],), True), "limits": (("limits", type(None)), True),
-               "cases": (([("case",)],), True)},
+               "interrupted": (("interrupted", type(None)), True), "cases": (([("case",)],), True)},
+    "interrupted": {"finished": ((int,), True), "collected": ((int,), True), "in_flight": (([("in_flight",)],), True)},
+    "in_flight": {"kernel": (_STR, True), "case_id": (_STR, True), "case_class": (_STR, True),
+                  "params": ((dict,), True), "seed": ((int, type(None)), True), "device": ((dict, type(None)), True),
+                  "running_s": ((int, float, type(None)), True), "nodeid": (_STR, True), "replay": (_STR, True)},
     "limits": {"timeout_s": (_NUM, True), "memory_gb": ((int, float, type(None)), True),
                "memory_budgets": ((dict,), True)},
     "tool": {"name": (_STR, True), "version": (_STR, True), "git_commit": (_OPT_STR, True)},
@@ -189,7 +194,8 @@ def write(path, report: dict) -> Path:
 def load(path) -> dict:
     """A report, validated. Older versions are read as this one: version 1 (no diagnosis yet) with
     no cause and no pattern in any case; versions 1 and 2 (no limits yet) with ``limits: null``;
-    versions 1 to 3 (no devices yet) with ``device: null`` in every case."""
+    versions 1 to 3 (no devices yet) with ``device: null`` in every case; versions 1 to 4 with
+    ``interrupted: null``."""
     report = json.loads(Path(path).read_text())
     if isinstance(report, dict) and report.get("schema_version") == 1:
         report = dict(report, schema_version=2,
@@ -198,8 +204,10 @@ def load(path) -> dict:
     if isinstance(report, dict) and report.get("schema_version") == 2:
         report = dict(report, schema_version=3, limits=None)
     if isinstance(report, dict) and report.get("schema_version") == 3:
-        report = dict(report, schema_version=SCHEMA_VERSION,
+        report = dict(report, schema_version=4,
                       cases=[dict(c, device=None) if isinstance(c, dict) else c for c in report.get("cases", [])])
+    if isinstance(report, dict) and report.get("schema_version") == 4:
+        report = dict(report, schema_version=SCHEMA_VERSION, interrupted=None)
     problems = validate(report)
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems[:5]))
@@ -326,6 +334,14 @@ def render_markdown(reports: list[dict]) -> str:
 def _notes(reports: list[dict]) -> list[str]:
     notes = []
     for column, report in zip(_base_names(reports), reports):
+        stop = report.get("interrupted")
+        if stop:
+            notes.append(f"{column}: INTERRUPTED (Ctrl-C or SIGTERM) with {stop['finished']} of "
+                         f"{stop['collected']} cases finished; the matrix holds only those")
+            for case in stop["in_flight"]:
+                ran = f" for {case['running_s']:g} s" if case["running_s"] is not None else ""
+                notes.append(f"{column}: in flight{ran}: {case['kernel']} {case['case_id']} (class "
+                             f"{case['case_class']}, seed {case['seed']}); re-run: {case['replay']}")
         for k in report["kernels"]:
             if k["unavailable"]:
                 notes.append(f"{column}: {k['name']} unavailable: {k['unavailable']}")

@@ -114,6 +114,8 @@ def main(args: argparse.Namespace) -> int:
     counts = {s: sum(c["status"] == s for c in report["cases"]) for s in _report.STATUSES}
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
           + (f"; report: {args.report}" if args.report else ""))
+    if report.get("interrupted"):
+        return int(status) or 2  # stopped from outside: the matrix is partial, whatever it holds
     if failed:
         return 1
     return 0 if int(status) in (0, 5) else int(status)

@@ -14,7 +14,7 @@ def _big_report(path, cases: int) -> None:
               "gpu": None, "versions": {}}
     data = {"schema_version": report.SCHEMA_VERSION, "tool": {"name": "kv-oracle", "version": "0", "git_commit": None},
             "target": target, "profile": "quick", "started": "2025-01-01T00:00:00", "duration_s": 0.0,
-            "command": [], "kernels": [], "plugin_errors": [], "limits": None,
+            "command": [], "kernels": [], "plugin_errors": [], "limits": None, "interrupted": None,
             "cases": [{"op": "store_cache", "kernel": f"k{i}", "case_id": str(i), "case_class": "c" * 40,
                        "params": {}, "seed": None, "status": "pass", "seconds": 0.0, "message": "",
                        "first_difference": None, "cause": None, "pattern": [], "nodeid": f"n{i}", "device": None}

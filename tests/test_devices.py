@@ -131,7 +131,7 @@ def run_report(cases, target="host"):
             "message": "", "first_difference": None, "cause": None, "pattern": [], "nodeid": "x"}
     return {"schema_version": report.SCHEMA_VERSION, "tool": report.describe_tool(),
             "target": report.describe_target(target), "profile": "quick", "started": "2026-11-25T00:00:00+00:00",
-            "duration_s": 1.0, "command": [], "kernels": [], "plugin_errors": [], "limits": None,
+            "duration_s": 1.0, "command": [], "kernels": [], "plugin_errors": [], "limits": None, "interrupted": None,
             "cases": [dict(base, case_id=cid, status=status, device=device) for cid, status, device in cases]}
 
 

@@ -100,6 +100,7 @@ def minimal_report():
             "target": report.describe_target("t"), "profile": "quick", "started": "2026-11-22T00:00:00+00:00",
             "duration_s": 1.5, "command": ["--pyargs", "conformance"], "kernels": [], "plugin_errors": [],
             "limits": {"timeout_s": 300.0, "memory_gb": None, "memory_budgets": {"cpu": 19.5}},
+            "interrupted": None,
             "cases": [{"op": "store_cache", "kernel": "k", "case_id": "N7", "case_class": "sizes",
                        "params": {"n": 7}, "seed": 3, "status": "pass", "seconds": 0.1, "message": "",
                        "first_difference": None, "cause": None, "pattern": [], "nodeid": "x",
@@ -117,6 +118,10 @@ def minimal_report():
     (lambda r: r["limits"].update(timeout_s="3"), "$.limits.timeout_s"),
     (lambda r: r.pop("limits"), "$.limits is missing"),
     (lambda r: r["cases"][0].pop("device"), "$.cases[0].device is missing"),
+    (lambda r: r.pop("interrupted"), "$.interrupted is missing"),
+    (lambda r: r.update(interrupted={"finished": 1, "collected": "9", "in_flight": []}), "$.interrupted.collected"),
+    (lambda r: r.update(interrupted={"finished": 1, "collected": 9, "in_flight": [{"kernel": "k"}]}),
+     "$.interrupted.in_flight[0].case_id is missing"),
     (lambda r: r["cases"][0].update(device={"index": 0, "name": "H", "uuid": None, "pci_bus_id": None,
                                             "capability": "9.0"}), "$.cases[0].device.index"),
 ])
@@ -137,7 +142,7 @@ def test_a_version_1_report_is_read_as_version_4_without_causes_limits_or_device
     path = tmp_path / "v1.json"
     path.write_text(json.dumps(old))
     loaded = report.load(path)
-    assert loaded["schema_version"] == report.SCHEMA_VERSION == 4
+    assert loaded["schema_version"] == report.SCHEMA_VERSION == 5
     assert [(c["cause"], c["pattern"], c["device"]) for c in loaded["cases"]] == [(None, [], None)]
     assert loaded["limits"] is None
 
@@ -151,7 +156,7 @@ def test_a_version_2_report_is_read_as_version_4_without_limits_or_devices(tmp_p
     path = tmp_path / "v2.json"
     path.write_text(json.dumps(old))
     loaded = report.load(path)
-    assert loaded["schema_version"] == 4 and loaded["limits"] is None
+    assert loaded["schema_version"] == 5 and loaded["limits"] is None
     assert loaded["cases"] == [dict(c, device=None) for c in old["cases"]]
 
 
@@ -163,7 +168,7 @@ def test_a_version_3_report_is_read_as_version_4_without_devices(tmp_path):
     path = tmp_path / "v3.json"
     path.write_text(json.dumps(old))
     loaded = report.load(path)
-    assert loaded["schema_version"] == 4 and loaded["limits"] == old["limits"]
+    assert loaded["schema_version"] == 5 and loaded["limits"] == old["limits"]
     assert [c["device"] for c in loaded["cases"]] == [None]
 
 
@@ -172,9 +177,10 @@ def test_the_committed_reports_still_load(name):
     path = Path(__file__).parent.parent / "reports" / name
     written_as = json.loads(path.read_text())["schema_version"]
     loaded = report.load(path)
-    assert loaded["schema_version"] == 4 and loaded["cases"]
+    assert loaded["schema_version"] == 5 and loaded["cases"]
     assert report.validate(loaded) == []
     assert all(c["device"] is None for c in loaded["cases"])  # no GPU in the CPU run; none recorded before version 4
+    assert loaded["interrupted"] is None  # both ran to the end (recorded from version 5)
     if written_as < 3:  # limits were first recorded in version 3
         assert loaded["limits"] is None
     else:
