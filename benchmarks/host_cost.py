@@ -10,8 +10,9 @@ costs what the host spends issuing it. This splits that cost, per call, averaged
 - ``compiled[grid] runner``: the same launch through the CompiledKernel's runner, skipping the JIT's
   binder and cache-key work;
 - ``oracle.kernels.triton.ops.set_mla_kv_buffer(validate=False)`` and the validated call, each with
-  its wrapper run in full on every call (``ops.PLANS = False``) and replayed from its launch plan;
-- the same for ``store_cache`` (K and V in one launch), the validated ``reshape_and_cache_flash``,
+  its wrapper run in full on every call (``_host.PLANS = False``) and replayed from its launch plan;
+- the same for ``store_cache`` (K and V in one launch), the validated ``reshape_and_cache_flash`` and
+  ``reshape_and_cache_block`` (NVFP4: two launches),
   and torch's ``index_put_`` of K and V for scale.
 
 With ``--profile`` it also prints cProfile's top entries for the validated, replayed MLA call.
@@ -107,7 +108,7 @@ def main() -> int:
         rows[-1]["writes_the_rows"] = ok
         print(f"  the runner wrote the rows: {ok}")
         for plans in (False, True):  # each wrapper run in full on every call, then replayed from its plan
-            ops.PLANS = plans
+            _host.PLANS = plans
             tag = "replayed" if plans else "wrapper in full"
             row(f"ops.set_mla_kv_buffer(validate=False), {tag}", n,
                 lambda: ops.set_mla_kv_buffer(buf, loc, nope, rope, validate=False))
@@ -119,6 +120,11 @@ def main() -> int:
             scale = torch.ones(1, device=dev)
             row(f"ops.reshape_and_cache_flash auto (validated), {tag}", n,
                 lambda: ops.reshape_and_cache_flash(k, v, pk, pv, loc, "auto", scale, scale))
+            # the block-scaled writer, NVFP4 into linear scale caches: two launches and the most checks
+            codes = [torch.zeros(256, 16, 8, 64, dtype=torch.uint8, device=dev) for _ in range(2)]
+            scales = [torch.zeros(256, 16, 8, 8, dtype=torch.uint8, device=dev) for _ in range(2)]
+            row(f"ops.reshape_and_cache_block nvfp4 (validated), {tag}", n,
+                lambda: ops.reshape_and_cache_block(k, v, *codes, *scales, loc, "nvfp4", scale, scale))
         row("torch index_put_ (K and V)", n, lambda: (kc.index_put_((loc,), k), vc.index_put_((loc,), v)))
         if opts.profile and n == 1:
             prof = cProfile.Profile()

@@ -40,15 +40,16 @@ def _interpreting_here() -> bool:
     return _runtime.interpreting()
 
 
-def run(*argv: str) -> dict:
-    """Scenario ``argv[0]`` (arguments ``argv[1:]``) on the interpreter: here when this process
-    interprets, else in a subprocess with TRITON_INTERPRET=1."""
+def run(*argv: str, script: str = __file__, scope: dict | None = None) -> dict:
+    """Scenario ``argv[0]`` (arguments ``argv[1:]``) of the test file ``script`` (its functions
+    ``scope``; default this file) on the interpreter: here when this process interprets, else in a
+    subprocess with TRITON_INTERPRET=1."""
     if _interpreting_here():
-        return json.loads(json.dumps(globals()["scenario_" + argv[0]](*argv[1:])))
+        return json.loads(json.dumps((scope or globals())["scenario_" + argv[0]](*argv[1:])))
     env = {k: v for k, v in os.environ.items() if k != "ORACLE_PLUGINS"}
     env["TRITON_INTERPRET"] = "1"
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, os.path.abspath(script), *argv], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"scenario failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"

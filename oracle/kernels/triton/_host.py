@@ -1,15 +1,37 @@
 """Host-side argument work of the Triton writers: padding policies, devices, index and row
-shapes, the bitwise views, the fp8 format codes, and the start of a call's device slot check
-(:mod:`._validate`). Everything here depends on metadata only, never on device values."""
+shapes, the bitwise views, the fp8 format codes, the start of a call's device slot check
+(:mod:`._validate`), and whether calls may be replayed from launch plans (:mod:`._plans`).
+Everything here depends on metadata only, never on device values."""
 
 from __future__ import annotations
 
+import copy
 import functools
+import os
 
 import torch
 
 from .._checks import INDEX_DTYPES
-from . import _runtime, _validate
+from . import _plans, _runtime, _validate, tiles
+
+# KV_ORACLE_TRITON_PLANS=0 turns the launch plans off (every call runs the wrapper in full)
+PLANS = os.environ.get("KV_ORACLE_TRITON_PLANS", "1").strip().lower() not in ("0", "false", "off", "no")
+
+_settings_planned = None  # (PREFETCH, a copy of TUNING) the current plans were made under
+
+
+def plans_enabled() -> bool:
+    """Whether writer calls may be replayed from their plans (:mod:`._plans`): not with
+    ``PLANS`` off, nor while a Triton launch hook is installed. A change of ``tiles.PREFETCH`` or
+    ``tiles.TUNING`` (tuning scripts and tests set them) forgets every plan first."""
+    global _settings_planned
+    if not PLANS or _runtime.hooks_installed():
+        return False
+    seen = _settings_planned
+    if seen is None or seen[0] is not tiles.PREFETCH or seen[1] != tiles.TUNING:
+        _plans.clear()
+        _settings_planned = (tiles.PREFETCH, copy.deepcopy(tiles.TUNING))
+    return True
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

@@ -12,8 +12,10 @@ naming the argument and its value, is raised by the next validating call on that
 ``KV_ORACLE_SYNC_ERRORS=1`` and on the CPU interpreter. ``validate=False`` checks neither.
 
 The kernels (:mod:`._block_kernels`) convert with integer arithmetic only, so they are exact on
-Triton's CPU interpreter (TRITON_INTERPRET=1) as well as on a GPU. Importing this module does not
-import triton.
+Triton's CPU interpreter (TRITON_INTERPRET=1) as well as on a GPU. As the other Triton writers,
+both ops replay a launch plan after the first call of each signature (:mod:`._plans`: the checks,
+the tile and Triton's argument binder run once per signature; slots and per-tensor scales are data,
+checked on the device by every validating call). Importing this module does not import triton.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 from .._checks import FLOAT_DTYPES, INDEX_DTYPES
 from .. import _deferred
-from . import _host, _runtime, _validate
+from . import _host, _plans, _runtime, _validate
 
 # fmt -> (the kernel's FMT code, elements per block, elements per code byte)
 FORMATS = {"mxfp8_e4m3fn": (1, 32, 1), "mxfp8_e5m2": (2, 32, 1), "nvfp4": (3, 16, 2)}
@@ -175,6 +177,7 @@ def _scale_only_check(validate, device, placeholder) -> _validate.Check:
 def _empty_call_scales(validate, names_and_scales) -> None:
     """A call that launches nothing still rejects a bad per-tensor scale: read on the host (the
     one case where it is: such a call moves no data)."""
+    _plans.spoil()  # the check reads a value (data, not signature): never replay this call
     if validate is not False:
         for name, gs in names_and_scales:
             _global_scale_value(name, gs)
@@ -182,6 +185,7 @@ def _empty_call_scales(validate, names_and_scales) -> None:
 
 # --- the ops -----------------------------------------------------------------------------------
 
+@_plans.planned(_host.plans_enabled)
 def quantize_block(codes, scales, x, fmt, global_scale=None, *, validate=True) -> None:
     """Quantize ``x`` ``[N, H, D]`` (float32/float16/bfloat16, any strides) into ``codes`` (uint8
     ``[N, H, D]`` for MXFP8, ``[N, H, D // 2]`` for NVFP4, last dimension contiguous) and
@@ -213,6 +217,7 @@ def quantize_block(codes, scales, x, fmt, global_scale=None, *, validate=True) -
     _validate.finish(check)
 
 
+@_plans.planned(_host.plans_enabled)
 def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
                             slot_mapping, fmt, k_global_scale=None, v_global_scale=None, *, validate=True) -> None:
     """Token ``i < len(slot_mapping)`` of ``key``/``value`` (``[T, H, D]``, T >= the slot count,

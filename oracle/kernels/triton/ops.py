@@ -33,9 +33,6 @@ launching in :mod:`._runtime`.
 
 from __future__ import annotations
 
-import copy
-import os
-
 import torch
 
 from .._checks import (FLOAT_DTYPES, FP8_FORMATS, KV_CACHE_DTYPES, check_concat_mla, check_paged_write,
@@ -45,27 +42,6 @@ from ._host import Padding, parse_padding  # noqa: F401  (part of this module's 
 from ._runtime import INTERPRETER_FP8, KERNEL_FP8, interpreting, kernels  # noqa: F401
 from .tiles import tile  # noqa: F401
 from .block_ops import quantize_block, reshape_and_cache_block  # noqa: F401  (the block-scaled writers)
-
-
-# KV_ORACLE_TRITON_PLANS=0 turns the launch plans off (every call runs the wrapper in full)
-PLANS = os.environ.get("KV_ORACLE_TRITON_PLANS", "1").strip().lower() not in ("0", "false", "off", "no")
-
-
-_settings_planned = None  # (PREFETCH, a copy of TUNING) the current plans were made under
-
-
-def plans_enabled() -> bool:
-    """Whether writer calls may be replayed from their plans (:mod:`._plans`): not with
-    ``PLANS`` off, nor while a Triton launch hook is installed. A change of ``tiles.PREFETCH`` or
-    ``tiles.TUNING`` (tuning scripts and tests set them) forgets every plan first."""
-    global _settings_planned
-    if not PLANS or _runtime.hooks_installed():
-        return False
-    seen = _settings_planned
-    if seen is None or seen[0] is not tiles.PREFETCH or seen[1] != tiles.TUNING:
-        _plans.clear()
-        _settings_planned = (tiles.PREFETCH, copy.deepcopy(tiles.TUNING))
-    return True
 
 
 def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: _host.Padding, fp8: int = 0,
@@ -100,7 +76,7 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: _host.Pad
 
 # --- the ops -------------------------------------------------------------------------------
 
-@_plans.planned(plans_enabled)
+@_plans.planned(_host.plans_enabled)
 def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, pdl=False):
     """``k_cache[loc] = k; v_cache[loc] = v``, rows ``[H, D]`` copied bitwise (any dtype; fp8
     pools as uint8), every stride honoured. ``padding`` (default "none": every slot in range)."""
@@ -130,7 +106,7 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, p
     _validate.finish(check)
 
 
-@_plans.planned(plans_enabled)
+@_plans.planned(_host.plans_enabled)
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none", validate=True, pdl=False):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)``, bitwise; elements past nope + rope
     untouched. ``padding`` (default "none")."""
@@ -179,7 +155,7 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: _host.Padding,
                                                                ("PF_B", t.block_b, width_b, b1 == 1))))
 
 
-@_plans.planned(plans_enabled)
+@_plans.planned(_host.plans_enabled)
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
                          padding="negative", allow_interpreter_fp8=False, validate=True, pdl=False):
     """Entry ``slot`` (block ``slot // block_size``, token ``slot % block_size``) of ``kv_cache``
@@ -210,7 +186,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     _validate.finish(check)
 
 
-@_plans.planned(plans_enabled)
+@_plans.planned(_host.plans_enabled)
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                             k_scale, v_scale, *, padding="negative", allow_interpreter_fp8=False,
                             validate=True, pdl=False):
