@@ -9,6 +9,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+import torch
 
 from oracle.cases import catalogue
 from oracle.contract import Contract
@@ -145,6 +146,26 @@ def test_the_block_size_taken_from_the_wrong_dimension_is_named():
     case = next(c for c in catalogue("reshape_and_cache_flash", "quick") if c.p.get("shape") == (32, 128))
     outcome = run_case(kernel, case)
     assert outcome.status == FAIL and outcome.cause["id"] == "block_size_wrong_dim", outcome.message
+
+
+def block_size_from_heads_bounded(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                  v_scale):
+    """The same bug where the heads (8) are fewer than the block size (16): the misread block
+    index runs past the cache, and this kernel skips those slots (bounds-checked)."""
+    heads, blocks = key_cache.shape[2], key_cache.shape[0]
+    views = [c.as_strided((blocks, heads) + tuple(c.shape[2:]), c.stride(), c.storage_offset())
+             for c in (key_cache, value_cache)]
+    kept = torch.where(slot_mapping >= blocks * heads, -1, slot_mapping)
+    tn.reshape_and_cache_flash(key, value, *views, kept, kv_cache_dtype, k_scale, v_scale)
+
+
+def test_the_block_size_taken_from_fewer_heads_is_named():
+    kernel = Kernel(Contract(op="reshape_and_cache_flash", name="blocks", backend="test", padding="negative"),
+                    block_size_from_heads_bounded, "test")
+    case = next(c for c in catalogue("reshape_and_cache_flash", "quick") if c.p.get("shape") == (8, 128))
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "block_size_wrong_dim", outcome.message
+    assert "slots past block" in outcome.cause["text"], outcome.cause
 
 
 def translate_from_storage_start(mapping, loc):

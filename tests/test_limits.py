@@ -281,8 +281,12 @@ class _Config:
 def test_the_limit_file_names_the_case_while_it_runs_and_is_gone_after(tmp_path):
     config = _Config(tmp_path, 7.0)
     record = {"case_id": "int32-N7", "case_class": "sizes", "params": {"n": 7}, "seed": 5}
+    before = time.time()
     with limits.time_limit(config, "t.py::test_x[k][int32-N7]", record):
-        assert limits.case_in_flight(config, "t.py::test_x[k][int32-N7]") == (dict(record, limit_s=7.0), "")
+        case, dump = limits.case_in_flight(config, "t.py::test_x[k][int32-N7]")
+        assert dump == ""
+        assert before <= case.pop("started") <= time.time()  # for an interrupted run's running_s
+        assert case == dict(record, limit_s=7.0, nodeid="t.py::test_x[k][int32-N7]")
     assert limits.case_in_flight(config, "t.py::test_x[k][int32-N7]") is None
     assert list(tmp_path.iterdir()) == []
 
@@ -294,7 +298,8 @@ def test_a_dump_after_the_case_line_is_a_timeout(tmp_path):
         text = path.read_text()
     path.write_text(text + "Timeout (0:00:07)!\nThread 0x1 (most recent call first):\n  File \"k.py\", line 3 in k\n")
     case, dump = limits.case_in_flight(config, "n")
-    assert case == {"case_id": "c", "limit_s": 7.0} and dump.startswith("Timeout (0:00:07)!")
+    case.pop("started")
+    assert case == {"case_id": "c", "limit_s": 7.0, "nodeid": "n"} and dump.startswith("Timeout (0:00:07)!")
 
 
 def test_no_time_limit_arms_no_watchdog(tmp_path, monkeypatch):

@@ -81,11 +81,20 @@ def cache_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
                                       views={b.name: (b.shape, a.strides, b.offset)}))
     paged = [c for c in caches if len(c.shape) == 4]  # [blocks, block_size, heads, dim]
     if paged and paged[0].shape[2] != paged[0].shape[1]:
-        wrong = paged[0].shape[2]
+        block_size, wrong = paged[0].shape[1], paged[0].shape[2]
+        blocks, inputs, dropped = -(-paged[0].shape[0] * block_size // wrong), {}, ""
+        if wrong < block_size:
+            # the misread block index runs past the cache's last block; what a kernel writes out
+            # there is not modelled: the hypothesis takes those slots as dropped (a kernel that
+            # bounds-checks its block index), and a kernel that writes them fails the guards
+            blocks = paged[0].shape[0]
+            inputs = {ix.name: (lambda a, limit=blocks * wrong: np.where(a >= limit, -1, a))
+                      for ix in _by_role(views, "index")}
+            dropped = f"; slots past block {blocks - 1} so addressed were dropped"
         out.append(Hypothesis("block_size_wrong_dim", f"the block size taken from the heads dimension "
-                              f"({wrong}) instead of dimension 1 ({paged[0].shape[1]})",
-                              views={c.name: ((-(-c.shape[0] * c.shape[1] // wrong), wrong) + c.shape[2:],
-                                              c.strides, c.offset) for c in paged}))
+                              f"({wrong}) instead of dimension 1 ({block_size}){dropped}",
+                              views={c.name: ((blocks, wrong) + c.shape[2:], c.strides, c.offset) for c in paged},
+                              inputs=inputs))
     undense = [c for c in caches if c.strides != contiguous_strides(c.shape)]
     if undense:
         out.append(Hypothesis("dense_cache_assumed", "the caches assumed dense in their logical "

@@ -85,6 +85,23 @@ def paged_swizzle_as_linear(key, value, key_cache, value_cache, key_scale_cache,
                    fmt, k_global_scale, v_global_scale, tb.encode)
 
 
+def paged_block_size_from_hnd_heads(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
+                                    slot_mapping, fmt, k_global_scale, v_global_scale):
+    """vLLM's NVFP4 writer on an HND cache: the block size read from the dimension that holds the
+    heads there (its block index bounds-checked: a slot whose misread block lies past the cache is
+    dropped, where the real kernel wrote past the cache)."""
+    heads, block_size = key_cache.shape[2], key_cache.shape[1]
+    caches = (key_cache, value_cache, key_scale_cache, value_scale_cache)
+    if key_cache.stride(2) > key_cache.stride(1) and heads != block_size and key_scale_cache.dim() == 4:
+        blocks = -(-key_cache.shape[0] * block_size // heads)
+        if heads < block_size:
+            blocks = key_cache.shape[0]
+            slot_mapping = torch.where(slot_mapping >= blocks * heads, -1, slot_mapping)
+        caches = tuple(c.as_strided((blocks, heads) + tuple(c.shape[2:]), c.stride(), c.storage_offset())
+                       for c in caches)
+    tb.write_paged(key, value, *caches, slot_mapping, fmt, k_global_scale, v_global_scale, tb.encode)
+
+
 Q, P = "quantize_block", "reshape_and_cache_block"
 _ROWS = [
     (Q + ".exponent_plus_one", Q, "MXFP8 shared exponent one too large (floor(log2 amax) - emax + 1)",
@@ -107,6 +124,9 @@ _ROWS = [
      "MXFP8 writers did", "padding_into_slot_zero", _paged(tb.encode, _padding_to_slot_zero), ("padding",)),
     (Q + ".blocks_straddle_heads", Q, "blocks run over each token's whole [H * D] row, across heads",
      "blocks_straddle_heads", quantize_straddles_heads, ("block_scaled",)),
+    (P + ".block_size_from_hnd_heads", P, "the block size of an HND cache read from its heads dimension, as "
+     "vLLM's NVFP4 reshape_and_cache_flash did", "block_size_wrong_dim", paged_block_size_from_hnd_heads,
+     ("block_scaled",)),
     (P + ".swizzle_as_linear", P, "a swizzled scale cache written in the linear order of each page",
      "scale_layout_wrong", paged_swizzle_as_linear, ("block_scaled",)),
 ]
