@@ -3,14 +3,17 @@
 # call fits the tool's 10-minute limit:
 #
 #   benchmarks/gpu_report.sh tests graphs          # about 4 minutes
-#   benchmarks/gpu_report.sh bench blockbench      # about 6 minutes
-#   benchmarks/gpu_report.sh conformance           # about 4 minutes
+#   benchmarks/gpu_report.sh bench blockbench      # about 3 minutes
+#   benchmarks/gpu_report.sh conformance           # 7 minutes or more on one H100 (Triton compiles cold)
 #   benchmarks/gpu_report.sh sanitize              # about 6 minutes
 #
 # On a host with several GPUs, stages can run side by side, one GPU each (CUDA_VISIBLE_DEVICES, a
-# separate OUT each, ORACLE_INSTALLED=1 after one install); the conformance stage takes DEVICES
+# separate OUT each, ORACLE_INSTALLED=1 after one install), except a timing stage: another stage's
+# host work (Triton compiling) disturbs eager timings, so bench runs alone. The conformance stage takes DEVICES
 # (e.g. 0,1: every case dealt out over both, see oracle run --devices), WORKERS (default 8) and
-# NAME (the report's file name, default h100).
+# NAME (the report's file name, default h100), LIMIT (seconds; at the limit the run gets SIGTERM and
+# still writes its report, marked interrupted, naming the cases in flight) and CASE_TIMEOUT (oracle
+# run --timeout).
 #
 # - tests: the GPU tests (Triton launch plans, deferred slot errors, CUDA and Triton kernels) and
 #   benchmarks/host_cost.py (where a Triton call's host time goes);
@@ -40,7 +43,7 @@ stage_tests() {
 
 stage_conformance() {
   local name=${NAME:-h100}
-  time timeout "${LIMIT:-480}" oracle run --backend torch,triton,cuda --kernel "${KERNELS:-}" --profile full \
+  time timeout -k 60 "${LIMIT:-480}" oracle run --backend torch,triton,cuda --kernel "${KERNELS:-}" --profile full \
       -n "${WORKERS:-8}" ${DEVICES:+--devices "$DEVICES"} ${CASE_TIMEOUT:+--timeout "$CASE_TIMEOUT"} --target "$TARGET" --report "$OUT/$name.json" \
       --markdown "$OUT/$name.md" -- -q -p no:warnings | tail -80
 }
