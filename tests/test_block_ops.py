@@ -93,3 +93,41 @@ def test_a_writer_whose_nan_blocks_differ_fails_and_says_why():
     outcome = run_case(kernel, case)
     assert outcome.status == FAIL
     assert outcome.cause["id"] == "block_nonfinite" and "nan_scale" in outcome.cause["text"]
+
+
+def _padding_scales_into_slot_zero(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
+                                   slot_mapping, fmt, k_global_scale, v_global_scale):
+    """A racing writer of sglang's bug, its race settled one way: every row written correctly,
+    then slot 0's scale bytes overwritten by a padding row's (the codes' race went to the real row,
+    the scales' to a padding row)."""
+    import torch
+
+    torch_block.reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
+                                        slot_mapping, fmt, k_global_scale, v_global_scale)
+    pad = int(torch.nonzero(slot_mapping < 0)[0])
+    zero = slot_mapping.clone()
+    zero[:] = -1
+    zero[pad] = 0  # the padding row alone, into slot 0, codes and scales ...
+    codes = [c.clone() for c in (key_cache, value_cache)]
+    torch_block.reshape_and_cache_block(key, value, *codes, key_scale_cache, value_scale_cache, zero, fmt,
+                                        k_global_scale, v_global_scale)  # ... of which the scales stay
+
+
+@pytest.mark.parametrize("case_id", ["mxfp8_e4m3fn-swizzled_scales-pad_negative", "int32-pad_negative"])
+def test_padding_quantized_into_slot_zero_is_named_in_either_scale_layout(case_id):
+    """Rows that collide in slot 0 may each win a different view (a race); the hypothesis allows any
+    colliding row per view, in a swizzled scale cache too."""
+    registry = Registry()
+
+    def register():
+        import oracle
+        oracle.register(_padding_scales_into_slot_zero, op="reshape_and_cache_block", name="vendor.pad0",
+                        backend="vendor", validates=True, padding="negative", layouts=("NHD", "HND"),
+                        block_formats=("mxfp8_e4m3fn", "mxfp8_e5m2", "nvfp4"), scale_layouts=("linear", "swizzled"))
+
+    registry.load_plugin("vendor", register)
+    kernel = registry.kernels["vendor.pad0"]
+    case = next(c for c in catalogue("reshape_and_cache_block", "quick", kernel.contract) if c.id == case_id)
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL, outcome.message
+    assert outcome.cause["id"] == "padding_into_slot_zero", (outcome.cause, outcome.message[:2000])

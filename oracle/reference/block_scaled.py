@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _validate as v
 from . import mx, nvfp4
-from .slots import parse_policies, plan_slots, write_rows
+from .slots import Collision, OneOfRows, parse_policies, plan_slots, write_rows
 
 FORMATS = {  # name -> (family, element format, block)
     "mxfp8_e4m3fn": ("mx", "e4m3fn", mx.BLOCK),
@@ -121,8 +121,8 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
     block_size``; ``padding`` and ``duplicates`` as in :mod:`oracle.reference.slots` (a padded
     slot writes neither codes nor scales). Returns ``(key_cache, value_cache, key_scale_cache,
     value_scale_cache)``, new arrays (or :class:`~oracle.reference.slots.OneOfRows` where a slot
-    is written twice under ``duplicates="any"``, linear scale caches only). Inputs are never
-    modified.
+    is written twice under ``duplicates="any"``; in a swizzled scale cache the slot's "row" is its
+    scattered scale bytes). Inputs are never modified.
     """
     parse_policies(padding, duplicates)
     require_format(fmt)
@@ -171,8 +171,6 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
             raise type(error)(f"{name}: {error}") from None
     plan = plan_slots("slot_mapping", slot_mapping, num_blocks * block_size, padding=padding,
                       duplicates=duplicates)
-    if plan.collisions and scale_layout == "swizzled":
-        raise ValueError("duplicates='any' with a swizzled scale cache is not modelled")
     out = []
     scales_out = []
     for cache, scale_cache, source, gs in ((key_cache, key_scale_cache, key, k_global_scale),
@@ -182,9 +180,24 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
         if scale_layout == "linear":
             scales_out.append(write_rows(scale_cache.copy(), plan, scales, slot_axes=(0, 1)))
             continue
-        new = scale_cache.copy()
         offsets = swizzled_offsets(rows, count).reshape(block_size, heads, count)
-        pages, tokens = np.divmod(plan.slots, block_size)
-        new[pages[:, None, None], offsets[tokens]] = scales
-        scales_out.append(new)
+        scales_out.append(_write_swizzled(scale_cache.copy(), plan, scales, offsets, block_size))
     return out[0], out[1], scales_out[0], scales_out[1]
+
+
+def _write_swizzled(out: np.ndarray, plan, scales: np.ndarray, offsets: np.ndarray, block_size: int):
+    """Slot ``plan.slots[j]``'s scales ``scales[j]`` (``[H, nb]``) into its page's swizzled
+    bytes ``offsets[token]``, as write_rows does for rows: each slot written once, by its last
+    position; where a slot is written twice, a OneOfRows whose row is that slot's scale bytes."""
+    _, last_from_end = np.unique(plan.slots[::-1], return_index=True)
+    last = len(plan.slots) - 1 - last_from_end
+    pages, tokens = np.divmod(plan.slots[last], block_size)
+    out[pages[:, None, None], offsets[tokens]] = scales[last]
+    if not plan.collisions:
+        return out
+    collisions = []
+    for slot, members in plan.collisions:
+        page, token = divmod(int(slot), block_size)
+        collisions.append(Collision(int(slot), (page, offsets[token]),
+                                    tuple(int(p) for p in plan.positions[members]), scales[members].copy()))
+    return OneOfRows(out, tuple(collisions))
