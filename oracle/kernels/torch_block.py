@@ -144,10 +144,8 @@ def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache,
 
 
 def write_paged(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache, slot_mapping,
-                fmt, k_global_scale, v_global_scale, encoder, keep=None) -> None:
-    """:func:`reshape_and_cache_block` with ``encoder`` computing the bytes; ``keep`` (a function
-    of the slot mapping, returning (rows kept, their slots)) replaces the skipping of negative
-    slots."""
+                fmt, k_global_scale, v_global_scale, encoder) -> None:
+    """:func:`reshape_and_cache_block` with ``encoder`` computing the bytes."""
     for name, src in (("key", key), ("value", value)):
         if src.dtype not in FLOAT_DTYPES or src.dim() != 3:
             raise TypeError(f"{name} must be a float32/float16/bfloat16 [T, H, D] tensor, got "
@@ -181,7 +179,8 @@ def write_paged(key, value, key_cache, value_cache, key_scale_cache, value_scale
     if tokens and int(slot_mapping.max()) >= num_slots:
         raise ValueError(f"slot_mapping holds slot {int(slot_mapping.max())}, out of range [0, {num_slots}) "
                          "(negative slots are padding)")
-    keep, slots = (keep or _skip_negative)(slot_mapping)
+    keep = slot_mapping >= 0  # negative slots are padding: nothing written
+    slots = slot_mapping[keep].long()
     pages, offsets = slots // block_size, slots % block_size
     for src, cache, scale_cache, gs in ((key, key_cache, key_scale_cache, k_global_scale),
                                         (value, value_cache, value_scale_cache, v_global_scale)):
@@ -193,7 +192,3 @@ def write_paged(key, value, key_cache, value_cache, key_scale_cache, value_scale
             where = _swizzled_offsets(block_size * heads, count).reshape(block_size, heads, count)[offsets]
             scale_cache.index_put_((pages[:, None, None].expand_as(where), where), scales)
 
-
-def _skip_negative(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    keep = slot_mapping >= 0
-    return keep, slot_mapping[keep].long()

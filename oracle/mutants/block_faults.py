@@ -52,15 +52,21 @@ def _quantize(encoder):
     return kernel
 
 
-def _paged(encoder, keep=None):
+def _paged(encoder):
     def kernel(*args):
-        tb.write_paged(*args, encoder, keep)
+        tb.write_paged(*args, encoder)
     return kernel
 
 
-def _padding_to_slot_zero(slot_mapping: torch.Tensor):
-    """Every row kept; a negative slot clamped to 0 (a max(slot, 0) where a skip belongs)."""
-    return torch.ones_like(slot_mapping, dtype=torch.bool), slot_mapping.long().clamp(min=0)
+def paged_padding_into_slot_zero(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
+                                 slot_mapping, fmt, k_global_scale, v_global_scale):
+    """A negative slot clamped to 0 (a max(slot, 0) where a skip belongs). The padding rows are
+    written after the real ones: in a GPU kernel either may win slot 0, and torch's index_put_ of
+    colliding rows races too, so a single write would show the bug only when a padding row won."""
+    args = (key, value, key_cache, value_cache, key_scale_cache, value_scale_cache)
+    tb.write_paged(*args, slot_mapping, fmt, k_global_scale, v_global_scale, tb.encode)
+    padding_only = torch.where(slot_mapping < 0, 0, -1).to(slot_mapping.dtype)
+    tb.write_paged(*args, padding_only, fmt, k_global_scale, v_global_scale, tb.encode)
 
 
 def quantize_straddles_heads(codes, scales, x, fmt, global_scale):
@@ -121,7 +127,7 @@ _ROWS = [
     (P + ".global_scale_ignored", P, "NVFP4 per-tensor scale never applied",
      "global_scale_misapplied", _paged(lambda *a: _nvfp4(*a, uses=0)), ("block_scaled",)),
     (P + ".padding_into_slot_zero", P, "padding rows (negative slots) quantized into slot 0, as sglang's "
-     "MXFP8 writers did", "padding_into_slot_zero", _paged(tb.encode, _padding_to_slot_zero), ("padding",)),
+     "MXFP8 writers did", "padding_into_slot_zero", paged_padding_into_slot_zero, ("padding",)),
     (Q + ".blocks_straddle_heads", Q, "blocks run over each token's whole [H * D] row, across heads",
      "blocks_straddle_heads", quantize_straddles_heads, ("block_scaled",)),
     (P + ".block_size_from_hnd_heads", P, "the block size of an HND cache read from its heads dimension, as "
