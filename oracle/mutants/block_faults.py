@@ -60,13 +60,17 @@ def _paged(encoder):
 
 def paged_padding_into_slot_zero(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
                                  slot_mapping, fmt, k_global_scale, v_global_scale):
-    """A negative slot clamped to 0 (a max(slot, 0) where a skip belongs). The padding rows are
-    written after the real ones: in a GPU kernel either may win slot 0, and torch's index_put_ of
-    colliding rows races too, so a single write would show the bug only when a padding row won."""
+    """A negative slot clamped to 0 (a max(slot, 0) where a skip belongs), its race settled: the
+    real rows are written first, then the last padding row alone into slot 0. (In a GPU kernel any
+    colliding row may win slot 0; torch's index_put_ of colliding rows races too, so writing them
+    all at once made which row won, and with it the failure, vary from run to run.)"""
     args = (key, value, key_cache, value_cache, key_scale_cache, value_scale_cache)
     tb.write_paged(*args, slot_mapping, fmt, k_global_scale, v_global_scale, tb.encode)
-    padding_only = torch.where(slot_mapping < 0, 0, -1).to(slot_mapping.dtype)
-    tb.write_paged(*args, padding_only, fmt, k_global_scale, v_global_scale, tb.encode)
+    padding = torch.nonzero(slot_mapping < 0).flatten()
+    if padding.numel():
+        last_padding_only = torch.full_like(slot_mapping, -1)
+        last_padding_only[padding[-1]] = 0
+        tb.write_paged(*args, last_padding_only, fmt, k_global_scale, v_global_scale, tb.encode)
 
 
 def quantize_straddles_heads(codes, scales, x, fmt, global_scale):
