@@ -155,25 +155,23 @@ def time_limit(config, nodeid: str, case_record: dict):
         out.write(json.dumps(dict(case_record, limit_s=seconds, started=time.time(), nodeid=nodeid)) + "\n")
         out.flush()  # the watchdog writes through the descriptor, after this line
         faulthandler.dump_traceback_later(seconds, exit=True, file=out)
+        interrupted = False
         try:
             yield
         except KeyboardInterrupt:  # the run is being stopped: the case stays in flight for the report
-            faulthandler.cancel_dump_traceback_later()
+            interrupted = True
             raise
-        except BaseException:
+        finally:
             faulthandler.cancel_dump_traceback_later()
-            path.unlink()  # ended in time, by raising: nothing for the controller to find
-            raise
-        faulthandler.cancel_dump_traceback_later()
-        path.unlink()  # ended in time: nothing for the controller to find
+            if not interrupted:
+                path.unlink()  # ended in time (or raised): nothing for the controller to find
 
 
-def case_in_flight(config, nodeid: str) -> tuple[dict, str] | None:
-    """Controller side, after the worker running ``nodeid`` died: (the case it was running, the
-    watchdog's dump) from the limit file, or None when it died outside a case. An empty dump means
-    it died some other way (a crash) inside that case."""
+def _read_limit_file(path: Path) -> tuple[dict, str] | None:
+    """(the case record of its first line, the watchdog's dump after it), or None when the file
+    is gone or its line is not (yet) whole."""
     try:
-        text = _limit_file(config, nodeid).read_text(errors="replace")
+        text = path.read_text(errors="replace")
     except OSError:
         return None
     header, _, dump = text.partition("\n")
@@ -184,17 +182,23 @@ def case_in_flight(config, nodeid: str) -> tuple[dict, str] | None:
     return case, dump.strip()
 
 
+def case_in_flight(config, nodeid: str) -> tuple[dict, str] | None:
+    """Controller side, after the worker running ``nodeid`` died: (the case it was running, the
+    watchdog's dump) from the limit file, or None when it died outside a case. An empty dump means
+    it died some other way (a crash) inside that case."""
+    return _read_limit_file(_limit_file(config, nodeid))
+
+
 def cases_in_flight(config) -> list[dict]:
     """Controller side, when the run is interrupted: the case each worker was running (its record,
     with ``running_s``), from the limit files still open, longest-running first. Empty without a
     time limit (no limit files are written then)."""
     found = []
     for path in Path(_state(config)["directory"]).glob("*.case"):
-        try:
-            header = path.read_text(errors="replace").partition("\n")[0]
-            case = json.loads(header)
-        except (OSError, json.JSONDecodeError):  # ended meanwhile, or its line is being written
+        read = _read_limit_file(path)  # None: ended meanwhile, or its line is being written
+        if read is None:
             continue
+        case = read[0]
         started = case.pop("started", None)
         case.pop("limit_s", None)
         case["running_s"] = round(time.time() - started, 1) if started else None

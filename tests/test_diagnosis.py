@@ -132,40 +132,28 @@ def test_the_cause_reaches_the_json_report_and_junit(tmp_path):
 
 
 def block_size_from_heads(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
-    """vLLM's paged write with block_size = key_cache.size(2) (the heads) where dimension 1 holds it."""
-    heads = key_cache.shape[2]
-    blocks = -(-key_cache.shape[0] * key_cache.shape[1] // heads)
+    """vLLM's paged write with block_size = key_cache.size(2) (the heads) where dimension 1 holds
+    it. Where the heads are fewer than the block size the misread block index runs past the
+    cache, and this kernel skips those slots (bounds-checked)."""
+    heads, block_size, blocks = key_cache.shape[2], key_cache.shape[1], key_cache.shape[0]
+    if heads > block_size:
+        blocks = -(-blocks * block_size // heads)
+    else:
+        slot_mapping = torch.where(slot_mapping >= blocks * heads, -1, slot_mapping)
     views = [c.as_strided((blocks, heads) + tuple(c.shape[2:]), c.stride(), c.storage_offset())
              for c in (key_cache, value_cache)]
     tn.reshape_and_cache_flash(key, value, *views, slot_mapping, kv_cache_dtype, k_scale, v_scale)
 
 
-def test_the_block_size_taken_from_the_wrong_dimension_is_named():
+@pytest.mark.parametrize("shape", [(32, 128), (8, 128)], ids=["more_heads", "fewer_heads"])
+def test_the_block_size_taken_from_the_wrong_dimension_is_named(shape):
+    """32 heads or 8 against blocks of 16 slots."""
     kernel = Kernel(Contract(op="reshape_and_cache_flash", name="blocks", backend="test", padding="negative"),
                     block_size_from_heads, "test")
-    case = next(c for c in catalogue("reshape_and_cache_flash", "quick") if c.p.get("shape") == (32, 128))
+    case = next(c for c in catalogue("reshape_and_cache_flash", "quick") if c.p.get("shape") == shape)
     outcome = run_case(kernel, case)
     assert outcome.status == FAIL and outcome.cause["id"] == "block_size_wrong_dim", outcome.message
-
-
-def block_size_from_heads_bounded(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
-                                  v_scale):
-    """The same bug where the heads (8) are fewer than the block size (16): the misread block
-    index runs past the cache, and this kernel skips those slots (bounds-checked)."""
-    heads, blocks = key_cache.shape[2], key_cache.shape[0]
-    views = [c.as_strided((blocks, heads) + tuple(c.shape[2:]), c.stride(), c.storage_offset())
-             for c in (key_cache, value_cache)]
-    kept = torch.where(slot_mapping >= blocks * heads, -1, slot_mapping)
-    tn.reshape_and_cache_flash(key, value, *views, kept, kv_cache_dtype, k_scale, v_scale)
-
-
-def test_the_block_size_taken_from_fewer_heads_is_named():
-    kernel = Kernel(Contract(op="reshape_and_cache_flash", name="blocks", backend="test", padding="negative"),
-                    block_size_from_heads_bounded, "test")
-    case = next(c for c in catalogue("reshape_and_cache_flash", "quick") if c.p.get("shape") == (8, 128))
-    outcome = run_case(kernel, case)
-    assert outcome.status == FAIL and outcome.cause["id"] == "block_size_wrong_dim", outcome.message
-    assert "slots past block" in outcome.cause["text"], outcome.cause
+    assert ("slots past block" in outcome.cause["text"]) == (shape[0] < 16), outcome.cause
 
 
 def translate_from_storage_start(mapping, loc):

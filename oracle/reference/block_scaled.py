@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _validate as v
 from . import mx, nvfp4
-from .slots import Collision, OneOfRows, parse_policies, plan_slots, write_rows
+from .slots import last_writers, parse_policies, plan_slots, with_collisions, write_rows
 
 FORMATS = {  # name -> (family, element format, block)
     "mxfp8_e4m3fn": ("mx", "e4m3fn", mx.BLOCK),
@@ -189,15 +189,8 @@ def _write_swizzled(out: np.ndarray, plan, scales: np.ndarray, offsets: np.ndarr
     """Slot ``plan.slots[j]``'s scales ``scales[j]`` (``[H, nb]``) into its page's swizzled
     bytes ``offsets[token]``, as write_rows does for rows: each slot written once, by its last
     position; where a slot is written twice, a OneOfRows whose row is that slot's scale bytes."""
-    _, last_from_end = np.unique(plan.slots[::-1], return_index=True)
-    last = len(plan.slots) - 1 - last_from_end
+    last = last_writers(plan)
     pages, tokens = np.divmod(plan.slots[last], block_size)
     out[pages[:, None, None], offsets[tokens]] = scales[last]
-    if not plan.collisions:
-        return out
-    collisions = []
-    for slot, members in plan.collisions:
-        page, token = divmod(int(slot), block_size)
-        collisions.append(Collision(int(slot), (page, offsets[token]),
-                                    tuple(int(p) for p in plan.positions[members]), scales[members].copy()))
-    return OneOfRows(out, tuple(collisions))
+    return with_collisions(out, plan, scales,
+                           lambda slot: (int(slot) // block_size, offsets[int(slot) % block_size]))

@@ -171,6 +171,13 @@ def _list(values) -> str:
     return shown + (f", ... ({rest} more)" if rest > 0 else "")
 
 
+def last_writers(plan: SlotPlan) -> np.ndarray:
+    """The positions (into ``plan.slots``) that write each slot last. numpy leaves the winner of
+    a repeated index unspecified, so a write through these writes each slot once: its last."""
+    _, last_from_end = np.unique(plan.slots[::-1], return_index=True)
+    return len(plan.slots) - 1 - last_from_end
+
+
 def write_rows(out: np.ndarray, plan: SlotPlan, rows: np.ndarray, *, slot_axes=(0,),
                row_region=()):
     """Write ``rows[j]`` to slot ``plan.slots[j]`` of ``out`` (in place) and return the outcome.
@@ -191,19 +198,20 @@ def write_rows(out: np.ndarray, plan: SlotPlan, rows: np.ndarray, *, slot_axes=(
     if rows.shape != (len(plan.slots),) + dest.shape[len(slot_axes):]:
         raise ValueError(f"internal: {len(plan.slots)} rows of shape "
                          f"{dest.shape[len(slot_axes):]} expected, got {rows.shape}")
-    # numpy leaves the winner of a repeated index unspecified, so write each slot once: its last.
-    _, last_from_end = np.unique(plan.slots[::-1], return_index=True)
-    last = len(plan.slots) - 1 - last_from_end
+    last = last_writers(plan)
     dest[np.unravel_index(plan.slots[last], slot_shape)] = rows[last]
+    return with_collisions(out, plan, rows, lambda slot: _region_index(
+        out.ndim, slot_axes, row_region, np.unravel_index(slot, slot_shape)))
+
+
+def with_collisions(out: np.ndarray, plan: SlotPlan, rows: np.ndarray, row_index):
+    """``out`` (each slot holding its last writer's row) when no slot is written twice, else a
+    :class:`OneOfRows` over it: ``row_index(slot)`` is the index of that slot's row in ``out``,
+    ``rows[j]`` the row position ``plan.positions[j]`` writes."""
     if not plan.collisions:
         return out
-    collisions = []
-    for slot, members in plan.collisions:
-        coords = np.unravel_index(slot, slot_shape)
-        index = _region_index(out.ndim, slot_axes, row_region, coords)
-        collisions.append(Collision(slot, index, tuple(int(p) for p in plan.positions[members]),
-                                    rows[members].copy()))
-    return OneOfRows(out, tuple(collisions))
+    return OneOfRows(out, tuple(Collision(slot, row_index(slot), tuple(int(p) for p in plan.positions[members]),
+                                          rows[members].copy()) for slot, members in plan.collisions))
 
 
 def _region_index(ndim: int, slot_axes, row_region, coords=None) -> tuple:

@@ -196,9 +196,7 @@ class Plan:
                 args = list(fixed)
                 for pos, j, view in slots:
                     args[pos] = tensors[j] if view is None else tensors[j].view(view)
-                # numpy runs the interpreter's float arithmetic: inf * 0 and overflow to inf are
-                # results the conventions define (the block writers' wrappers launch so too)
-                with np.errstate(all="ignore"):
+                with np.errstate(all="ignore"):  # as _runtime.launch runs the interpreter
                     kernel[grid](*args, **meta)
 
 

@@ -5,6 +5,7 @@ Each launch is noted for the launch plan of the call being planned (:mod:`._plan
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import _plans
@@ -54,7 +55,10 @@ def launch(kernel, grid, device: torch.device, *args, **meta) -> None:
         for name in meta:
             if name.startswith("PF_") and name != "PF_SECTOR":
                 meta[name] = 0
-        kernel[grid](*args, **meta)
+        # numpy runs the interpreter's float arithmetic: inf * 0 (a NaN a convention may want)
+        # and overflow to inf are results, not errors
+        with np.errstate(all="ignore"):
+            kernel[grid](*args, **meta)
         _plans.note("launch", kernel, grid, args, meta, None)
         return
     if meta.get("PDL"):

@@ -147,14 +147,7 @@ def _launch(src, codes4: tuple, scales4: tuple, index, gs, n: int, fmt_code: int
             n_rows, heads, dim, nb, block_size, num_slots, cp4, *check.args, gs_code, gs2_code)
     meta = dict(SRC=code, FMT=fmt_code, BLOCK=block, NBP=nbp, ROWS=rows, HAS_INDEX=index is not None,
                 SWIZZLED=swizzled, CHECK_GS=scale_check is not None, num_warps=4, **check.meta)
-    grid = (_cdiv(n_rows, rows),)
-    if interpreting:
-        # numpy computes the interpreter's float32 arithmetic: inf * 0 (a NaN the convention
-        # wants) and overflow to inf are not errors
-        with np.errstate(all="ignore"):
-            _runtime.launch(k.block_write, grid, device, *args, **meta)
-    else:
-        _runtime.launch(k.block_write, grid, device, *args, **meta)
+    _runtime.launch(k.block_write, (_cdiv(n_rows, rows),), device, *args, **meta)
 
 
 def _slot_check(index: torch.Tensor, n: int, num_slots: int, validate, device, placeholder) -> _validate.Check:
