@@ -67,6 +67,36 @@ def test_conversion_helpers_match_ml_dtypes_on_every_16_bit_pattern():
     assert out["patterns"] == {"float16": 65536, "bfloat16": 65536, "float32": out["patterns"]["float32"]}
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and not _interpreting_here()
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU (the compiled kernels; CPU runs use the interpreter)")
+def test_conversion_helpers_on_a_gpu_match_ml_dtypes():
+    """The same probe compiled for the GPU: the integer roundings, and on sm_89+ the hardware
+    conversion the writers use there, code for code against ml_dtypes."""
+    out = scenario_helpers("cuda")
+    want = {"e4m3fn": 0, "e5m2": 0, "e2m1": 0}
+    if out["hardware"]:
+        want.update({"e4m3fn hw": 0, "e5m2 hw": 0})
+    for src in ("float16", "bfloat16", "float32"):
+        assert out[src] == want, (src, out[src])
+    assert out["widen"] == {"float16": 0, "bfloat16": 0, "float32": 0}, out
+    assert out["floor_log2"] == 0 and out["e4m3_values"] == 0, out
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU (the compiled kernels; CPU runs use the interpreter)")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_block_writers_on_a_gpu_match_reference(fmt):
+    """quantize_block and reshape_and_cache_block compiled for the GPU (hardware fp8 where it has
+    it), every poisoned allocation compared whole with the reference."""
+    q, p = scenario_quantize(fmt, "cuda"), scenario_paged(fmt, "cuda")
+    assert q["bad"] == [] and p["bad"] == [], (q["bad"], p["bad"])
+    assert q["cases"] == len(DTYPES) * len(DIMS) * 2 and p["cases"] == len(DTYPES) * len(DIMS)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_quantize_block_matches_reference(fmt):
     out = run("quantize", fmt)
@@ -81,6 +111,13 @@ def test_reshape_and_cache_block_matches_reference(fmt):
     assert out["bad"] == [], out["bad"]
     # swizzled pages with unmapped rows/columns and padded rows were exercised, and stayed poisoned
     assert out["unmapped_checked"] > 0
+
+
+@pytest.mark.parametrize("fmt", ("mxfp8_e4m3fn", "nvfp4"))
+def test_the_64_bit_row_path_matches_reference(fmt):
+    """The kernels' int64 row and slot arithmetic (taken for rows or slots past 2**31), forced."""
+    out = run("paged_wide", fmt)
+    assert out["cases"] == len(DTYPES) * len(DIMS) and out["bad"] == [], out["bad"]
 
 
 def test_bad_input_names_the_argument_and_writes_nothing():
@@ -106,16 +143,16 @@ class Arena:
     """Poisoned allocations (random bytes, ``GUARD`` guard bytes each side) and, for each, a numpy
     twin that the reference's results are written into."""
 
-    def __init__(self, rng):
-        self.rng, self.bufs, self.twins = rng, [], []
+    def __init__(self, rng, device: str = "cpu"):
+        self.rng, self.device, self.bufs, self.twins = rng, device, [], []
 
     def view(self, shape, strides):
         """A uint8 view ``shape``/``strides`` into a fresh poisoned allocation, and its twin."""
         import torch
 
         span = 1 + sum((s - 1) * st for s, st in zip(shape, strides)) if all(shape) else 0
-        buf = torch.from_numpy(self.rng.integers(0, 256, span + 2 * GUARD, dtype=np.uint8))
-        twin = buf.numpy().copy()
+        buf = torch.from_numpy(self.rng.integers(0, 256, span + 2 * GUARD, dtype=np.uint8)).to(self.device)
+        twin = buf.cpu().numpy().copy()
         self.bufs.append(buf)
         self.twins.append(twin)
         return (torch.as_strided(buf, shape, strides, GUARD),
@@ -125,7 +162,7 @@ class Arena:
         """(allocation, count, first offsets) of every allocation that differs from its twin."""
         out = []
         for i, (buf, twin) in enumerate(zip(self.bufs, self.twins)):
-            diff = np.flatnonzero(buf.numpy() != twin)
+            diff = np.flatnonzero(buf.cpu().numpy() != twin)
             if diff.size:
                 out.append([i, int(diff.size), (diff[:4] - GUARD).tolist()])
         return out
@@ -175,7 +212,7 @@ def _strided(x, how: int):
 
     n, h, d = x.shape
     if how == 1:
-        wide = torch.full((n + 1, h, d + 24), float("nan"), dtype=x.dtype)
+        wide = x.new_full((n + 1, h, d + 24), float("nan"))
         wide[:n, :, 8:8 + d] = x
         return wide[:n, :, 8:8 + d]
     if how == 2:
@@ -194,6 +231,14 @@ def _global_scale(rng, x, i: int):
     return torch.tensor([choices[i % len(choices)]], dtype=torch.float32)
 
 
+def block_ops_hardware_fp8(device: str) -> bool:
+    import torch
+
+    from oracle.kernels.triton import block_ops
+
+    return block_ops.hardware_fp8(torch.device(device, torch.cuda.current_device()))
+
+
 def scenario_helpers(device: str = "cpu"):
     """widen_bits, fp8_code, e2m1_code, floor_log2, e4m3_value on every float16 and bfloat16
     bit pattern and 2**18 random float32 ones, against ml_dtypes (fp8 after clamping to +-max;
@@ -208,21 +253,25 @@ def scenario_helpers(device: str = "cpu"):
     from oracle.kernels.triton import _block_kernels as bk
 
     @triton.jit
-    def probe(src_ptr, out_ptr, n, SRC: tl.constexpr, BLOCK: tl.constexpr):
+    def probe(src_ptr, out_ptr, n, SRC: tl.constexpr, BLOCK: tl.constexpr, HW: tl.constexpr):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < n
         bits = bk.widen_bits(tl.load(src_ptr + i, mask=m, other=0), SRC)
         mag = bits & 0x7FFFFFFF
-        tl.store(out_ptr + i * 6, bits, mask=m)
-        tl.store(out_ptr + i * 6 + 1, bk.fp8_code(bits, bits, 1), mask=m)
-        tl.store(out_ptr + i * 6 + 2, bk.fp8_code(bits, bits, 2), mask=m)
-        tl.store(out_ptr + i * 6 + 3, bk.e2m1_code(bits), mask=m)
-        tl.store(out_ptr + i * 6 + 4, bk.floor_log2(tl.maximum(mag, 1)), mask=m)
+        tl.store(out_ptr + i * 8, bits, mask=m)
+        tl.store(out_ptr + i * 8 + 1, bk.fp8_code(bits, bits, 1), mask=m)
+        tl.store(out_ptr + i * 8 + 2, bk.fp8_code(bits, bits, 2), mask=m)
+        tl.store(out_ptr + i * 8 + 3, bk.e2m1_code(bits), mask=m)
+        tl.store(out_ptr + i * 8 + 4, bk.floor_log2(tl.maximum(mag, 1)), mask=m)
         code = tl.minimum(i, 0x7E)
-        tl.store(out_ptr + i * 6 + 5, bk.e4m3_value(code).to(tl.int32, bitcast=True), mask=m)
+        tl.store(out_ptr + i * 8 + 5, bk.e4m3_value(code).to(tl.int32, bitcast=True), mask=m)
+        if HW:  # the GPU's own conversion (sm_89+), where the writers use it
+            tl.store(out_ptr + i * 8 + 6, bk.fp8_code_hw(bits, bits, 1), mask=m)
+            tl.store(out_ptr + i * 8 + 7, bk.fp8_code_hw(bits, bits, 2), mask=m)
 
     rng = np.random.default_rng(7)
-    out = {"widen": {}, "patterns": {}, "floor_log2": 0, "e4m3_values": 0}
+    hw = device != "cpu" and block_ops_hardware_fp8(device)
+    out = {"widen": {}, "patterns": {}, "floor_log2": 0, "e4m3_values": 0, "hardware": bool(hw)}
     e4m3 = np.arange(0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32).view(np.int32)
     for name, code in (("float16", 1), ("bfloat16", 2), ("float32", 0)):
         if code:
@@ -240,11 +289,11 @@ def scenario_helpers(device: str = "cpu"):
             f32 = pattern.view(np.float32)
             src = torch.from_numpy(pattern.view(np.int32).copy())
         n = f32.size
-        res = torch.zeros(n * 6, dtype=torch.int32, device=device)
+        res = torch.zeros(n * 8, dtype=torch.int32, device=device)
         block = 1024 if device != "cpu" else triton.next_power_of_2(n)
         with np.errstate(all="ignore"):
-            probe[(triton.cdiv(n, block),)](src.to(device), res, n, SRC=code, BLOCK=block)
-        got = res.cpu().numpy().reshape(n, 6)
+            probe[(triton.cdiv(n, block),)](src.to(device), res, n, SRC=code, BLOCK=block, HW=hw)
+        got = res.cpu().numpy().reshape(n, 8)
         out["patterns"][name] = n
         out["widen"][name] = int((got[:, 0] != f32.view(np.int32)).sum())
         nan, sign = np.isnan(f32), (f32.view(np.uint32) >> 31).astype(np.int64)
@@ -253,8 +302,10 @@ def scenario_helpers(device: str = "cpu"):
                     "e5m2": np.clip(f32, -57344, 57344).astype(ml_dtypes.float8_e5m2).view(np.uint8),
                     "e2m1": f32.astype(ml_dtypes.float4_e2m1fn).view(np.uint8)}
         out[name] = {}
-        for col, fmt in ((1, "e4m3fn"), (2, "e5m2"), (3, "e2m1")):
-            expect = np.where(nan, 7 if fmt == "e2m1" else 0x7F | (sign << 7), want[fmt].astype(np.int64))
+        columns = ((1, "e4m3fn"), (2, "e5m2"), (3, "e2m1")) + (((6, "e4m3fn hw"), (7, "e5m2 hw")) if hw else ())
+        for col, fmt in columns:
+            fmt_name = fmt.split()[0]
+            expect = np.where(nan, 7 if fmt == "e2m1" else 0x7F | (sign << 7), want[fmt_name].astype(np.int64))
             out[name][fmt] = int((got[:, col] != expect).sum())
         positive = np.isfinite(f32) & (f32 > 0)
         out["floor_log2"] += int((got[positive, 4] != np.frexp(f32[positive].astype(np.float64))[1] - 1).sum())
@@ -262,8 +313,9 @@ def scenario_helpers(device: str = "cpu"):
     return out
 
 
-def scenario_quantize(fmt: str):
-    """quantize_block over dtypes x D x (contiguous, strided) sources, poisoned outputs."""
+def scenario_quantize(fmt: str, device: str = "cpu"):
+    """quantize_block over dtypes x D x (contiguous, strided) sources, poisoned outputs (on
+    ``device``: "cuda" runs the compiled kernels against the same reference)."""
     import torch
 
     from oracle.kernels.triton import block_ops
@@ -273,15 +325,15 @@ def scenario_quantize(fmt: str):
     bad, cases = [], 0
     for i, (dtype, d, how) in enumerate((a, b, c) for a in DTYPES for b in DIMS for c in (1, 2)):
         n, h = 5, 3
-        x = _strided(_values(rng, fmt, (n, h, d), dtype), how)
-        gs = _global_scale(rng, x, i)
-        arena = Arena(rng)
+        x = _strided(_values(rng, fmt, (n, h, d), dtype).to(device), how)
+        gs = _global_scale(rng, x.cpu(), i)
+        arena = Arena(rng, device)
         width, count = ref.code_width(fmt, d), ref.scale_count(fmt, d)
         codes, codes_np = arena.view((n, h, width), (h * width, width, 1))
         scales, scales_np = arena.view((n, h, count), (h * count, count, 1))
         with np.errstate(all="ignore"):
-            codes_np[...], scales_np[...] = ref.quantize_block(x.float().numpy(), fmt, gs.numpy())
-        block_ops.quantize_block(codes, scales, x, fmt, gs)
+            codes_np[...], scales_np[...] = ref.quantize_block(x.float().cpu().numpy(), fmt, gs.numpy())
+        block_ops.quantize_block(codes, scales, x, fmt, gs.to(device))
         cases += 1
         if arena.mismatches():
             bad.append([dtype, d, how, float(gs), arena.mismatches()])
@@ -298,9 +350,10 @@ def _paged_view(arena, layout: str, shape: tuple):
     return arena.view(shape, strides)
 
 
-def scenario_paged(fmt: str):
+def scenario_paged(fmt: str, device: str = "cpu"):
     """reshape_and_cache_block over dtypes x D x (NHD, HND, padded NHD) x (linear, swizzled),
-    int32/int64 strided slot mappings with -1 padding, sources longer than the index."""
+    int32/int64 strided slot mappings with -1 padding, sources longer than the index (on
+    ``device`` as :func:`scenario_quantize`)."""
     import torch
 
     from oracle.kernels.triton import block_ops
@@ -315,7 +368,7 @@ def scenario_paged(fmt: str):
         h = 12 if i % 8 == 1 else 2  # swizzled pages of 192 rows (a half-empty second row tile) or 32
         n = 9
         width, count = ref.code_width(fmt, d), ref.scale_count(fmt, d)
-        arena = Arena(rng)
+        arena = Arena(rng, device)
         page = ref.swizzled_page_bytes(bs * h, count)
         views = [_paged_view(arena, layout, (num_blocks, bs, h, width)) for _ in range(2)]
         for _ in range(2):  # swizzled: pages 16 bytes apart, rows 8 bytes wider than a page
@@ -327,16 +380,19 @@ def scenario_paged(fmt: str):
         storage = torch.full((2 * n + 3,), 10**6, dtype=torch.int32 if i % 2 else torch.int64)
         slot_mapping = storage[3::2]  # at a storage offset, stride 2
         slot_mapping.copy_(torch.from_numpy(slots))
-        key = _strided(_values(rng, fmt, (n + 2, h, d), dtype), i % 3)
-        value = _strided(_values(rng, fmt, (n + 2, h, d), dtype), (i + 1) % 3)
-        k_gs, v_gs = _global_scale(rng, key, i), _global_scale(rng, value, i + 1)
+        key = _strided(_values(rng, fmt, (n + 2, h, d), dtype).to(device), i % 3)
+        value = _strided(_values(rng, fmt, (n + 2, h, d), dtype).to(device), (i + 1) % 3)
+        k_gs, v_gs = _global_scale(rng, key.cpu(), i), _global_scale(rng, value.cpu(), i + 1)
         with np.errstate(all="ignore"):
-            want = ref.reshape_and_cache_block(*twins, slot_mapping.numpy(), key.float().numpy(),
-                                               value.float().numpy(), fmt=fmt, k_global_scale=k_gs.numpy(),
+            want = ref.reshape_and_cache_block(*twins, slot_mapping.numpy(), key.float().cpu().numpy(),
+                                               value.float().cpu().numpy(), fmt=fmt, k_global_scale=k_gs.numpy(),
                                                v_global_scale=v_gs.numpy(), scale_layout=scale_layout)
         for twin, new in zip(twins, want):
             twin[...] = new
-        block_ops.reshape_and_cache_block(key, value, *caches, slot_mapping, fmt, k_gs, v_gs)
+        if device != "cpu":  # a strided view of the index on the device, as on the host
+            on_device = storage.to(device)
+            slot_mapping = on_device[3::2]
+        block_ops.reshape_and_cache_block(key, value, *caches, slot_mapping, fmt, k_gs.to(device), v_gs.to(device))
         cases += 1
         if arena.mismatches():
             bad.append([dtype, d, layout, scale_layout, str(slot_mapping.dtype), arena.mismatches()])
@@ -345,10 +401,23 @@ def scenario_paged(fmt: str):
             mapped[ref.swizzled_offsets(bs * h, count).ravel()] = True
             for sc, buf in zip(caches[2:], arena.twins[2:]):
                 rows = buf[GUARD:GUARD + (page + 16) * num_blocks].reshape(num_blocks, page + 16)
-                if not np.array_equal(sc.numpy()[:, ~mapped], rows[:, :page + 8][:, ~mapped]):
+                if not np.array_equal(sc.cpu().numpy()[:, ~mapped], rows[:, :page + 8][:, ~mapped]):
                     bad.append([dtype, d, "unmapped swizzled bytes written"])
                 unmapped += int((~mapped).sum()) * num_blocks
     return {"cases": cases, "bad": bad, "unmapped_checked": unmapped}
+
+
+def scenario_paged_wide(fmt: str):
+    """scenario_paged with the 64-bit row path taken for every call (launch plans off, so no
+    call replays a launch planned on the 32-bit path)."""
+    from oracle.kernels.triton import _host, block_ops
+
+    saved = block_ops.INT32_LIMIT, _host.PLANS
+    block_ops.INT32_LIMIT, _host.PLANS = 0, False
+    try:
+        return scenario_paged(fmt)
+    finally:
+        block_ops.INT32_LIMIT, _host.PLANS = saved
 
 
 def scenario_bad():

@@ -6,8 +6,17 @@ Every format conversion here is integer arithmetic on float32 bit patterns (int3
 widening (float16, bfloat16), the block maxima, floor(log2) for the E8M0 exponent, and round to
 nearest even into e4m3fn, e5m2 and e2m1. Triton's own fp8 casts are not used: the CPU interpreter
 gets them wrong (triton#8322), and a GPU's differ by architecture. So the interpreter and a GPU
-compute the same bytes, and the interpreter's are exact. The only float operations are the
-float32 products and IEEE divisions (``tl.div_rn``) that the convention itself prescribes.
+compute the same bytes, and the interpreter's are exact. The one exception is ``HW_FP8`` (the
+host sets it on NVIDIA sm_89+): the fp8 roundings go through ``cvt.rn.satfinite`` by inline PTX,
+whose codes are those of :func:`fp8_code` (RNE, saturating, NaN sign restored from the source)
+in one instruction instead of about thirty; the integer path is what the interpreter checks
+exhaustively and the GPU tests compare the two. The only float operations are the float32
+products and IEEE divisions (``tl.div_rn``) that the convention itself prescribes.
+
+Speed (what costs a GPU time here is instructions per element, not bytes): row numbers, tokens,
+heads and slots are int32 unless the host says a value may pass 2**31 (``WIDE``), so their
+divisions are 32-bit; offsets are formed in int64. ``WHOLE`` (D a multiple of the block) masks
+loads and stores by row alone, so they stay 16-byte vectors.
 
 NaN signs come from the source bits, never from a float result: CUDA's float arithmetic returns
 the canonical NaN (sign cleared) whatever NaN goes in, while numpy (the interpreter) keeps it.
@@ -88,10 +97,36 @@ def fp8_code(bits, sign_bits, FMT: tl.constexpr):
 @triton.jit
 def e2m1_code(bits):
     """e2m1 codes (int32, 0..15) of float32 ``bits``: RNE on 0, 0.5, 1, 1.5, 2, 3, 4, 6,
-    saturating to ±6 (code 7 | sign), inf -> ±6, NaN -> 7 (+6, whatever its sign), -0 -> 8."""
+    saturating to ±6 (code 7 | sign), inf -> ±6, NaN -> 7 (+6, whatever its sign), -0 -> 8.
+
+    From 1 up (the normal codes 2..7) the code is the float32 exponent and first mantissa bit,
+    rounded to nearest even by one integer addition whose carry moves into the exponent; below 1
+    (codes 0..2, a quantum of 0.5) it counts the two rounding boundaries at or below the
+    magnitude: a tie goes to the even code, so the boundary into the odd code 1 is passed above
+    the midpoint 0.25 and the one into code 2 at 0.75."""
     mag = bits & MAG
-    code = round_magnitude(mag, 1, 1, 7) | ((bits >> 28) & 0x8)
-    return tl.where(mag > INF, 7, code)
+    m = tl.minimum(mag, 0x40E00000)  # 7.0: everything from 7 up saturates to code 7, as 7 does
+    normal = tl.minimum(((m + 0x1FFFFF + ((m >> 22) & 1)) >> 22) - 252, 7)  # 1.0 -> 254 - 252 = 2
+    small = (m > 0x3E800000).to(tl.int32) + (m >= 0x3F400000).to(tl.int32)
+    code = tl.where(m >= 0x3F800000, normal, small)
+    return tl.where(mag > INF, 7, code | ((bits >> 28) & 0x8))
+
+
+@triton.jit
+def fp8_code_hw(q, sign_bits, FMT: tl.constexpr):
+    """``fp8_code`` by the GPU's own conversion (sm_89 and later: ``cvt.rn.satfinite``): RNE,
+    finite overflow and inf to ±max, NaN to 0x7F, whose sign then comes from ``sign_bits`` (every
+    other code already carries the sign of ``q``, which is that of the source). Bit for bit
+    :func:`fp8_code`; one instruction instead of its integer rounding."""
+    if FMT == 1:
+        code = tl.inline_asm_elementwise(
+            "{ .reg .b16 h; cvt.rn.satfinite.e4m3x2.f32 h, 0f00000000, $1; cvt.u32.u16 $0, h; }",
+            "=r,r", [q], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        code = tl.inline_asm_elementwise(
+            "{ .reg .b16 h; cvt.rn.satfinite.e5m2x2.f32 h, 0f00000000, $1; cvt.u32.u16 $0, h; }",
+            "=r,r", [q], dtype=tl.int32, is_pure=True, pack=1)
+    return code | ((sign_bits >> 24) & 0x80)
 
 
 @triton.jit
@@ -130,7 +165,7 @@ def mx_scale(mag, FMT: tl.constexpr):
 
 
 @triton.jit
-def nvfp4_scale(mag, gs):
+def nvfp4_scale(mag, gs, HW_FP8: tl.constexpr = 0):
     """(scale byte, out) of each row of ``mag`` ``[T, BLOCK]`` with the float32 global scale
     ``gs`` (> 0, finite): amax over the non-NaN elements (inf counts), sf = fl32(gs *
     fl32(amax * fl32(1/6))), the byte its saturating RNE e4m3fn code (sf >= 448 and inf ->
@@ -138,7 +173,10 @@ def nvfp4_scale(mag, gs):
     amax = tl.max(tl.where(mag <= INF, mag, 0), axis=1).to(tl.float32, bitcast=True)
     sixth = tl.full([], 0x3E2AAAAB, tl.int32).to(tl.float32, bitcast=True)  # fl32(1/6), exactly
     sf = gs * (amax * sixth)
-    byte = round_magnitude(sf.to(tl.int32, bitcast=True) & MAG, 3, 7, 0x7E)
+    if HW_FP8:  # sf is never NaN (NaNs move no maximum) nor negative: the code is the magnitude's
+        byte = fp8_code_hw(sf.to(tl.int32, bitcast=True), 0, 1)
+    else:
+        byte = round_magnitude(sf.to(tl.int32, bitcast=True) & MAG, 3, 7, 0x7E)
     sfq = e4m3_value(byte)
     denominator = sfq * tl.div_rn(1.0 + tl.zeros_like(gs), gs)
     # the division by a zero scale is never taken (numpy would warn): its lanes divide by 1
@@ -174,7 +212,8 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
                 SRC: tl.constexpr, FMT: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
                 ROWS: tl.constexpr, HAS_INDEX: tl.constexpr, SWIZZLED: tl.constexpr,
                 CHECK: tl.constexpr = 0, NEGATIVE_OK: tl.constexpr = 1, CHECK_BLOCK: tl.constexpr = 16,
-                SYS_FENCE: tl.constexpr = 0, CHECK_GS: tl.constexpr = 0):
+                SYS_FENCE: tl.constexpr = 0, CHECK_GS: tl.constexpr = 0, WIDE: tl.constexpr = 1,
+                HW_FP8: tl.constexpr = 0, WHOLE: tl.constexpr = 0):
     """Quantize ``ROWS`` head rows (row = token * heads + head, ``n_rows`` = tokens * heads) of
     the source ``[tokens, heads, dim]`` (any strides, integer bits: see :func:`widen_bits`) per
     block of ``BLOCK`` elements (``nb`` blocks a row, ``NBP`` = nb rounded up to a power of two)
@@ -197,15 +236,18 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     per-tensor scales (``gs_ptr`` and ``gs2_ptr``, the call's other one, so the K and the V launch
     agree) finite and > 0, or nothing is stored and program 0 leaves the bad one in the mailbox."""
     t = tl.arange(0, ROWS * NBP)
-    row = tl.program_id(0).to(tl.int64) * ROWS + t // NBP  # int64: every offset below is 64-bit
+    if WIDE:
+        row = tl.program_id(0).to(tl.int64) * ROWS + t // NBP
+    else:  # the host saw every row number and slot below 2**31: int32 divisions (far cheaper)
+        row = tl.program_id(0) * ROWS + t // NBP
     blk = t % NBP
     live = row < n_rows
     token = row // heads
-    head = row % heads
+    head = row - token * heads
     if HAS_INDEX:
-        slot = tl.load(idx_ptr + token * idx_stride, mask=live, other=-1).to(tl.int64)
+        slot = tl.load(idx_ptr + token.to(tl.int64) * idx_stride, mask=live, other=-1).to(tl.int64)
     else:
-        slot = token
+        slot = token.to(tl.int64)
     keep = live & (slot >= 0) & (slot < num_slots)
     first_program = tl.program_id(0) == 0
     legal = tl.program_id(0) >= 0  # a scalar True
@@ -217,37 +259,55 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     if CHECK_GS:
         keep = keep & _scales_are_legal(gs_ptr, gs2_ptr, gs_code, gs2_code, mailbox_ptr, first_program & legal,
                                         SYS_FENCE)
-    cache_block = slot // block_size
-    cache_token = slot % block_size
+    if WIDE:
+        s = slot
+    else:  # a slot that is not kept is never stored: 0 stands in for it
+        s = tl.where(keep, slot, 0).to(tl.int32)
+    cache_block = s // block_size
+    cache_token = (s - cache_block * block_size).to(tl.int32)
+    cache_block = cache_block.to(tl.int64)  # every offset below is 64-bit
+    head64 = head.to(tl.int64)
     j = tl.arange(0, BLOCK)
     d = blk[:, None] * BLOCK + j[None, :]
-    inside = live[:, None] & (d < dim)
-    raw = tl.load(src_ptr + (token * src_s0 + head * src_s1)[:, None] + d * src_s2, mask=inside, other=0)
+    if WHOLE:  # dim == nb * BLOCK: masks by row alone, so loads and stores stay vectors
+        inside = (live & (blk < nb))[:, None]
+        keep_elements = (keep & (blk < nb))[:, None]
+    else:
+        inside = live[:, None] & (d < dim)
+        keep_elements = keep[:, None] & (d < dim)
+    raw = tl.load(src_ptr + (token.to(tl.int64) * src_s0 + head64 * src_s1)[:, None] + d * src_s2, mask=inside,
+                  other=0)
     bits = widen_bits(raw, SRC)  # masked lanes are +0: they move no maximum
     mag = bits & MAG
-    dst_row = cache_block * dst_block_stride + cache_token * dst_token_stride + head * dst_head_stride
+    dst_row = cache_block * dst_block_stride + cache_token.to(tl.int64) * dst_token_stride + head64 * dst_head_stride
     if FMT == 3:
-        byte, out = nvfp4_scale(mag, tl.load(gs_ptr))
+        byte, out = nvfp4_scale(mag, tl.load(gs_ptr), HW_FP8)
         q = bits.to(tl.float32, bitcast=True) * out[:, None]
         code = e2m1_code(q.to(tl.int32, bitcast=True))
         # pack: element 2k in the low nibble, 2k + 1 in the high one
         low, high = tl.split(tl.reshape(code, [ROWS * NBP, BLOCK // 2, 2]))
         k = tl.arange(0, BLOCK // 2)
         pair = blk[:, None] * (BLOCK // 2) + k[None, :]
-        tl.store(dst_ptr + dst_row[:, None] + pair, (low | (high << 4)).to(tl.uint8),
-                 mask=keep[:, None] & (2 * pair < dim))
+        if WHOLE:
+            keep_pairs = keep_elements
+        else:
+            keep_pairs = keep[:, None] & (2 * pair < dim)
+        tl.store(dst_ptr + dst_row[:, None] + pair, (low | (high << 4)).to(tl.uint8), mask=keep_pairs)
     else:
         e, byte = mx_scale(mag, FMT)
         factor = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-E: normal, E in [-127, 119]
         # fl32(x * 2**-E), as the reference: exact but for float32-subnormal quotients, which
         # are fp8 zeros however they round
         q = bits.to(tl.float32, bitcast=True) * factor[:, None]
-        code = fp8_code(q.to(tl.int32, bitcast=True), bits, FMT)
-        tl.store(dst_ptr + dst_row[:, None] + d, code.to(tl.uint8), mask=keep[:, None] & (d < dim))
+        if HW_FP8:
+            code = fp8_code_hw(q.to(tl.int32, bitcast=True), bits, FMT)
+        else:
+            code = fp8_code(q.to(tl.int32, bitcast=True), bits, FMT)
+        tl.store(dst_ptr + dst_row[:, None] + d, code.to(tl.uint8), mask=keep_elements)
     if SWIZZLED:
         r = cache_token * heads + head  # the page's scale matrix: row r, column blk
         within = ((r // 128) * cp4 + blk // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + blk % 4
         sc_off = cache_block * sc_block_stride + within
     else:
-        sc_off = cache_block * sc_block_stride + cache_token * sc_token_stride + head * sc_head_stride + blk
+        sc_off = cache_block * sc_block_stride + cache_token.to(tl.int64) * sc_token_stride + head64 * sc_head_stride + blk
     tl.store(sc_ptr + sc_off, byte.to(tl.uint8), mask=keep & (blk < nb))

@@ -11,8 +11,10 @@ naming the argument and its value, is raised by the next validating call on that
 ``oracle.kernels.raise_deferred_errors()``, or at once with ``validate="sync"``,
 ``KV_ORACLE_SYNC_ERRORS=1`` and on the CPU interpreter. ``validate=False`` checks neither.
 
-The kernels (:mod:`._block_kernels`) convert with integer arithmetic only, so they are exact on
-Triton's CPU interpreter (TRITON_INTERPRET=1) as well as on a GPU. As the other Triton writers,
+The kernels (:mod:`._block_kernels`) convert with integer arithmetic, so they are exact on
+Triton's CPU interpreter (TRITON_INTERPRET=1); on a GPU that converts to fp8 in hardware (NVIDIA
+sm_89+, :func:`hardware_fp8`) the fp8 codes and NVFP4 scale bytes come from its saturating
+conversion instead, bit for bit the same. As the other Triton writers,
 both ops replay a launch plan after the first call of each signature (:mod:`._plans`: the checks,
 the tile and Triton's argument binder run once per signature; slots and per-tensor scales are data,
 checked on the device by every validating call). Importing this module does not import triton.
@@ -33,6 +35,7 @@ _SRC = {torch.float32: (0, torch.int32), torch.float16: (1, torch.int16), torch.
 TILE_ELEMENTS = 4096  # source elements per program on a GPU (rows of blocks; a power of two)
 # the interpreter's cost is per operation and program, not per element: far fewer, larger programs
 INTERPRETER_TILE_ELEMENTS = 1 << 16
+INT32_LIMIT = 2**31  # row numbers and slots from here up take the kernel's 64-bit path (WIDE)
 
 _block_kernels = None
 
@@ -145,9 +148,28 @@ def _launch(src, codes4: tuple, scales4: tuple, index, gs, n: int, fmt_code: int
             index if index is not None else codes, index.stride(0) if index is not None else 0,
             gs if gs is not None else codes, gs2 if gs2 is not None else codes,
             n_rows, heads, dim, nb, block_size, num_slots, cp4, *check.args, gs_code, gs2_code)
+    grid = _cdiv(n_rows, rows)
+    # int32 row and slot arithmetic where every row number a program forms and every slot fits
+    wide = grid * rows >= INT32_LIMIT or num_slots >= INT32_LIMIT
     meta = dict(SRC=code, FMT=fmt_code, BLOCK=block, NBP=nbp, ROWS=rows, HAS_INDEX=index is not None,
-                SWIZZLED=swizzled, CHECK_GS=scale_check is not None, num_warps=4, **check.meta)
-    _runtime.launch(k.block_write, (_cdiv(n_rows, rows),), device, *args, **meta)
+                SWIZZLED=swizzled, CHECK_GS=scale_check is not None, WIDE=wide, WHOLE=dim % block == 0,
+                HW_FP8=not interpreting and hardware_fp8(device), num_warps=4, **check.meta)
+    _runtime.launch(k.block_write, (grid,), device, *args, **meta)
+
+
+_HARDWARE_FP8: dict = {}
+
+
+def hardware_fp8(device: torch.device) -> bool:
+    """Whether ``device`` converts float32 to e4m3fn and e5m2 in hardware (``cvt.rn.satfinite``:
+    NVIDIA sm_89 and later), which the kernels then use instead of their integer rounding: the
+    same codes (RNE, finite overflow and inf saturated, NaN 0x7F with the source's sign), in one
+    instruction. Cached per device."""
+    key = device.index
+    if key not in _HARDWARE_FP8:
+        _HARDWARE_FP8[key] = (device.type == "cuda" and torch.version.hip is None
+                              and torch.cuda.get_device_capability(device) >= (8, 9))
+    return _HARDWARE_FP8[key]
 
 
 def _slot_check(index: torch.Tensor, n: int, num_slots: int, validate, device, placeholder) -> _validate.Check:
