@@ -15,7 +15,8 @@
 # still writes its report, marked interrupted, naming the cases in flight) and CASE_TIMEOUT (oracle
 # run --timeout).
 #
-# - tests: the GPU tests (Triton launch plans, deferred slot errors, CUDA and Triton kernels) and
+# - tests: the GPU tests (Triton launch plans, deferred slot errors, CUDA and Triton kernels, the
+#   block-scaled writers compiled against the reference and their hardware fp8 conversion) and
 #   benchmarks/host_cost.py (where a Triton call's host time goes);
 # - conformance: the conformance matrix of every GPU backend (full profile);
 # - graphs: the CUDA-graph replay lane of the Triton and the CUDA kernels, each registered variant;
@@ -37,7 +38,8 @@ stages=("$@")
 
 stage_tests() {
   time timeout 420 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_triton_plans.py \
-      tests/test_deferred_errors.py tests/test_cuda_kernels.py tests/test_triton_kernels.py | tail -30
+      tests/test_deferred_errors.py tests/test_cuda_kernels.py tests/test_triton_kernels.py \
+      tests/test_triton_block_kernels.py tests/test_triton_block_plans.py | tail -30
   python3 benchmarks/host_cost.py --calls 2000 --json "$OUT/host-cost.json"
 }
 
