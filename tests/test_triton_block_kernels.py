@@ -332,7 +332,7 @@ def scenario_quantize(fmt: str, device: str = "cpu"):
         codes, codes_np = arena.view((n, h, width), (h * width, width, 1))
         scales, scales_np = arena.view((n, h, count), (h * count, count, 1))
         with np.errstate(all="ignore"):
-            codes_np[...], scales_np[...] = ref.quantize_block(x.float().cpu().numpy(), fmt, gs.numpy())
+            codes_np[...], scales_np[...] = ref.quantize_block(x.cpu().float().numpy(), fmt, gs.numpy())
         block_ops.quantize_block(codes, scales, x, fmt, gs.to(device))
         cases += 1
         if arena.mismatches():
@@ -384,8 +384,8 @@ def scenario_paged(fmt: str, device: str = "cpu"):
         value = _strided(_values(rng, fmt, (n + 2, h, d), dtype).to(device), (i + 1) % 3)
         k_gs, v_gs = _global_scale(rng, key.cpu(), i), _global_scale(rng, value.cpu(), i + 1)
         with np.errstate(all="ignore"):
-            want = ref.reshape_and_cache_block(*twins, slot_mapping.numpy(), key.float().cpu().numpy(),
-                                               value.float().cpu().numpy(), fmt=fmt, k_global_scale=k_gs.numpy(),
+            want = ref.reshape_and_cache_block(*twins, slot_mapping.numpy(), key.cpu().float().numpy(),
+                                               value.cpu().float().numpy(), fmt=fmt, k_global_scale=k_gs.numpy(),
                                                v_global_scale=v_gs.numpy(), scale_layout=scale_layout)
         for twin, new in zip(twins, want):
             twin[...] = new

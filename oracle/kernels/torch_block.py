@@ -189,6 +189,9 @@ def write_paged(key, value, key_cache, value_cache, key_scale_cache, value_scale
         if scale_cache.dim() == 4:
             scale_cache.index_put_((pages, offsets), scales)
         else:
-            where = _swizzled_offsets(block_size * heads, count).reshape(block_size, heads, count)[offsets]
+            # the offsets table follows the cache to its device (indexing a CPU table with CUDA
+            # offsets fails)
+            table = _swizzled_offsets(block_size * heads, count).reshape(block_size, heads, count)
+            where = table.to(offsets.device)[offsets]
             scale_cache.index_put_((pages[:, None, None].expand_as(where), where), scales)
 
