@@ -172,15 +172,24 @@ def test_a_version_3_report_is_read_as_version_4_without_devices(tmp_path):
     assert [c["device"] for c in loaded["cases"]] == [None]
 
 
-@pytest.mark.parametrize("name", ["cpu.json", "h100.json"])  # as written (schema 4 and 3); 1-3 are built above
+# committed conformance reports -> the GPU ordinals their cases ran on (empty: a CPU run)
+COMMITTED = {"cpu.json": set(), "h100.json": {"0"}, "h100x2.json": {"0", "1"}, "h100-block.json": {"0", "1"}}
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED))
 def test_the_committed_reports_still_load(name):
     path = Path(__file__).parent.parent / "reports" / name
     written_as = json.loads(path.read_text())["schema_version"]
     loaded = report.load(path)
     assert loaded["schema_version"] == 5 and loaded["cases"]
     assert report.validate(loaded) == []
-    assert all(c["device"] is None for c in loaded["cases"])  # no GPU in the CPU run; none recorded before version 4
-    assert loaded["interrupted"] is None  # both ran to the end (recorded from version 5)
+    on_gpu = [c for c in loaded["cases"] if c["device"] is not None]
+    # the CPU kernels' cases record no GPU; every other case the GPU it ran on, one of the run's
+    assert all(c["device"] is None for c in loaded["cases"] if c["kernel"].startswith(("torch.", "cpu.")))
+    assert {c["device"]["index"] for c in on_gpu} == COMMITTED[name]
+    assert all(c["device"]["capability"] == "9.0" and c["device"]["uuid"] for c in on_gpu)
+    # h100-block.json was stopped by its call's limit, and says so with the case in flight
+    assert (loaded["interrupted"] is not None) == (name == "h100-block.json")
     if written_as < 3:  # limits were first recorded in version 3
         assert loaded["limits"] is None
     else:
