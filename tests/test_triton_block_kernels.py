@@ -231,7 +231,7 @@ def _global_scale(rng, x, i: int):
     return torch.tensor([choices[i % len(choices)]], dtype=torch.float32)
 
 
-def block_ops_hardware_fp8(device: str) -> bool:
+def _hardware_fp8(device: str) -> bool:
     import torch
 
     from oracle.kernels.triton import block_ops
@@ -270,7 +270,7 @@ def scenario_helpers(device: str = "cpu"):
             tl.store(out_ptr + i * 8 + 7, bk.fp8_code_hw(bits, bits, 2), mask=m)
 
     rng = np.random.default_rng(7)
-    hw = device != "cpu" and block_ops_hardware_fp8(device)
+    hw = device != "cpu" and _hardware_fp8(device)
     out = {"widen": {}, "patterns": {}, "floor_log2": 0, "e4m3_values": 0, "hardware": bool(hw)}
     e4m3 = np.arange(0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32).view(np.int32)
     for name, code in (("float16", 1), ("bfloat16", 2), ("float32", 0)):

@@ -129,9 +129,9 @@ def check_quantize(codes, scales, x, fmt, global_scale) -> None:
             raise ValueError(f"{name} has shape {tuple(out.shape)}; expected {tuple(x.shape[:2]) + (last,)}")
 
 
-def _swizzled_offsets(rows: int, cols: int) -> torch.Tensor:
-    r = torch.arange(rows)[:, None]
-    c = torch.arange(cols)[None, :]
+def _swizzled_offsets(rows: int, cols: int, device) -> torch.Tensor:
+    r = torch.arange(rows, device=device)[:, None]
+    c = torch.arange(cols, device=device)[None, :]
     return ((r // 128) * (-(-cols // 4)) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
 
 
@@ -189,9 +189,7 @@ def write_paged(key, value, key_cache, value_cache, key_scale_cache, value_scale
         if scale_cache.dim() == 4:
             scale_cache.index_put_((pages, offsets), scales)
         else:
-            # the offsets table follows the cache to its device (indexing a CPU table with CUDA
-            # offsets fails)
-            table = _swizzled_offsets(block_size * heads, count).reshape(block_size, heads, count)
-            where = table.to(offsets.device)[offsets]
+            table = _swizzled_offsets(block_size * heads, count, offsets.device)  # on the cache's device
+            where = table.reshape(block_size, heads, count)[offsets]
             scale_cache.index_put_((pages[:, None, None].expand_as(where), where), scales)
 

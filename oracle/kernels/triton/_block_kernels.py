@@ -244,10 +244,11 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     live = row < n_rows
     token = row // heads
     head = row - token * heads
+    token64, head64 = token.to(tl.int64), head.to(tl.int64)  # every offset below is 64-bit
     if HAS_INDEX:
-        slot = tl.load(idx_ptr + token.to(tl.int64) * idx_stride, mask=live, other=-1).to(tl.int64)
+        slot = tl.load(idx_ptr + token64 * idx_stride, mask=live, other=-1).to(tl.int64)
     else:
-        slot = token.to(tl.int64)
+        slot = token64
     keep = live & (slot >= 0) & (slot < num_slots)
     first_program = tl.program_id(0) == 0
     legal = tl.program_id(0) >= 0  # a scalar True
@@ -264,22 +265,21 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     else:  # a slot that is not kept is never stored: 0 stands in for it
         s = tl.where(keep, slot, 0).to(tl.int32)
     cache_block = s // block_size
-    cache_token = (s - cache_block * block_size).to(tl.int32)
-    cache_block = cache_block.to(tl.int64)  # every offset below is 64-bit
-    head64 = head.to(tl.int64)
+    cache_token = (s - cache_block * block_size).to(tl.int32)  # int32: the swizzled row below
+    cache_block, cache_token64 = cache_block.to(tl.int64), cache_token.to(tl.int64)
+    keep_blocks = keep & (blk < nb)  # the blocks whose scale byte is stored
     j = tl.arange(0, BLOCK)
     d = blk[:, None] * BLOCK + j[None, :]
     if WHOLE:  # dim == nb * BLOCK: masks by row alone, so loads and stores stay vectors
         inside = (live & (blk < nb))[:, None]
-        keep_elements = (keep & (blk < nb))[:, None]
+        keep_elements = keep_blocks[:, None]
     else:
         inside = live[:, None] & (d < dim)
         keep_elements = keep[:, None] & (d < dim)
-    raw = tl.load(src_ptr + (token.to(tl.int64) * src_s0 + head64 * src_s1)[:, None] + d * src_s2, mask=inside,
-                  other=0)
+    raw = tl.load(src_ptr + (token64 * src_s0 + head64 * src_s1)[:, None] + d * src_s2, mask=inside, other=0)
     bits = widen_bits(raw, SRC)  # masked lanes are +0: they move no maximum
     mag = bits & MAG
-    dst_row = cache_block * dst_block_stride + cache_token.to(tl.int64) * dst_token_stride + head64 * dst_head_stride
+    dst_row = cache_block * dst_block_stride + cache_token64 * dst_token_stride + head64 * dst_head_stride
     if FMT == 3:
         byte, out = nvfp4_scale(mag, tl.load(gs_ptr), HW_FP8)
         q = bits.to(tl.float32, bitcast=True) * out[:, None]
@@ -309,5 +309,5 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
         within = ((r // 128) * cp4 + blk // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + blk % 4
         sc_off = cache_block * sc_block_stride + within
     else:
-        sc_off = cache_block * sc_block_stride + cache_token.to(tl.int64) * sc_token_stride + head64 * sc_head_stride + blk
-    tl.store(sc_ptr + sc_off, byte.to(tl.uint8), mask=keep & (blk < nb))
+        sc_off = cache_block * sc_block_stride + cache_token64 * sc_token_stride + head64 * sc_head_stride + blk
+    tl.store(sc_ptr + sc_off, byte.to(tl.uint8), mask=keep_blocks)

@@ -22,6 +22,8 @@ checked on the device by every validating call). Importing this module does not 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -157,19 +159,13 @@ def _launch(src, codes4: tuple, scales4: tuple, index, gs, n: int, fmt_code: int
     _runtime.launch(k.block_write, (grid,), device, *args, **meta)
 
 
-_HARDWARE_FP8: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def hardware_fp8(device: torch.device) -> bool:
     """Whether ``device`` converts float32 to e4m3fn and e5m2 in hardware (``cvt.rn.satfinite``:
     NVIDIA sm_89 and later), which the kernels then use instead of their integer rounding: the
     same codes (RNE, finite overflow and inf saturated, NaN 0x7F with the source's sign), in one
     instruction. Cached per device."""
-    key = device.index
-    if key not in _HARDWARE_FP8:
-        _HARDWARE_FP8[key] = (device.type == "cuda" and torch.version.hip is None
-                              and torch.cuda.get_device_capability(device) >= (8, 9))
-    return _HARDWARE_FP8[key]
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def _slot_check(index: torch.Tensor, n: int, num_slots: int, validate, device, placeholder) -> _validate.Check:
