@@ -1,8 +1,9 @@
 """The two Triton goals `oracle bench` does not time by itself (run on a GPU):
 
 1. small N against an empty launch: the Triton MLA and MHA writers at N = 1, 16, 64, validated
-   (the default), ``validate=False`` (the decode fast path) and ``.pdl`` (the fast path launched
-   with programmatic dependent launch, compared with an empty kernel launched the same way), next
+   (the default), ``validate=False`` (the decode fast path), both launched with programmatic
+   dependent launch (the writers' default on sm_90+, compared with an empty kernel launched the same
+   way), and ``.plain`` (validated, ``pdl=False``, compared with a plain empty launch), next
    to an empty Triton kernel, all
    timed the same three ways: ``graph`` (CUDA events over a CUDA graph of many calls: GPU time
    alone), ``do_bench`` (triton.testing.do_bench, median: one call between two events after an L2
@@ -10,7 +11,7 @@
    back-to-back calls: the host's cost per call). Next to each write, in ``graph`` and
    ``do_bench``: the floor for its bytes, a Triton copy of the same bytes with the same launch
    (rows of the same width, as many rows per program and warps as the writer's tile, each side
-   its own rows; ``.pdl`` waits on the previous kernel like the writers) but no slot to look up
+   its own rows; the PDL copy waits on the previous kernel like the writers) but no slot to look up
    (``x_copy``), and an empty PDL kernel that waits the same way (the cost of the wait itself);
 2. the fused fp8 paged write against quantize-then-store: reshape_and_cache_flash(e4m3fn) in one
    launch versus quantize_fp8 of K and of V followed by a store_cache of the codes (three launches)
@@ -38,6 +39,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from oracle.bench import CudaTimer
+from oracle.bench.references import kernel_fn
 from oracle.registry import default_registry
 
 
@@ -152,15 +154,17 @@ def small_n_round(kernels, flag, empty, empty_pdl, empty_waits) -> list[dict]:
             for (name, pdl), us in floors.items():
                 rows.append({"what": f"copy, {name} bytes{', pdl' if pdl else ''}", "mode": mode, "n": n, "us": us,
                              "x_empty": us / (base_pdl if pdl else base)})
-            for suffix in ("", ".unchecked", ".pdl"):
+            for suffix in ("", ".unchecked", ".plain"):
                 for name, op, fargs in (("MLA 512+64", "set_mla_kv_buffer", (buf, loc, nope, rope)),
                                         ("MHA 2 KiB", "store_cache", (k, v, kc, vc, loc))):
-                    us = median_us(kernels[f"triton.{op}{suffix}"].fn, fargs, mode)
-                    # a PDL launch against an empty PDL launch: the same launch mechanics
+                    us = median_us(kernel_fn(kernels, f"triton.{op}{suffix}"), fargs, mode)
+                    # a PDL launch (the writers' default) against an empty PDL launch: the same
+                    # launch mechanics; the plain launch against a plain one
+                    pdl = suffix != ".plain"
                     row = {"what": f"triton {name}{suffix}", "mode": mode, "n": n, "us": us,
-                           "x_empty": us / (base_pdl if suffix == ".pdl" else base)}
+                           "x_empty": us / (base_pdl if pdl else base)}
                     if floors:
-                        row["x_copy"] = us / floors[name, suffix == ".pdl"]
+                        row["x_copy"] = us / floors[name, pdl]
                     rows.append(row)
     return rows
 

@@ -55,7 +55,7 @@ stage_graphs() {
   local graphs
   graphs=$(mktemp -d)
   for backend in triton cuda; do
-    for variant in default unchecked pdl; do
+    for variant in default unchecked plain; do
       python3 -m oracle.lanes.graphs --out "$graphs/$backend-$variant" --backend "$backend" \
           --variant "$variant" | tail -1
     done

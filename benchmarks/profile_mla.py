@@ -18,8 +18,8 @@ import torch
 from oracle.bench import make_workload
 from oracle.registry import default_registry
 
-KERNELS = ("cuda.set_mla_kv_buffer", "cuda.set_mla_kv_buffer.pdl", "triton.set_mla_kv_buffer",
-           "triton.set_mla_kv_buffer.pdl")
+KERNELS = ("cuda.set_mla_kv_buffer", "cuda.set_mla_kv_buffer.unchecked", "triton.set_mla_kv_buffer",
+           "triton.set_mla_kv_buffer.unchecked")
 
 
 def main() -> int:

@@ -8,14 +8,15 @@ ceiling measured in the same run (a 1 GiB ``copy_``, bytes read + written). Each
 compared byte for byte with the torch-on-CUDA baseline's ("check").
 
 - Triton: rows per program (``block_n``) x ``num_warps`` for the three kernels, through
-  ``oracle.kernels.triton.tiles.TUNING`` (with ``--pdl`` also for the ``.pdl`` launches).
+  ``oracle.kernels.triton.tiles.TUNING`` (the writers' default launch, with PDL on sm_90+; with
+  ``--plain`` also the plain launches, ``pdl=False``).
 - CUDA: the ``kv_oracle_cuda::tune`` knobs: ``mla_rows`` (rows a warp stages per iteration on the
   TMA path) x ``mla_warps`` (warps per block), ``mla_evict_first`` (L2 evict-first bulk stores),
   ``mla_grid`` (blocks per SM, -1 one warp per row), the direct MLA path x ``mla_warps``, both paths
   launched plainly and with PDL, and
   ``copy_grid`` / ``fp8_grid`` for the copy and fp8 kernels. Knobs not named in a row keep their defaults.
   ``--knobs 'mla_prefetch=0,2;mla_grid=-1,0'`` instead sweeps exactly those combinations on every CUDA
-  writer (both MLA paths), plainly and with PDL, next to Triton's plain and ``.pdl`` launches with
+  writer (both MLA paths), plainly and with PDL, next to Triton's PDL and plain launches with
   and without their L2 prefetches (``tiles.PREFETCH``).
 
 The defaults in ``oracle/kernels/triton/tiles.py`` (``tile``) and ``csrc/kv_cuda.h``
@@ -36,6 +37,7 @@ from unittest import mock
 import torch
 
 from oracle.bench import CudaTimer, cold_sets, copy_bandwidth, make_workload
+from oracle.bench.references import kernel_fn
 from oracle.registry import default_registry
 
 SIZES = (16384, 65536)
@@ -90,9 +92,9 @@ def sweep_triton(kernels, copy_gbps, repeats, sizes=SIZES, only=None, suffixes=(
         for (op, variant), n, suffix in itertools.product(workloads, sizes, suffixes):
             w = make_workload(op, variant, n, "cuda")
             baseline = kernels[f"torch-cuda.{op}"].fn
-            if f"triton.{op}{suffix}" not in kernels:  # quantize_fp8 has no .pdl twin
+            if f"triton.{op}" not in kernels or (suffix and op == "quantize_fp8"):  # quantize_fp8 takes no pdl
                 continue
-            fn = kernels[f"triton.{op}{suffix}"].fn
+            fn = kernel_fn(kernels, f"triton.{op}{suffix}")
             for block_n, warps, mode in itertools.product(block_ns, warps_, prefetch):
                 tuning = {"block_n": block_n, "num_warps": warps}
                 with mock.patch.dict(tiles.TUNING, {name: tuning}), mock.patch.object(tiles, "PREFETCH", mode):
@@ -134,13 +136,13 @@ def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False, knobs=N
                     () if mla_only else (("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn"))):
                 w = make_workload(op, variant, n, "cuda")
                 baseline = kernels[f"torch-cuda.{op}"].fn
-                for name, mode in itertools.product((f"triton.{op}", f"triton.{op}.pdl"), ("never", "always")):
+                for name, mode in itertools.product((f"triton.{op}", f"triton.{op}.plain"), ("never", "always")):
                     with mock.patch.object(tiles, "PREFETCH", mode):
-                        rows.append(cell(name, {"PREFETCH": mode}, w, n, kernels[name].fn, baseline, copy_gbps,
+                        rows.append(cell(name, {"PREFETCH": mode}, w, n, kernel_fn(kernels, name), baseline, copy_gbps,
                                          repeats))
                 paths = ("tma", "direct") if op == "set_mla_kv_buffer" else (None,)
                 for pdl, path, combo in itertools.product((False, True), paths, knob_grid(knobs)):
-                    fn = kernels[f"cuda.{op}{'.pdl' if pdl else ''}"].fn
+                    fn = functools.partial(kernels[f"cuda.{op}"].fn, pdl=pdl)
                     if path:
                         fn = functools.partial(getattr(torch.ops.kv_oracle_cuda, op), path=path, pdl=pdl)
                     run(f"cuda.{op} {path or ''}{' pdl' if pdl else ''}", combo, w, n, fn, baseline)
@@ -153,8 +155,8 @@ def sweep_cuda(kernels, copy_gbps, repeats, sizes=SIZES, mla_only=False, knobs=N
             run("cuda mla tma", {"mla_evict_first": evict}, w, n, kernels["cuda.set_mla_kv_buffer"].fn, baseline)
         for grid in (0, 4):
             run("cuda mla tma", {"mla_grid": grid}, w, n, kernels["cuda.set_mla_kv_buffer"].fn, baseline)
-        for name in ("triton.set_mla_kv_buffer", "triton.set_mla_kv_buffer.pdl"):  # the bar, same run
-            run(name, {}, w, n, kernels[name].fn, baseline)
+        for name in ("triton.set_mla_kv_buffer", "triton.set_mla_kv_buffer.plain"):  # the bar, same run
+            run(name, {}, w, n, kernel_fn(kernels, name), baseline)
         for pdl in (False, True):
             for path in ("tma", "direct"):
                 mla = functools.partial(torch.ops.kv_oracle_cuda.set_mla_kv_buffer, path=path, pdl=pdl)
@@ -182,7 +184,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--only", choices=("triton", "cuda"))
     parser.add_argument("--mla-only", action="store_true", help="only the MLA sweeps (Triton: mla_write)")
-    parser.add_argument("--pdl", action="store_true", help="Triton: sweep the .pdl variants too")
+    parser.add_argument("--plain", action="store_true", help="Triton: sweep the plain launches (pdl=False) too")
     parser.add_argument("--triton-kernels", help=f"Triton: only these kernels (comma-separated, of {', '.join(TRITON)})")
     parser.add_argument("--knobs", help="CUDA: sweep only these tune knobs, e.g. 'mla_prefetch=0,2;mla_grid=-1,0', "
                         "on every CUDA writer, plainly and with PDL")
@@ -201,7 +203,7 @@ def main() -> int:
         out["rows"] += sweep_triton(kernels, copy["gbps"], args.repeats, sizes,
                                     only=("mla_write",) if args.mla_only else
                                     args.triton_kernels and tuple(args.triton_kernels.split(",")),
-                                    suffixes=("", ".pdl") if args.pdl else ("",),
+                                    suffixes=("", ".plain") if args.plain else ("",),
                                     block_ns=tuple(int(x) for x in args.block_n.split(",")),
                                     warps_=tuple(int(x) for x in args.warps.split(",")),
                                     prefetch=tuple(args.prefetch.split(",")))

@@ -47,13 +47,13 @@ def _registry(plugin) -> Registry:
 def test_register_declares_honest_contracts():
     registry = _registry(cuda_kernels.register)
     ops = ("store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash")
-    assert set(registry.kernels) == {f"cuda.{op}{suffix}" for op in ops for suffix in ("", ".pdl", ".unchecked")}
-    # the .pdl twin keeps every field of the contract but its name and notes; the .unchecked one
-    # also declares that it does not validate
+    assert set(registry.kernels) == {f"cuda.{op}{suffix}" for op in ops for suffix in ("", ".unchecked")}
+    # both launch with PDL by default (the notes say so); the .unchecked twin keeps every field of
+    # the contract but its name and notes, and declares that it does not validate
     for op in ops:
-        plain, pdl = registry.kernels[f"cuda.{op}"].contract, registry.kernels[f"cuda.{op}.pdl"].contract
-        assert dataclasses.replace(pdl, name=plain.name, notes=plain.notes) == plain
-        assert "griddepcontrol.wait" in pdl.notes
+        plain = registry.kernels[f"cuda.{op}"].contract
+        assert "griddepcontrol.wait" in plain.notes
+        assert "pdl" not in getattr(registry.kernels[f"cuda.{op}"].fn, "keywords", {})
         unchecked = registry.kernels[f"cuda.{op}.unchecked"].contract
         assert dataclasses.replace(unchecked, name=plain.name, notes=plain.notes, validates=True) == plain
         assert not unchecked.validates and "validate=False" in unchecked.notes
@@ -408,9 +408,10 @@ def test_graph_lane_calls_the_cuda_kernels_as_their_registrations_do(monkeypatch
     from oracle.lanes import graphs
 
     registry = _registry(cuda_kernels.register)
-    for variant, suffix in (("default", ""), ("unchecked", ".unchecked"), ("pdl", ".pdl")):
+    for variant, suffix in (("default", ""), ("unchecked", ".unchecked")):
         fn = registry.kernels[f"cuda.store_cache{suffix}"].fn
         assert gs.CUDA.variants[variant] == (fn.keywords if isinstance(fn, functools.partial) else {}), variant
+    assert gs.CUDA.variants["plain"] == {"pdl": False}
     assert gs.CUDA.preset == registry.kernels["cuda.reshape_and_cache_flash"].contract.fp8_preset
     calls = []
     for op in ("store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash"):
@@ -423,12 +424,12 @@ def test_graph_lane_calls_the_cuda_kernels_as_their_registrations_do(monkeypatch
         op = name.split("/")[0]
         if not hasattr(cuda_kernels, op):
             continue
-        setup = build(torch.device("cpu"), rng, **params, backend=gs.CUDA, call_kw={"pdl": True})
+        setup = build(torch.device("cpu"), rng, **params, backend=gs.CUDA, call_kw={"pdl": False})
         setup.call()
         built.append(op)
         if op == "reshape_and_cache_flash" and fp8:
             setup.expected(graphs.snapshot(setup))
-    assert built and [op for op, _ in calls] == built and all(k == {"pdl": True} for _, k in calls)
+    assert built and [op for op, _ in calls] == built and all(k == {"pdl": False} for _, k in calls)
     assert presets and set(presets) == {"cuda_satfinite"}
 
 
@@ -755,13 +756,16 @@ def _opcheck(op, args):
 @gpu
 def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
     """``pdl=True``: chained writes whose second reads what the first wrote see it, eagerly and from
-    a replayed graph (tests/pdl_chain.py), for the MLA writer and the paged copy kernel."""
+    a replayed graph (tests/pdl_chain.py), for the MLA writer and the paged copy kernel, validating
+    (eagerly the 32768-entry index takes the check grid, after which the writer loads its first
+    row before its wait) and not."""
     import functools
 
     from pdl_chain import check_chained_writes
 
-    check_chained_writes(functools.partial(cuda_kernels.set_mla_kv_buffer, pdl=True),
-                         functools.partial(cuda_kernels.store_cache, pdl=True))
+    for validate in (True, False):
+        check_chained_writes(functools.partial(cuda_kernels.set_mla_kv_buffer, pdl=True, validate=validate),
+                             functools.partial(cuda_kernels.store_cache, pdl=True, validate=validate))
 
 
 @gpu
@@ -833,3 +837,42 @@ def test_registered_functions_run_through_the_suite_conventions():
     want = torch.zeros_like(kc)
     want[loc] = k
     assert _same_bytes(kc, want) and _same_bytes(vc, want)
+
+
+@gpu
+@pytest.mark.parametrize("n", [257, 4097, 70000])
+@pytest.mark.parametrize("pdl", [True, False])
+def test_the_grids_own_slot_check_holds_call_after_call(n, pdl):
+    """A long index is checked by the writer's own grid (the first blocks to take a ticket scan it
+    in chunks; every block waits for their verdict): three calls back to back, legal, illegal in
+    several places, legal, with no synchronization between them. The legal calls write their rows,
+    the illegal one writes nothing, its error names its first illegal entry, and the check state
+    the grid leaves behind serves the next call (a fourth call, with the illegal entry first)."""
+    gen = torch.Generator().manual_seed(n)
+    num_slots = 4 * n + 64
+    perm = (torch.randperm(num_slots - 1, generator=gen) + 1).cuda()
+    sets = [perm[i * n:(i + 1) * n] for i in range(3)]
+    nope = [torch.randn(n, 512, generator=gen).to("cuda", torch.bfloat16) for _ in range(3)]
+    rope = [torch.randn(n, 64, generator=gen).to("cuda", torch.bfloat16) for _ in range(3)]
+    buf = torch.full((num_slots, 576), 3.0, dtype=torch.bfloat16, device="cuda")
+    bad = sets[1].clone()
+    places = sorted({n - 1, n // 2, n // 3 + 1})
+    for where in places:
+        bad[where] = num_slots + where
+    for i, loc in enumerate((sets[0], bad, sets[2])):
+        cuda_kernels.set_mla_kv_buffer(buf, loc, nope[i], rope[i], pdl=pdl)
+    with pytest.raises(oracle.kernels.DeferredSlotError,
+                       match=rf"loc\[{places[0]}\] = {num_slots + places[0]} is out of range"):
+        oracle.kernels.raise_deferred_errors()
+    for i in (0, 2):
+        assert torch.equal(buf[sets[i]], torch.cat([nope[i], rope[i]], 1)), i
+    untouched = torch.ones(num_slots, dtype=torch.bool, device="cuda")
+    untouched[sets[0]] = False
+    untouched[sets[2]] = False
+    assert bool(buf[untouched].eq(3.0).all()), "the illegal call wrote rows"
+    first = sets[2].clone()
+    first[0] = -1
+    cuda_kernels.set_mla_kv_buffer(buf, first, nope[0], rope[0], pdl=pdl)
+    with pytest.raises(oracle.kernels.DeferredSlotError, match=r"loc\[0\] = -1 is out of range"):
+        oracle.kernels.raise_deferred_errors()
+    assert torch.equal(buf[sets[2]], torch.cat([nope[2], rope[2]], 1)), "the fourth call wrote rows"

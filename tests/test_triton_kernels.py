@@ -487,7 +487,8 @@ def test_compiled_launch_goes_through_the_jit_while_a_launch_hook_is_installed()
 def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph(monkeypatch):
     """``pdl=True`` (programmatic dependent launch): back-to-back writes whose second reads what
     the first wrote still see it, eagerly and in a graph, for both kernels (the MLA writer and the
-    paged writer behind store_cache): tests/pdl_chain.py."""
+    paged writer behind store_cache): tests/pdl_chain.py. Validating too: eagerly the index (32768
+    entries) takes the check grid, after which the writer loads its sources before its wait."""
     import functools
     import torch
     from oracle.kernels.triton import ops, tiles
@@ -495,11 +496,11 @@ def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph(monkeypatch)
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90")
-    fast = dict(validate=False, pdl=True)
-    for mode in ("pdl", "never"):  # the second write's L2 prefetches run before its wait, or not at all
-        monkeypatch.setattr(tiles, "PREFETCH", mode)
-        check_chained_writes(functools.partial(ops.set_mla_kv_buffer, **fast),
-                             functools.partial(ops.store_cache, **fast))
+    for validate in (False, True):
+        for mode in ("pdl", "never"):  # the second write's L2 prefetches run before its wait, or not at all
+            monkeypatch.setattr(tiles, "PREFETCH", mode)
+            check_chained_writes(functools.partial(ops.set_mla_kv_buffer, validate=validate, pdl=True),
+                                 functools.partial(ops.store_cache, validate=validate, pdl=True))
 
 
 @gpu
@@ -564,10 +565,10 @@ def test_small_n_floor_copies_exactly_the_writers_bytes():
         assert guard_intact, (n, sides)
 
 
-@pytest.mark.parametrize("variant", ["unchecked", "pdl"])
+@pytest.mark.parametrize("variant", ["unchecked", "plain"])
 def test_gpu_check_calls_each_registered_variant(tmp_path, variant):
-    """The graph lane's --variant (oracle.lanes.graphs) replays the ops as their .unchecked / .pdl
-    registrations call them; an op without that keyword is recorded as skipped with the reason,
+    """The graph lane's --variant (oracle.lanes.graphs) replays the ops as their .unchecked
+    registrations call them, or launched plainly (pdl=False); an op without that keyword is recorded as skipped with the reason,
     never silently run as the default. On the CPU interpreter (eager, copies) the scenarios still
     pass."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -582,7 +583,7 @@ def test_gpu_check_calls_each_registered_variant(tmp_path, variant):
     assert by_name["quantize_fp8/e4m3fn/head/special"]["status"] == "skipped"
     assert "no " + variant + " variant" in by_name["quantize_fp8/e4m3fn/head/special"]["reason"]
     translate = by_name["translate_full_to_swa/int64/1d"]
-    assert translate["status"] == ("skipped" if variant == "pdl" else "pass"), translate
+    assert translate["status"] == ("skipped" if variant == "plain" else "pass"), translate
     assert by_name["store_cache/bf16/fused/int64"]["status"] == "pass"
     assert by_name["set_mla_kv_buffer/bf16/512+64/int32"]["status"] == "pass"
 
@@ -612,5 +613,5 @@ def test_gpu_check_scenarios_pass_the_variant_keywords_to_the_op():
     assert len(out) >= 30
     for key, calls in out.items():
         variant = key.split(" ")[0]
-        expected = {"default": {}, "unchecked": {"validate": False}, "pdl": {"validate": False, "pdl": True}}[variant]
+        expected = {"default": {}, "unchecked": {"validate": False}, "plain": {"pdl": False}}[variant]
         assert calls and all({k: v for k, v in c.items() if k in ("validate", "pdl")} == expected for c in calls), key

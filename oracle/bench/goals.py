@@ -36,7 +36,7 @@ def _writers(rows: dict) -> dict:
 
 
 def _validating(rows: dict) -> list[str]:
-    # "cuda.store_cache" validates; its twins "cuda.store_cache.unchecked" and ".pdl" have a suffix
+    # "cuda.store_cache" validates; its twin "cuda.store_cache.unchecked" has a suffix
     return [name for name in _writers(rows) if name.count(".") == 1]
 
 

@@ -8,6 +8,7 @@ Each reference is a ``(name, fn)`` with the op's calling convention
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 import types
@@ -169,3 +170,15 @@ def load_peers(path: str) -> list[tuple[str, str, object]]:
         raise ValueError(f"--peer-file {path!r} defines neither launch_reshape_and_cache_flash (sglang) nor "
                          "triton_reshape_and_cache_flash (vLLM)")
     return found
+
+
+PLAIN = ".plain"  # a bench-only suffix: the registered writer launched without PDL
+
+
+def kernel_fn(kernels: dict, name: str):
+    """The function of registered kernel ``name``; ``<name>.plain`` is ``<name>`` called with
+    ``pdl=False`` (the GPU writers launch with programmatic dependent launch by default; the tuning
+    scripts time the plain launch beside it)."""
+    if name.endswith(PLAIN):
+        return functools.partial(kernels[name[:-len(PLAIN)]].fn, pdl=False)
+    return kernels[name].fn

@@ -32,7 +32,8 @@ class Backend:
     """A backend whose ops the lane calls: ``module`` holds them as functions of the torch
     baseline's positional signature (imported when first asked for), ``preset`` is the fp8 preset
     its contract declares, ``variants`` the keywords each ``--variant`` calls the ops with (as the
-    backend's ``<op>``, ``<op>.unchecked`` and ``<op>.pdl`` registrations do), ``interpreter``
+    backend's ``<op>`` and ``<op>.unchecked`` registrations do, or ``plain``: validated, launched
+    without programmatic dependent launch, ``pdl=False``), ``interpreter``
     whether it can run on Triton's CPU interpreter (``--cpu-dry-run``), ``available`` the
     module's function that says why its kernels cannot run here (None: no check past the GPU's)."""
 
@@ -48,11 +49,9 @@ class Backend:
 
 
 TRITON = Backend("triton", "oracle.kernels.triton.ops", "triton_sm90",
-                 {"default": {}, "unchecked": {"validate": False}, "pdl": {"validate": False, "pdl": True}},
-                 interpreter=True)
-# cuda.<op>.pdl keeps the slot check (functools.partial(fn, pdl=True)); Triton's .pdl does not
+                 {"default": {}, "unchecked": {"validate": False}, "plain": {"pdl": False}}, interpreter=True)
 CUDA = Backend("cuda", "oracle.kernels.cuda", "cuda_satfinite",
-               {"default": {}, "unchecked": {"validate": False}, "pdl": {"pdl": True}}, available="available")
+               {"default": {}, "unchecked": {"validate": False}, "plain": {"pdl": False}}, available="available")
 BACKENDS = {b.name: b for b in (TRITON, CUDA)}
 
 

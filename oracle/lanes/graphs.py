@@ -1,7 +1,7 @@
 """The CUDA-graph replay lane, for a machine with a GPU: each scenario called eagerly, then replayed
 from a captured CUDA graph with new inputs, for the Triton or the CUDA kernels.
 
-    python -m oracle.lanes.graphs --out DIR [--backend triton|cuda] [--replays 4] [--seed 0] [--variant pdl]
+    python -m oracle.lanes.graphs --out DIR [--backend triton|cuda] [--replays 4] [--seed 0] [--variant plain]
 
 For every scenario of :mod:`oracle.lanes.graph_scenarios` (each op, copy and fp8 paths, NHD and
 HND caches, fused sources, strided indices, -1 padding, per-head scales, int32 and int64 indices):
@@ -20,11 +20,11 @@ kernels, ``oracle.kernels.cuda``; its fp8 reference is the preset ``cuda_satfini
 whose op the backend lacks is recorded as skipped.
 
 ``--variant`` calls every op the way one of its registrations does: ``default`` (validated, as
-``<backend>.<op>``), ``unchecked`` (``validate=False``, ``<backend>.<op>.unchecked``: the path a
-decode graph captures) or ``pdl`` (``<backend>.<op>.pdl``, launched with programmatic dependent
-launch; sm_90 and newer; Triton's is ``validate=False, pdl=True``, L2 prefetch first, CUDA's keeps
-the slot check). Ops without that keyword (``quantize_fp8`` has neither; ``translate_full_to_swa``
-has no ``pdl``) are recorded as skipped.
+``<backend>.<op>``; on sm_90+ launched with programmatic dependent launch, the writers' default
+there), ``unchecked`` (``validate=False``, ``<backend>.<op>.unchecked``: the path a decode graph
+captures), or ``plain`` (validated, ``pdl=False``: the launch without programmatic dependent
+launch). Ops without that keyword (``quantize_fp8`` has neither; ``translate_full_to_swa`` has no
+``pdl``) are recorded as skipped.
 
 fp8 scenarios run on sm_90 and newer only (preset ``triton_sm90`` for Triton; elsewhere they are
 recorded as skipped). Results go to ``DIR/gpu_check.json`` (with ``"backend"`` first when it is not
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", choices=tuple(BACKENDS), default="triton",
                         help="whose kernels: triton (default) or cuda (sm_90; the ops it has)")
     parser.add_argument("--variant", choices=tuple(VARIANTS), default="default",
-                        help="call the ops as <backend>.<op> (default), .unchecked or .pdl (sm_90+)")
+                        help="call the ops as <backend>.<op> (default), .unchecked, or plainly launched (pdl=False)")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="TRITON_INTERPRET=1 without a GPU: eager copy scenarios only, no graphs")
     args = parser.parse_args(argv)
@@ -241,8 +241,6 @@ def main(argv=None) -> int:
         device, graphs = torch.device("cuda", torch.cuda.current_device()), True
         sm90 = torch.cuda.get_device_capability(device) >= (9, 0)
         fp8 = sm90  # the fp8 contract (preset triton_sm90) is declared there only
-        if args.variant == "pdl" and not sm90:
-            return fatal("--variant pdl needs sm_90 or newer (programmatic dependent launch)")
         reason = getattr(ops, backend.available)() if backend.available else None
         if reason:
             return fatal(f"the {backend.name} kernels are unavailable: {reason}")

@@ -8,8 +8,12 @@ torch custom ops ``torch.ops.kv_oracle_cuda.*`` and, through :func:`register`, a
   ``fence.proxy.async.shared::cta``; ``bulk_group`` commit, ``wait_group.read`` before a buffer
   is reused), taken where only the sources are less aligned and the bulk copy can take the row
   (``path="tma"`` forces it).
-- Every warp first asks the L2 for its first rows (``prefetch.global.L2``); under PDL that runs
-  before ``griddepcontrol.wait``, so the reads start while the previous kernel finishes.
+- Every writer is launched with programmatic dependent launch by default (``pdl=True``; ``pdl=False``
+  launches plainly): its launch overlaps the kernel before it, and every warp first asks the L2 for
+  its first rows (``prefetch.global.L2``, a hint) before ``griddepcontrol.wait``.
+- A validating call is one launch: the grid checks its own slots (each block scans the whole of a
+  short index; a long one is split among the first blocks to take a ticket, and every block waits
+  for their verdict before its first store, having loaded its first row meanwhile).
 - ``store_cache``: sglang's flat K/V scatter, one warp per row, 16-byte vector copies where every
   pointer and stride allows (else the widest width that does).
 - ``reshape_and_cache_flash``: vLLM's paged K/V write on any cache view (NHD, HND, padded blocks):
@@ -89,28 +93,28 @@ def _finish(cache: torch.Tensor, validate) -> None:
     _deferred.raise_at_once(cache.get_device())
 
 
-def store_cache(k, v, k_cache, v_cache, loc, *, pdl=False, validate=True):
+def store_cache(k, v, k_cache, v_cache, loc, *, pdl=True, validate=True):
     """``k_cache[loc] = k; v_cache[loc] = v`` (sglang's store_cache; every slot must be in range).
-    ``pdl``: launch with programmatic dependent launch (see :data:`PDL_NOTE`; every writer takes it).
+    ``pdl``: launch with programmatic dependent launch (default; see :data:`PDL_NOTE`; False: a plain launch).
     ``validate``: True (slots checked on the device, errors deferred), "sync" or False (see above)."""
     lib, check = _begin(k_cache, validate)
     lib.store_cache(k, v, k_cache, v_cache, loc, pdl=pdl, validate=check)
     _finish(k_cache, validate)
 
 
-def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, pdl=False, validate=True):
+def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, pdl=True, validate=True):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang's SM90 TMA writer; every slot in
-    range). ``pdl``: launch with programmatic dependent launch. ``validate``: as store_cache's."""
+    range). ``pdl``: as store_cache's. ``validate``: as store_cache's."""
     lib, check = _begin(kv_buffer, validate)
     lib.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, pdl=pdl, validate=check)
     _finish(kv_buffer, validate)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
-                            pdl=False, validate=True):
+                            pdl=True, validate=True):
     """vLLM's paged K/V writer on any [num_blocks, block_size, H, D] cache view (NHD or HND);
     fp8 e4m3fn / e5m2 with per-tensor [1] or per-head [H] scales; negative slots skipped.
-    ``pdl``: launch with programmatic dependent launch. ``validate``: as store_cache's."""
+    ``pdl``, ``validate``: as store_cache's."""
     if kv_cache_dtype == "auto":  # scales are ignored, as vLLM does; they need not be tensors
         k_scale = k_scale if isinstance(k_scale, torch.Tensor) else None
         v_scale = v_scale if isinstance(v_scale, torch.Tensor) else None
@@ -127,7 +131,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
 # ---- registration -------------------------------------------------------------------------------
 
 CHECKS = ("devices, dtypes, shapes and strides checked on the host before anything is launched; slots checked "
-          "on the device, never read on the host (not while a CUDA graph is captured: the replay then drops any "
+          "on the device in the writer's own launch (a long index in chunks by the grid's first blocks to take a "
+          "ticket, every block waiting for their verdict before its first store), never read on the host (not while a CUDA graph is captured: the replay then drops any "
           "slot outside the cache, as the unchecked path does): a call with an illegal slot writes "
           "nothing and its error is raised by the next validating call or oracle.kernels.raise_deferred_errors() "
           "(errors='deferred'; at once with validate='sync' or KV_ORACLE_SYNC_ERRORS=1)")
@@ -137,21 +142,20 @@ LAYOUT = ("any source/cache row and head strides, only the last dim contiguous; 
           "width = the widest of 16/8/4/2/1 bytes dividing every pointer and stride")
 
 
-PDL_NOTE = ("pdl=True: launched with programmatic dependent launch (cudaLaunchKernelEx with programmatic "
-            "stream serialization), as a decode graph of PDL kernels would; every block runs "
-            "griddepcontrol.wait before any memory access, then griddepcontrol.launch_dependents")
+PDL_NOTE = ("launched with programmatic dependent launch (cudaLaunchKernelEx with programmatic stream "
+            "serialization; pdl=False launches plainly): every block asks the L2 for its first rows (a hint), "
+            "then runs griddepcontrol.wait before any load or store, then griddepcontrol.launch_dependents")
 
 
 def _register(fn, **fields) -> None:
-    """Register ``fn``, as ``<name>.pdl`` the same kernel launched with PDL (same contract: the
-    checks stay, so the bad-input cases run on it too), and as ``<name>.unchecked`` the kernel
-    called with ``validate=False`` (``validates=False``: every in-contract case, no bad input)."""
+    """Register ``fn`` and, as ``<name>.unchecked``, the kernel called with ``validate=False``
+    (``validates=False``: every in-contract case, no bad input); both launched with PDL. The plain
+    launch (``pdl=False``) is the same kernel without the wait; the GPU tests run it."""
     from .. import raise_deferred_errors
 
-    fields = dict(fields, errors="deferred", raise_deferred=raise_deferred_errors)
+    fields = dict(fields, errors="deferred", raise_deferred=raise_deferred_errors,
+                  notes=f"{PDL_NOTE}; {fields['notes']}")
     oracle.register(fn, **fields)
-    oracle.register(functools.partial(fn, pdl=True),
-                    **dict(fields, name=fields["name"] + ".pdl", notes=f"{PDL_NOTE}; {fields['notes']}"))
     oracle.register(functools.partial(fn, validate=False),
                     **dict(fields, name=fields["name"] + ".unchecked", validates=False,
                            notes=f"{UNCHECKED_NOTE}; {fields['notes'].replace(CHECKS, 'slots not checked')}"))
@@ -159,7 +163,7 @@ def _register(fn, **fields) -> None:
 
 def register() -> None:
     """Register the CUDA kernels with :func:`oracle.register` (never builds: ``available()`` does),
-    each also as ``<name>.pdl`` and ``<name>.unchecked``."""
+    each also as ``<name>.unchecked``."""
     common = dict(backend="cuda", device="cuda", validates=True, available=available, duplicates="forbid",
                   row_bytes_multiple=1)
     _register(store_cache, op="store_cache", name="cuda.store_cache",

@@ -13,8 +13,9 @@ Entry point ``oracle.kernels: triton = "oracle.kernels.triton:register"`` (or
 - neither, or triton not installed: backend ``triton``, device ``cuda``, registered with
   ``available()`` saying why it cannot run here.
 
-Each writer is also registered as ``<name>.unchecked`` (``validate=False``: the decode fast path)
-and, on sm_90+, as ``<name>.pdl`` (that path launched with programmatic dependent launch).
+Each writer is also registered as ``<name>.unchecked`` (``validate=False``: the decode fast path).
+On sm_90+ both launch with programmatic dependent launch (the writers' default there; the GPU
+tests also run the plain launch, ``pdl=False``).
 
 Importing this package imports neither triton nor the kernels; :func:`register` does, guarded.
 """
@@ -138,9 +139,10 @@ UNCHECKED_NOTE = ("validate=False: the decode fast path, no slot check (the call
 WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash")
 
 
-PDL_NOTE = ("pdl=True, validate=False: launched with programmatic dependent launch (sm_90+), as a "
-            "decode graph would; each program first asks the L2 for its source rows (prefetch.global.L2, "
-            "a hint), then griddepcontrol.wait before any load or store")
+PDL_NOTE = ("launched with programmatic dependent launch (sm_90+; pdl=False launches plainly): each program "
+            "first asks the L2 for its source rows (prefetch.global.L2, a hint), then griddepcontrol.wait before "
+            "any load or store; after a check grid (which waits for the kernels before it before it lets the "
+            "writer launch) slots and sources are loaded before the wait, and only the stores wait for the verdict")
 
 
 DEFERRED_NOTE = ("slots checked on the device, never read on the host (not while a CUDA graph is captured: "
@@ -154,8 +156,10 @@ def _register(fn, pdl: bool = False, **fields) -> None:
     """Register ``fn`` (a writer on a GPU with ``errors="deferred"``: see DEFERRED_NOTE); a writer
     also as ``<name>.unchecked``, called with ``validate=False``: the
     same contract with ``validates=False``, so every in-contract case runs on the fast path too
-    and only the bad-input cases are left out; with ``pdl`` (an sm_90+ GPU) also as
-    ``<name>.pdl``, the fast path launched with programmatic dependent launch."""
+    and only the bad-input cases are left out. ``pdl``: the writers launch with programmatic
+    dependent launch here (an sm_90+ GPU), which the notes say."""
+    if pdl and fields["op"] in WRITERS:
+        fields = dict(fields, notes=f"{PDL_NOTE}; {fields['notes']}")
     plain_notes = fields["notes"]
     if fields["op"] in WRITERS and fields["device"] == "cuda":
         from .. import raise_deferred_errors
@@ -167,6 +171,3 @@ def _register(fn, pdl: bool = False, **fields) -> None:
         unchecked = dict(fields, name=fields["name"] + ".unchecked", validates=False,
                          notes=f"{UNCHECKED_NOTE}; {plain_notes}")
         oracle.register(functools.partial(fn, validate=False), **unchecked)
-        if pdl:
-            oracle.register(functools.partial(fn, validate=False, pdl=True),
-                            **dict(unchecked, name=fields["name"] + ".pdl", notes=f"{PDL_NOTE}; {plain_notes}"))

@@ -118,6 +118,12 @@ def pdl_capable(device: torch.device) -> bool:
     return device.type == "cuda" and not _runtime.interpreting() and _pdl_capable_index(device.index)
 
 
+def launch_pdl(pdl, device: torch.device) -> bool:
+    """A writer's ``pdl`` keyword resolved: None (the default) launches with programmatic
+    dependent launch wherever ``device`` has it, True or False as asked."""
+    return pdl_capable(device) if pdl is None else bool(pdl)
+
+
 def kernel_format(fmt: str, allow_interpreter_fp8: bool) -> int:
     """The kernel's FP8 code for a validated format name; raises where the kernels cannot
     produce it (after validation, before any launch)."""

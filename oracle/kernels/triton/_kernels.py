@@ -27,7 +27,10 @@ writes the first illegal entry into the host-mapped mailbox (:mod:`oracle.kernel
 ``CHECK == 1``: every program scans the whole index itself (small N: one launch, no communication
 between programs). ``CHECK == 2``: :func:`check_slots` ran first and left each chunk's first
 illegal entry in ``verdict``; the writer, launched with programmatic dependent launch after it,
-reads those few words after ``griddepcontrol.wait``.
+reads those few words after ``griddepcontrol.wait``. The check grid waits for the kernels before it
+before it lets the writer launch, so under ``CHECK == 2`` the writer loads its slots and sources
+before its own wait (their memory round trip overlaps the check) and only its stores wait for the
+verdict.
 """
 
 from __future__ import annotations
@@ -189,14 +192,13 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
         _prefetch_l2(src_ptr, src_s0, rows, row_mask, tl.program_id(1) * BLOCK_R, heads * dim, PF_R, PF_SECTOR)
         if HAS_INDEX:
             _prefetch_l2(idx_ptr, idx_stride, rows, row_mask, 0, 1, 1, 1)
-    _pdl_prologue(PDL)
+    if CHECK != 2:
+        _pdl_prologue(PDL)
+    # CHECK == 2: the check grid waited for the kernels before it before it let this grid launch,
+    # so slots and sources are final: load them before the wait (their memory round trip overlaps
+    # the check); only the stores wait for the verdict
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         HAS_INDEX, HAS_PAD_SLOT)
-    if CHECK != 0:
-        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
-        keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
-                                     arg_code, pad_code, pad_slot, first, CHECK, NEGATIVE_OK, CHECK_BLOCK,
-                                     SYS_FENCE)
     # a row has fewer than 2**31 elements: 32-bit element numbers, widened before any stride product
     e = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     e_mask = e < heads * dim
@@ -216,6 +218,14 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
     mask = keep[:, None] & e_mask[None, :]
     # the source load does not wait for the slot load: a row below n is readable whatever its slot
     x = tl.load(src_ptr + src_off, mask=row_mask[:, None] & e_mask[None, :])
+    if CHECK == 2:
+        _pdl_prologue(PDL)
+    if CHECK != 0:
+        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+        keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
+                                     arg_code, pad_code, pad_slot, first, CHECK, NEGATIVE_OK, CHECK_BLOCK,
+                                     SYS_FENCE)
+        mask = keep[:, None] & e_mask[None, :]
     if FP8 != 0:
         if FLAT:
             x = _fp8_codes(x, tl.load(scale_ptr), FP8)
@@ -250,25 +260,29 @@ def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
         _prefetch_l2(b_ptr, b_s0, rows, row_mask, tl.program_id(1) * BLOCK_B, width_b, PF_B, PF_SECTOR)
     if PF_A != 0 or PF_B != 0:
         _prefetch_l2(idx_ptr, idx_stride, rows, row_mask, 0, 1, 1, 1)
-    _pdl_prologue(PDL)
+    if CHECK != 2:
+        _pdl_prologue(PDL)
+    # CHECK == 2: slots and sources are loaded before the wait, as in paged_write
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         True, HAS_PAD_SLOT)
-    if CHECK != 0:
-        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
-        keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
-                                     arg_code, pad_code, pad_slot, first, CHECK, NEGATIVE_OK, CHECK_BLOCK,
-                                     SYS_FENCE)
     rows64 = rows.to(tl.int64)[:, None]
     dst_row = ((slot // block_size) * dst_block_stride + (slot % block_size) * dst_token_stride)[:, None]
     j = tl.program_id(1).to(tl.int64)
     # the source loads do not wait for the slot load (masked by the row, not by its slot): one
     # memory round trip per row instead of two, which is most of a decode step's time
     ca = j * BLOCK_A + tl.arange(0, BLOCK_A)
-    mask_a = keep[:, None] & (ca < width_a)[None, :]
     xa = tl.load(a_ptr + rows64 * a_s0 + (ca * a_s1)[None, :], mask=row_mask[:, None] & (ca < width_a)[None, :])
     cb = j * BLOCK_B + tl.arange(0, BLOCK_B)
-    mask_b = keep[:, None] & (cb < width_b)[None, :]
     xb = tl.load(b_ptr + rows64 * b_s0 + (cb * b_s1)[None, :], mask=row_mask[:, None] & (cb < width_b)[None, :])
+    if CHECK == 2:
+        _pdl_prologue(PDL)
+    if CHECK != 0:
+        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+        keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
+                                     arg_code, pad_code, pad_slot, first, CHECK, NEGATIVE_OK, CHECK_BLOCK,
+                                     SYS_FENCE)
+    mask_a = keep[:, None] & (ca < width_a)[None, :]
+    mask_b = keep[:, None] & (cb < width_b)[None, :]
     if FP8 != 0:
         scale = tl.load(scale_ptr)
         xa = _fp8_codes(xa, scale, FP8)

@@ -17,11 +17,13 @@ is being captured the check is left out, so a replayed decode step costs what it
 check existed (the kernels still drop any slot outside the cache). ``validate=False`` skips it,
 the fast path for callers that vouch for their slots (serving engines in decode; registered as ``triton.<op>.unchecked`` with ``validates=False``).
 concat_and_cache_mla's scale value (finite, > 0) is read, and so checked, under
-``validate="sync"`` only. The writers' keyword ``pdl=True`` launches
-with programmatic dependent launch (sm_90+): the kernel may start while the previous one on the
-stream finishes and waits for it (``griddepcontrol.wait``) before touching memory, so only launch
-latency overlaps; registered as ``triton.<op>.pdl`` (with ``validate=False``, the way a decode
-graph calls it). Metadata (dtypes, shapes, strides, devices)
+``validate="sync"`` only. The writers launch with programmatic dependent launch wherever the GPU
+has it (sm_90+; keyword ``pdl``: None, the default, decides by the device, False launches
+plainly): the kernel may start while the previous one on the stream finishes and waits for it
+(``griddepcontrol.wait``) before any load or store, so launch latency and L2 prefetches (hints)
+overlap; after a check grid, which itself waits for the kernels before it before it lets the
+writer launch, the writer also loads its slots and sources before the wait, and only its stores
+wait for the verdict. Metadata (dtypes, shapes, strides, devices)
 is always checked, and the kernels never write a slot outside the cache whatever the index holds:
 an out-of-range slot is skipped, not written.
 
@@ -77,7 +79,7 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: _host.Pad
 # --- the ops -------------------------------------------------------------------------------
 
 @_plans.planned(_host.plans_enabled)
-def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, pdl=False):
+def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, pdl=None):
     """``k_cache[loc] = k; v_cache[loc] = v``, rows ``[H, D]`` copied bitwise (any dtype; fp8
     pools as uint8), every stride honoured. ``padding`` (default "none": every slot in range)."""
     pad = _host.parse_padding(padding)
@@ -92,6 +94,7 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, p
     device = _host.device_of(k, v, k_cache, v_cache, loc)
     num_slots = k_cache.shape[0]
     n = loc.shape[0]
+    pdl = _host.launch_pdl(pdl, device)
     check = _host.begin_check("loc", loc, n, num_slots, pad, validate, device, k_cache, pdl)
     if _host.same_layout(k, v) and _host.same_layout(k_cache, v_cache):  # the usual case: one launch
         _, strides = _host.rows3("cache", k_cache)
@@ -107,7 +110,7 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, p
 
 
 @_plans.planned(_host.plans_enabled)
-def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none", validate=True, pdl=False):
+def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none", validate=True, pdl=None):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)``, bitwise; elements past nope + rope
     untouched. ``padding`` (default "none")."""
     pad = _host.parse_padding(padding)
@@ -124,6 +127,7 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
         raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")
     device = _host.device_of(kv_buffer, loc, cache_k_nope, cache_k_rope)
     n = loc.shape[0]
+    pdl = _host.launch_pdl(pdl, device)
     check = _host.begin_check("loc", loc, n, kv_buffer.shape[0], pad, validate, device, kv_buffer, pdl)
     if n == 0 or width == 0:
         return
@@ -157,7 +161,7 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: _host.Padding,
 
 @_plans.planned(_host.plans_enabled)
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
-                         padding="negative", allow_interpreter_fp8=False, validate=True, pdl=False):
+                         padding="negative", allow_interpreter_fp8=False, validate=True, pdl=None):
     """Entry ``slot`` (block ``slot // block_size``, token ``slot % block_size``) of ``kv_cache``
     gets ``cat(kv_c[i], k_pe[i])``, bitwise under "auto", else as fp8 codes of ``x / scale``
     (IEEE division in float32, then Triton's conversion). ``padding`` (default "negative":
@@ -175,6 +179,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     code = _host.kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
     if num_tokens == 0 or width == 0:
         return
+    pdl = _host.launch_pdl(pdl, device)
     check = _host.begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, kv_cache, pdl)
     s0, s1, s2 = kv_cache.stride()
     if code:
@@ -189,7 +194,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
 @_plans.planned(_host.plans_enabled)
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                             k_scale, v_scale, *, padding="negative", allow_interpreter_fp8=False,
-                            validate=True, pdl=False):
+                            validate=True, pdl=None):
     """Token ``i`` goes to block ``slot // block_size``, token ``slot % block_size`` of the
     ``[num_blocks, block_size, H, D]`` caches (any strides: NHD, HND views, padded blocks; last
     dim contiguous, as the op requires), bitwise under "auto", else as fp8 codes of ``x / scale``
@@ -205,6 +210,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     device = _host.device_of(*(tensors + ((k_scale, v_scale) if fmt else ())))
     num_slots = num_blocks * block_size
     code = _host.kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
+    pdl = _host.launch_pdl(pdl, device)
     check = _host.begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, key_cache, pdl)
     c0, c1, c2, c3 = key_cache.stride()
     if _host.same_layout(key, value) and _host.same_layout(key_cache, value_cache) and \

@@ -5,6 +5,9 @@
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <map>
+#include <mutex>
+
 #include "bind.h"
 
 namespace kvo_bind {
@@ -55,16 +58,29 @@ void set_error_mailbox(const Tensor& mailbox, int64_t device) {
   g_mailbox[device] = mailbox.data_ptr<int64_t>();
 }
 
-constexpr int64_t kFusedCheckMax = 256;  // entries every block scans itself; above, a check grid
-constexpr int64_t kCheckChunk = 1024;    // entries per check block at least: one round of 4 loads a thread
-constexpr int kMaxCheckBlocks = 64;      // check blocks at most (a writer block reads one word each)
+constexpr int64_t kFusedCheckMax = 256;  // entries every block scans itself; above, the grid checks in chunks
+constexpr int64_t kCheckChunk = 1024;    // entries per checking block at least: one round of 4 loads a thread
+constexpr int kMaxCheckers = 64;         // checking blocks at most
 
-// Plans the device-side slot check of a validating call (validate != 0) and, for an index longer
-// than kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it. `verdict`
-// keeps the check grid's output alive (the caching allocator reuses it in stream order).
+// The mode-2 check state of calls on `stream` (SlotCheck::state): zeroed words, one set per stream,
+// kept for the process. Calls on one stream run in order, and the last block of a call to read
+// the verdict zeroes them again; allocating them per call cost host time.
+unsigned long long* check_state(const Tensor& like, cudaStream_t stream) {
+  static std::mutex lock;
+  static auto* states = new std::map<std::pair<int, cudaStream_t>, Tensor>();  // never freed: no exit-time teardown
+  const std::pair<int, cudaStream_t> key{like.device().index(), stream};
+  std::lock_guard<std::mutex> guard(lock);
+  auto found = states->find(key);
+  if (found == states->end())
+    found = states->emplace(key, at::zeros({kvo_cuda::kCheckStateWords}, like.options().dtype(at::kLong))).first;
+  return reinterpret_cast<unsigned long long*>(found->second.data_ptr<int64_t>());
+}
+
+// Plans the device-side slot check of a validating call (validate != 0): mode 1 for an index of at
+// most kFusedCheckMax entries, else mode 2 (the writer's grid checks it in chunks; see SlotCheck).
+// Either way the call stays one launch.
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
-                               bool negative_ok, int32_t arg_code, int32_t& pdl, Tensor& verdict,
-                               cudaStream_t stream) {
+                               bool negative_ok, int32_t arg_code, cudaStream_t stream) {
   kvo_cuda::SlotCheck c{};
   TORCH_CHECK_VALUE(validate == 0 || validate == 1, "validate=", validate, " must be 0 or 1");
   // Not while a CUDA graph is being captured: the replayed writer then costs what it did before
@@ -83,16 +99,9 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
     return c;
   }
   const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;
-  const int blocks = static_cast<int>(want < kMaxCheckBlocks ? want : kMaxCheckBlocks);
-  const int64_t chunk = (n + blocks - 1) / blocks;
-  verdict = at::empty({blocks}, index.options().dtype(at::kLong));
-  check_launch("slot check", kvo_cuda::launch_slot_check(
-      index.data_ptr(), index.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32,
-      index.stride(0), n, num_slots, c.negative_ok, verdict.data_ptr<int64_t>(), blocks, chunk, pdl != 0, stream));
   c.mode = 2;
-  c.verdict = verdict.data_ptr<int64_t>();
-  c.verdict_count = blocks;
-  pdl = 1;  // the writer waits for the check grid (griddepcontrol.wait) before it reads the verdict
+  c.checkers = static_cast<int32_t>(want < kMaxCheckers ? want : kMaxCheckers);
+  c.state = check_state(index, stream);
   return c;
 }
 

@@ -92,9 +92,7 @@ void set_mla_kv_buffer(const Tensor& kv_buffer, const Tensor& loc, const Tensor&
   c10::cuda::CUDAGuard guard(kv_buffer.device());
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(kv_buffer);
-  Tensor verdict;
-  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, verdict,
-                               stream);
+  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, stream);
   check_launch("set_mla_kv_buffer", plan.tma ? kvo_cuda::launch_mla_tma(plan.args, plan.width, stream)
                                              : kvo_cuda::launch_mla_direct(plan.args, plan.width, stream));
 }

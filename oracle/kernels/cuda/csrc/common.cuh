@@ -186,19 +186,68 @@ __device__ __forceinline__ int64_t first_illegal(const void* index, int64_t stri
   return first;
 }
 
+// Mode-2 check state (SlotCheck::state): word offsets of its counters, a line apart.
+constexpr int kTicketWord = 0, kCheckedWord = 16, kVerdictWord = 32, kReadersWord = 48;
+
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The first illegal entry of the call, checked by the grid itself (SlotCheck mode 2), or kNoEntry.
+// Every thread of every block calls it once.
+template <typename IdxT>
+__device__ int64_t grid_first_illegal(const SlotCheck& c, const void* index, int64_t stride, int64_t n,
+                                      int64_t num_slots, bool& reporter) {
+  __shared__ unsigned long long ticket, verdict;
+  unsigned long long* state = c.state;
+  const int checkers = c.checkers < static_cast<int>(gridDim.x) ? c.checkers : static_cast<int>(gridDim.x);
+  if (threadIdx.x == 0) ticket = atomicAdd(state + kTicketWord, 1ull);
+  __syncthreads();
+  const unsigned long long mine = ticket;
+  if (mine < static_cast<unsigned long long>(checkers)) {
+    const int64_t chunk = (n + checkers - 1) / checkers;
+    const int64_t start = static_cast<int64_t>(mine) * chunk;
+    const int64_t end = start + chunk < n ? start + chunk : n;
+    const int64_t first = block_min(first_illegal<IdxT>(index, stride, start, end, threadIdx.x, blockDim.x,
+                                                        num_slots, c.negative_ok));
+    if (threadIdx.x == 0) {
+      // the verdict word keeps ~first (0: none), so the largest word is the smallest entry
+      if (first < n) atomicMax(state + kVerdictWord, ~static_cast<unsigned long long>(first));
+      __threadfence();
+      atomicAdd(state + kCheckedWord, 1ull);
+    }
+  }
+  if (threadIdx.x == 0) {
+    while (load_acquire(state + kCheckedWord) < static_cast<unsigned long long>(checkers)) __nanosleep(64);
+    verdict = load_acquire(state + kVerdictWord);
+    // the last block to read the verdict zeroes the state for the next call on the stream
+    if (atomicAdd(state + kReadersWord, 1ull) == gridDim.x - 1ull) {
+      state[kTicketWord] = 0;
+      state[kCheckedWord] = 0;
+      state[kVerdictWord] = 0;
+      state[kReadersWord] = 0;
+    }
+  }
+  __syncthreads();
+  reporter = mine == 0;
+  return verdict == 0 ? kNoEntry : static_cast<int64_t>(~verdict);
+}
+
 // Whether every slot of the call is legal (uniform over the grid). Every thread of the block must
-// call it, before the block's first store; where a slot is illegal, block 0 records it.
+// call it, before the block's first store; where a slot is illegal, one block records it.
 template <typename IdxT>
 __device__ bool call_is_legal(const SlotCheck& c, const void* index, int64_t stride, int64_t n, int64_t num_slots) {
-  int64_t mine = kNoEntry;
+  int64_t first;
+  bool reporter = blockIdx.x == 0;
   if (c.mode == 1) {
-    mine = first_illegal<IdxT>(index, stride, 0, n, threadIdx.x, blockDim.x, num_slots, c.negative_ok);
+    first = block_min(first_illegal<IdxT>(index, stride, 0, n, threadIdx.x, blockDim.x, num_slots, c.negative_ok));
   } else {
-    for (int i = threadIdx.x; i < c.verdict_count; i += blockDim.x) mine = min(mine, c.verdict[i]);
+    first = grid_first_illegal<IdxT>(c, index, stride, n, num_slots, reporter);
   }
-  const int64_t first = block_min(mine);
   if (first >= n) return true;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (reporter && threadIdx.x == 0) {
     volatile int64_t* box = c.mailbox;
     box[1] = first;
     box[2] = load_slot<IdxT>(index, first, stride);

@@ -134,8 +134,35 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
   if (prefetch && first < a.n) prefetch_row<IdxT>(a, first, lane);
   pdl_prologue(a.pdl);
+  // Under the grid's own slot check (SlotCheck mode 2) load the first row before the check, so its
+  // memory round trip overlaps the check instead of following it. Only the stores wait for it.
+  const bool early = a.check.mode == 2 && first < a.n && chunks <= 32 * kUnroll;
+  int64_t early_slot = -1;
+  V early_r[kUnroll];
+  if (early) {
+    early_slot = load_slot<IdxT>(a.index, first, a.index_stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = u * 32 + lane;
+      if (c < chunks)
+        early_r[u] = load_ro<Vec>(part_chunk(a.nope + first * a.nope_row, a.rope + first * a.rope_row, c,
+                                             nope_chunks, Vec));
+    }
+  }
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
-  for (int64_t row = first; row < a.n; row += step) {
+  int64_t row = first;
+  if (early) {
+    if (early_slot >= 0 && early_slot < a.num_slots) {
+      unsigned char* dst = a.dst + early_slot * a.dst_row;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = u * 32 + lane;
+        if (c < chunks) store_global<Vec>(dst + c * Vec, early_r[u]);
+      }
+    }
+    row += step;
+  }
+  for (; row < a.n; row += step) {
     const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
     const unsigned char* nope = a.nope + row * a.nope_row;
     const unsigned char* rope = a.rope + row * a.rope_row;

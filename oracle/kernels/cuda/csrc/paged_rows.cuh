@@ -50,8 +50,46 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   const int64_t items = a.n * a.sides;
   if (prefetch && first < items) prefetch_item<IdxT, Chunk::kIn>(a, first, lane);
   pdl_prologue(a.pdl);
+  // Under the grid's own slot check (SlotCheck mode 2) a dense row that fits one round of loads is
+  // loaded before the check, so its memory round trip overlaps the check. Only the stores wait.
+  bool early = false;
+  int64_t early_slot = -1;
+  In early_r[kRowUnroll];
+  if constexpr (Dense) {
+    if (a.check.mode == 2 && first < items) {
+      const int s = first >= a.n ? 1 : 0;
+      const int64_t row = first - (s ? a.n : 0);
+      const Side& d = a.side[s];
+      const int64_t chunks = d.heads * d.head_chunks;
+      early = chunks <= 32 * kRowUnroll;
+      if (early) {
+        early_slot = load_slot<IdxT>(a.index, row, a.index_stride);
+        const unsigned char* src = d.src + row * d.src_row;
+#pragma unroll
+        for (int u = 0; u < kRowUnroll; ++u)
+          if (lane + u * 32 < chunks) early_r[u] = load_ro<Chunk::kIn>(src + (lane + u * 32) * Chunk::kIn);
+      }
+    }
+  }
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
-  for (int64_t item = first; item < items; item += step) {
+  int64_t item = first;
+  if constexpr (Dense) {
+    if (early) {
+      const int s = first >= a.n ? 1 : 0;
+      const Side& d = a.side[s];
+      const int64_t chunks = d.heads * d.head_chunks;
+      if (early_slot >= 0 && early_slot < a.num_slots) {
+        const float scale = Chunk::kScaled ? __ldg(d.scale) : 1.0f;
+        unsigned char* dst = row_of(a, d, early_slot);
+#pragma unroll
+        for (int u = 0; u < kRowUnroll; ++u)
+          if (lane + u * 32 < chunks)
+            store_global<Chunk::kOut>(dst + (lane + u * 32) * Chunk::kOut, Chunk::apply(early_r[u], scale));
+      }
+      item += step;
+    }
+  }
+  for (; item < items; item += step) {
     const int s = item >= a.n ? 1 : 0;
     const int64_t row = item - (s ? a.n : 0);
     const Side& d = a.side[s];
