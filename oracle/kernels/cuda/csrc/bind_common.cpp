@@ -62,25 +62,55 @@ constexpr int64_t kFusedCheckMax = 256;  // entries every block scans itself; ab
 constexpr int64_t kCheckChunk = 1024;    // entries per checking block at least: one round of 4 loads a thread
 constexpr int kMaxCheckers = 64;         // checking blocks at most
 
-// The mode-2 check state of calls on `stream` (SlotCheck::state): zeroed words, one set per stream,
-// kept for the process. Calls on one stream run in order, and the last block of a call to read
-// the verdict zeroes them again; allocating them per call cost host time.
-unsigned long long* check_state(const Tensor& like, cudaStream_t stream) {
+struct CheckState {
+  std::mutex lock;      // held from plan_check to the launch (CheckLease)
+  Tensor words;         // kvo_cuda::kCheckStateWords zeroed int64 on the device
+  int64_t chunks = 0;   // chunks the calls launched so far claim (the device counters' goal so far)
+  int64_t calls = 0;    // mode-2 calls launched so far
+};
+
+// The mode-2 check state of calls on `stream` of the index's device, made on first use and kept
+// for the process (allocating per call cost host time).
+CheckState* check_state(const Tensor& like, cudaStream_t stream) {
   static std::mutex lock;
-  static auto* states = new std::map<std::pair<int, cudaStream_t>, Tensor>();  // never freed: no exit-time teardown
+  static auto* states = new std::map<std::pair<int, cudaStream_t>, CheckState*>();  // never freed
   const std::pair<int, cudaStream_t> key{like.device().index(), stream};
   std::lock_guard<std::mutex> guard(lock);
-  auto found = states->find(key);
-  if (found == states->end())
-    found = states->emplace(key, at::zeros({kvo_cuda::kCheckStateWords}, like.options().dtype(at::kLong))).first;
-  return reinterpret_cast<unsigned long long*>(found->second.data_ptr<int64_t>());
+  CheckState*& found = (*states)[key];
+  if (found == nullptr) {
+    found = new CheckState();
+    found->words = at::zeros({kvo_cuda::kCheckStateWords}, like.options().dtype(at::kLong));
+  }
+  return found;
+}
+
+CheckLease::~CheckLease() {
+  if (state_ != nullptr) state_->lock.unlock();
+}
+
+void CheckLease::hold(CheckState* state, int64_t chunks) {
+  state->lock.lock();
+  state_ = state;
+  chunks_ = chunks;
+}
+
+cudaError_t CheckLease::launched(cudaError_t err) {
+  if (state_ != nullptr) {
+    if (err == cudaSuccess) {
+      state_->chunks += chunks_;
+      state_->calls += 1;
+    }
+    state_->lock.unlock();
+    state_ = nullptr;
+  }
+  return err;
 }
 
 // Plans the device-side slot check of a validating call (validate != 0): mode 1 for an index of at
-// most kFusedCheckMax entries, else mode 2 (the writer's grid checks it in chunks; see SlotCheck).
-// Either way the call stays one launch.
+// most kFusedCheckMax entries, else mode 2 (the writer's grid checks it in chunks; see SlotCheck),
+// holding the stream's check state in `lease` until the launch. Either way the call is one launch.
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
-                               bool negative_ok, int32_t arg_code, cudaStream_t stream) {
+                               bool negative_ok, int32_t arg_code, cudaStream_t stream, CheckLease& lease) {
   kvo_cuda::SlotCheck c{};
   TORCH_CHECK_VALUE(validate == 0 || validate == 1, "validate=", validate, " must be 0 or 1");
   // Not while a CUDA graph is being captured: the replayed writer then costs what it did before
@@ -99,9 +129,13 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
     return c;
   }
   const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;
+  CheckState* state = check_state(index, stream);
+  lease.hold(state, want < kMaxCheckers ? want : kMaxCheckers);
   c.mode = 2;
   c.checkers = static_cast<int32_t>(want < kMaxCheckers ? want : kMaxCheckers);
-  c.state = check_state(index, stream);
+  c.state = reinterpret_cast<unsigned long long*>(state->words.data_ptr<int64_t>());
+  c.base = state->chunks;
+  c.generation = state->calls;
   return c;
 }
 

@@ -17,20 +17,23 @@ enum Fp8Format : int32_t { kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 
 // The device-side slot check of a validating call (call_is_legal in common.cuh; the binding plans
 // it). Mode 0: none. Mode 1: every block scans the whole index before its first store (short
-// indices). Mode 2: the writer's own grid checks the index in one launch: each block takes a
-// ticket (an atomic on `state`); the first `checkers` tickets each scan one chunk of the index and
-// publish its first illegal entry; every block waits until all chunks are published before its
-// first store. Ticket order makes this safe: a block holding ticket t knows the blocks holding the
-// checkers' tickets have started, and they wait for no one before they publish. The last block to
-// read the verdict zeroes `state` for the next call on the stream (stream order keeps calls apart).
+// indices). Mode 2: the writer's own grid checks the index in `checkers` chunks, in the same launch:
+// a block claims chunks (an atomic on `state`) while any is unclaimed and checks each it claims,
+// publishing its first illegal entry; then it waits until every chunk is checked before its first
+// store. No block waits for a block that has not started: a chunk nobody has claimed, a waiting
+// block claims and checks itself. The counters on `state` only grow; the binding keeps, per stream,
+// how many chunks earlier calls claimed (`base`) and how many mode-2 calls came before
+// (`generation`, whose parity picks the verdict word, zeroed by the call before).
 // An entry is illegal when its slot is >= num_slots, or < 0 unless negative_ok. If any is, no block
 // stores anything and one block writes the first one into `mailbox` (pinned host memory,
 // zero-copy; layout in oracle/kernels/_deferred.py): words 1-6, a system fence, then word 0.
 struct SlotCheck {
-  unsigned long long* state;  // mode 2: kCheckStateWords zeroed words (see common.cuh), one set per stream
+  unsigned long long* state;  // mode 2: kCheckStateWords words (see common.cuh), one set per stream
   int64_t* mailbox;           // int64[8] the host reads
+  int64_t base;               // mode 2: chunks claimed by the earlier calls on the stream
+  int64_t generation;         // mode 2: mode-2 calls on the stream before this one
   int32_t mode;
-  int32_t checkers;           // mode 2: chunks the index is checked in (at most the grid's blocks)
+  int32_t checkers;           // mode 2: chunks the index is checked in
   int32_t negative_ok;
   int32_t arg_code;           // oracle.kernels._deferred.ARGUMENTS
   int32_t pad_code;           // oracle.kernels._deferred.PADDINGS
@@ -38,7 +41,7 @@ struct SlotCheck {
   int64_t pad_slot;           // padding reserved:K's K (for the message)
 };
 
-// Words of a mode-2 check state: four counters, each on its own 128-byte line.
+// Words of a mode-2 check state: two counters and two verdict words, each on its own 128-byte line.
 constexpr int kCheckStateWords = 64;
 
 // One tensor pair a paged/flat writer copies: source rows [N, heads, head] into cache rows.
