@@ -215,10 +215,18 @@ __device__ int64_t grid_first_illegal(const SlotCheck& c, const void* index, int
   reporter = false;
   for (;;) {
     if (threadIdx.x == 0) {
+      // claim the next chunk by compare-and-swap: the counter never passes this call's goal, so
+      // the next call's chunks are numbered from exactly where the host says (an add would
+      // overshoot when blocks race for the last chunk)
       unsigned long long k = ~0ull;
-      if (load_relaxed(state + kClaimedWord) < goal) {
-        const unsigned long long t = atomicAdd(state + kClaimedWord, 1ull);
-        if (t < goal) k = t - base;
+      unsigned long long seen = load_relaxed(state + kClaimedWord);
+      while (seen < goal) {
+        const unsigned long long was = atomicCAS(state + kClaimedWord, seen, seen + 1);
+        if (was == seen) {
+          k = seen - base;
+          break;
+        }
+        seen = was;
       }
       claim = k;
     }

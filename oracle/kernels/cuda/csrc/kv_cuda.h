@@ -18,7 +18,7 @@ enum Fp8Format : int32_t { kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 // The device-side slot check of a validating call (call_is_legal in common.cuh; the binding plans
 // it). Mode 0: none. Mode 1: every block scans the whole index before its first store (short
 // indices). Mode 2: the writer's own grid checks the index in `checkers` chunks, in the same launch:
-// a block claims chunks (an atomic on `state`) while any is unclaimed and checks each it claims,
+// a block claims chunks (compare-and-swap on `state`) while any is unclaimed and checks each it claims,
 // publishing its first illegal entry; then it waits until every chunk is checked before its first
 // store. No block waits for a block that has not started: a chunk nobody has claimed, a waiting
 // block claims and checks itself. The counters on `state` only grow; the binding keeps, per stream,
