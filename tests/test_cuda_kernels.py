@@ -842,12 +842,12 @@ def test_registered_functions_run_through_the_suite_conventions():
 @gpu
 @pytest.mark.parametrize("n", [257, 4097, 70000])
 @pytest.mark.parametrize("pdl", [True, False])
-def test_the_grids_own_slot_check_holds_call_after_call(n, pdl):
-    """A long index is checked by the writer's own grid (the first blocks to take a ticket scan it
-    in chunks; every block waits for their verdict): three calls back to back, legal, illegal in
-    several places, legal, with no synchronization between them. The legal calls write their rows,
-    the illegal one writes nothing, its error names its first illegal entry, and the check state
-    the grid leaves behind serves the next call (a fourth call, with the illegal entry first)."""
+def test_the_device_slot_check_holds_call_after_call(n, pdl):
+    """A long index is checked by a check grid whose verdict words (one buffer per stream, reused
+    by every call) the writer reads after its wait, having loaded its first row before it: three
+    calls back to back, legal, illegal in several places, legal, with no synchronization between
+    them. The legal calls write their rows, the illegal one writes nothing, its error names its
+    first illegal entry, and a fourth call (the illegal entry first) reads its own verdict."""
     gen = torch.Generator().manual_seed(n)
     num_slots = 4 * n + 64
     perm = (torch.randperm(num_slots - 1, generator=gen) + 1).cuda()

@@ -39,31 +39,9 @@ void check_launch(const char* op, cudaError_t err);
 // ---------------------------------------------------------------- the device-side slot check
 
 void set_error_mailbox(const Tensor& mailbox, int64_t device);
-
-// The per-stream record of the mode-2 check (see SlotCheck): its device words and the host's count
-// of the chunks and calls launched so far.
-struct CheckState;
-
-// Holds a stream's CheckState from plan_check to the launch, so that calls from several host
-// threads on one stream launch in the order their counts were taken; launched() commits the counts
-// if the launch succeeded (a failed launch must not advance them: the next call would wait for
-// chunks nobody checks).
-class CheckLease {
- public:
-  CheckLease() = default;
-  CheckLease(const CheckLease&) = delete;
-  CheckLease& operator=(const CheckLease&) = delete;
-  ~CheckLease();
-  void hold(CheckState* state, int64_t chunks);
-  cudaError_t launched(cudaError_t err);
-
- private:
-  CheckState* state_ = nullptr;
-  int64_t chunks_ = 0;
-};
-
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
-                               bool negative_ok, int32_t arg_code, cudaStream_t stream, CheckLease& lease);
+                               bool negative_ok, int32_t arg_code, int32_t& pdl,
+                               cudaStream_t stream);
 
 // ---------------------------------------------------------------- widths, addresses, rows
 

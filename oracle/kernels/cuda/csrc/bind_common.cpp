@@ -58,59 +58,32 @@ void set_error_mailbox(const Tensor& mailbox, int64_t device) {
   g_mailbox[device] = mailbox.data_ptr<int64_t>();
 }
 
-constexpr int64_t kFusedCheckMax = 256;  // entries every block scans itself; above, the grid checks in chunks
-constexpr int64_t kCheckChunk = 1024;    // entries per checking block at least: one round of 4 loads a thread
-constexpr int kMaxCheckers = 64;         // checking blocks at most
+constexpr int64_t kFusedCheckMax = 256;  // entries every block scans itself; above, a check grid
+constexpr int64_t kCheckChunk = 1024;    // entries per check block at least: one round of 4 loads a thread
+constexpr int kMaxCheckBlocks = 64;      // check blocks at most (a writer block reads one word each)
 
-struct CheckState {
-  std::mutex lock;      // held from plan_check to the launch (CheckLease)
-  Tensor words;         // kvo_cuda::kCheckStateWords zeroed int64 on the device
-  int64_t chunks = 0;   // chunks the calls launched so far claim (the device counters' goal so far)
-  int64_t calls = 0;    // mode-2 calls launched so far
-};
-
-// The mode-2 check state of calls on `stream` of the index's device, made on first use and kept
-// for the process (allocating per call cost host time).
-CheckState* check_state(const Tensor& like, cudaStream_t stream) {
+// The check grid's verdict words for calls on `stream` of the index's device: one buffer per
+// stream, kept for the process (allocating one per call cost host time). Calls on one stream run in
+// order, and a check grid writes the words only after the writer before it has completed (it is
+// launched plainly after it, or with PDL and griddepcontrol.wait first).
+int64_t* verdict_buffer(const Tensor& like, cudaStream_t stream) {
   static std::mutex lock;
-  static auto* states = new std::map<std::pair<int, cudaStream_t>, CheckState*>();  // never freed
+  static auto* buffers = new std::map<std::pair<int, cudaStream_t>, Tensor>();  // never freed: no exit-time teardown
   const std::pair<int, cudaStream_t> key{like.device().index(), stream};
   std::lock_guard<std::mutex> guard(lock);
-  CheckState*& found = (*states)[key];
-  if (found == nullptr) {
-    found = new CheckState();
-    found->words = at::zeros({kvo_cuda::kCheckStateWords}, like.options().dtype(at::kLong));
-  }
-  return found;
+  auto found = buffers->find(key);
+  if (found == buffers->end())
+    found = buffers->emplace(key, at::empty({kMaxCheckBlocks}, like.options().dtype(at::kLong))).first;
+  return found->second.data_ptr<int64_t>();
 }
 
-CheckLease::~CheckLease() {
-  if (state_ != nullptr) state_->lock.unlock();
-}
-
-void CheckLease::hold(CheckState* state, int64_t chunks) {
-  state->lock.lock();
-  state_ = state;
-  chunks_ = chunks;
-}
-
-cudaError_t CheckLease::launched(cudaError_t err) {
-  if (state_ != nullptr) {
-    if (err == cudaSuccess) {
-      state_->chunks += chunks_;
-      state_->calls += 1;
-    }
-    state_->lock.unlock();
-    state_ = nullptr;
-  }
-  return err;
-}
-
-// Plans the device-side slot check of a validating call (validate != 0): mode 1 for an index of at
-// most kFusedCheckMax entries, else mode 2 (the writer's grid checks it in chunks; see SlotCheck),
-// holding the stream's check state in `lease` until the launch. Either way the call is one launch.
+// Plans the device-side slot check of a validating call (validate != 0) and, for an index longer
+// than kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it. The check
+// grid lets the writer launch only once the kernels before it have completed (a plain launch, or
+// griddepcontrol.wait first under PDL), so the writer may load its sources before its own wait
+// (mla.cu, paged_rows.cuh); only its stores wait for the verdict.
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
-                               bool negative_ok, int32_t arg_code, cudaStream_t stream, CheckLease& lease) {
+                               bool negative_ok, int32_t arg_code, int32_t& pdl, cudaStream_t stream) {
   kvo_cuda::SlotCheck c{};
   TORCH_CHECK_VALUE(validate == 0 || validate == 1, "validate=", validate, " must be 0 or 1");
   // Not while a CUDA graph is being captured: the replayed writer then costs what it did before
@@ -129,13 +102,16 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
     return c;
   }
   const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;
-  CheckState* state = check_state(index, stream);
-  lease.hold(state, want < kMaxCheckers ? want : kMaxCheckers);
+  const int blocks = static_cast<int>(want < kMaxCheckBlocks ? want : kMaxCheckBlocks);
+  const int64_t chunk = (n + blocks - 1) / blocks;
+  int64_t* verdict = verdict_buffer(index, stream);
+  check_launch("slot check", kvo_cuda::launch_slot_check(
+      index.data_ptr(), index.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32,
+      index.stride(0), n, num_slots, c.negative_ok, verdict, blocks, chunk, pdl != 0, stream));
   c.mode = 2;
-  c.checkers = static_cast<int32_t>(want < kMaxCheckers ? want : kMaxCheckers);
-  c.state = reinterpret_cast<unsigned long long*>(state->words.data_ptr<int64_t>());
-  c.base = state->chunks;
-  c.generation = state->calls;
+  c.verdict = verdict;
+  c.verdict_count = blocks;
+  pdl = 1;  // the writer waits for the check grid (griddepcontrol.wait) before it reads the verdict
   return c;
 }
 

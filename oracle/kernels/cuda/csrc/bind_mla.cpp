@@ -92,10 +92,9 @@ void set_mla_kv_buffer(const Tensor& kv_buffer, const Tensor& loc, const Tensor&
   c10::cuda::CUDAGuard guard(kv_buffer.device());
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(kv_buffer);
-  CheckLease lease;
-  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, stream, lease);
-  check_launch("set_mla_kv_buffer", lease.launched(plan.tma ? kvo_cuda::launch_mla_tma(plan.args, plan.width, stream)
-                                                            : kvo_cuda::launch_mla_direct(plan.args, plan.width, stream)));
+  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream);
+  check_launch("set_mla_kv_buffer", plan.tma ? kvo_cuda::launch_mla_tma(plan.args, plan.width, stream)
+                                             : kvo_cuda::launch_mla_direct(plan.args, plan.width, stream));
 }
 
 std::string mla_plan(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope, const Tensor& rope,

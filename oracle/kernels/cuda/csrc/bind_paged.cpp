@@ -166,13 +166,12 @@ void reshape_and_cache_flash(const Tensor& key, const Tensor& value, const Tenso
   c10::cuda::CUDAGuard guard(key_cache.device());
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(key_cache);
-  CheckLease lease;
-  plan.args.check = plan_check(validate, slot_mapping, plan.args.n, plan.args.num_slots, true, 1, stream, lease);
+  plan.args.check = plan_check(validate, slot_mapping, plan.args.n, plan.args.num_slots, true, 1, plan.args.pdl, stream);
   if (plan.fmt == kvo_cuda::kFp8None) {
-    check_launch("reshape_and_cache_flash", lease.launched(kvo_cuda::launch_paged_copy(plan.args, plan.width, stream)));
+    check_launch("reshape_and_cache_flash", kvo_cuda::launch_paged_copy(plan.args, plan.width, stream));
   } else {
     check_launch("reshape_and_cache_flash",
-                 lease.launched(kvo_cuda::launch_paged_fp8(plan.args, plan.src_type, plan.fmt, plan.width, stream)));
+                 kvo_cuda::launch_paged_fp8(plan.args, plan.src_type, plan.fmt, plan.width, stream));
   }
 }
 

@@ -5,8 +5,8 @@
 // raw pointers and int64 byte strides, picks the vector width every pointer and stride allows, and
 // calls a launcher from the .cu files (kv_cuda.h) on the current stream. Slots are never read on
 // the host (that would synchronize, and break CUDA-graph capture): with validate=1, outside graph
-// capture, the kernels check them on the device in the same launch (SlotCheck: in every block for
-// a short index, else in chunks by the grid's first blocks), store nothing if one is illegal,
+// capture, the kernels check them on the device (SlotCheck: in every block for a short index, else
+// a check grid whose verdict the writer reads after a PDL wait), store nothing if one is illegal,
 // and leave the error in the device's mailbox (set_error_mailbox; oracle/kernels/_deferred.py raises it). The kernels
 // skip any slot outside the cache in any case, so nothing is ever written outside a cache.
 //

@@ -151,7 +151,8 @@ __device__ __forceinline__ void pdl_prologue(int32_t pdl) {
 
 constexpr int64_t kNoEntry = INT64_MAX;
 
-// The minimum of v over the block (every thread gets it). Call from every thread of the block.
+// The minimum of v over the block (every thread gets it). Call at most once per kernel, from
+// every thread of the block.
 __device__ __forceinline__ int64_t block_min(int64_t v) {
   __shared__ int64_t warp_min[32];
   for (int o = 16; o > 0; o >>= 1) v = min(v, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, v, o)));
@@ -160,7 +161,6 @@ __device__ __forceinline__ int64_t block_min(int64_t v) {
   __syncthreads();
   v = lane < static_cast<int>((blockDim.x + 31) >> 5) ? warp_min[lane] : kNoEntry;
   for (int o = 16; o > 0; o >>= 1) v = min(v, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, v, o)));
-  __syncthreads();  // warp_min may be written again by the next call
   return v;
 }
 
@@ -186,87 +186,19 @@ __device__ __forceinline__ int64_t first_illegal(const void* index, int64_t stri
   return first;
 }
 
-// Mode-2 check state (SlotCheck::state): word offsets of its counters and verdicts, a line apart.
-constexpr int kClaimedWord = 0, kCheckedWord = 16, kVerdictWord = 32;  // verdicts at 32 and 48
-
-__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ unsigned long long load_relaxed(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// The first illegal entry of the call, checked by the grid itself (SlotCheck mode 2), or kNoEntry;
-// `reporter` is set in the one block that checked chunk 0. Every thread of every block calls it.
-template <typename IdxT>
-__device__ int64_t grid_first_illegal(const SlotCheck& c, const void* index, int64_t stride, int64_t n,
-                                      int64_t num_slots, bool& reporter) {
-  __shared__ unsigned long long claim, verdict;
-  unsigned long long* state = c.state;
-  const unsigned long long base = static_cast<unsigned long long>(c.base);
-  const unsigned long long goal = base + static_cast<unsigned long long>(c.checkers);
-  unsigned long long* mine = state + kVerdictWord + 16 * (c.generation & 1);
-  const int64_t chunk = (n + c.checkers - 1) / c.checkers;
-  reporter = false;
-  for (;;) {
-    if (threadIdx.x == 0) {
-      // claim the next chunk by compare-and-swap: the counter never passes this call's goal, so
-      // the next call's chunks are numbered from exactly where the host says (an add would
-      // overshoot when blocks race for the last chunk)
-      unsigned long long k = ~0ull;
-      unsigned long long seen = load_relaxed(state + kClaimedWord);
-      while (seen < goal) {
-        const unsigned long long was = atomicCAS(state + kClaimedWord, seen, seen + 1);
-        if (was == seen) {
-          k = seen - base;
-          break;
-        }
-        seen = was;
-      }
-      claim = k;
-    }
-    __syncthreads();
-    const unsigned long long k = claim;
-    if (k == ~0ull) break;
-    if (k == 0) reporter = true;
-    const int64_t start = static_cast<int64_t>(k) * chunk;
-    const int64_t end = start + chunk < n ? start + chunk : n;
-    const int64_t first = block_min(first_illegal<IdxT>(index, stride, start, end, threadIdx.x, blockDim.x,
-                                                        num_slots, c.negative_ok));
-    if (threadIdx.x == 0) {
-      // a verdict word keeps ~first (0: none), so the largest word is the smallest entry
-      if (first < n) atomicMax(mine, ~static_cast<unsigned long long>(first));
-      if (k == 0) state[kVerdictWord + 16 * ((c.generation + 1) & 1)] = 0;  // the next call's verdict word
-      __threadfence();
-      atomicAdd(state + kCheckedWord, 1ull);
-    }
-  }
-  if (threadIdx.x == 0) {
-    while (load_acquire(state + kCheckedWord) < goal) __nanosleep(64);
-    verdict = load_acquire(mine);
-  }
-  __syncthreads();
-  return verdict == 0 ? kNoEntry : static_cast<int64_t>(~verdict);
-}
-
 // Whether every slot of the call is legal (uniform over the grid). Every thread of the block must
-// call it, before the block's first store; where a slot is illegal, one block records it.
+// call it, before the block's first store; where a slot is illegal, block 0 records it.
 template <typename IdxT>
 __device__ bool call_is_legal(const SlotCheck& c, const void* index, int64_t stride, int64_t n, int64_t num_slots) {
-  int64_t first;
-  bool reporter = blockIdx.x == 0;  // mode 1; mode 2 sets it
+  int64_t mine = kNoEntry;
   if (c.mode == 1) {
-    first = block_min(first_illegal<IdxT>(index, stride, 0, n, threadIdx.x, blockDim.x, num_slots, c.negative_ok));
+    mine = first_illegal<IdxT>(index, stride, 0, n, threadIdx.x, blockDim.x, num_slots, c.negative_ok);
   } else {
-    first = grid_first_illegal<IdxT>(c, index, stride, n, num_slots, reporter);
+    for (int i = threadIdx.x; i < c.verdict_count; i += blockDim.x) mine = min(mine, c.verdict[i]);
   }
+  const int64_t first = block_min(mine);
   if (first >= n) return true;
-  if (reporter && threadIdx.x == 0) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
     volatile int64_t* box = c.mailbox;
     box[1] = first;
     box[2] = load_slot<IdxT>(index, first, stride);

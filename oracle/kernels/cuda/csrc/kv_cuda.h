@@ -15,34 +15,31 @@ enum IndexType : int32_t { kIndexInt32 = 0, kIndexInt64 = 1 };
 enum SrcType : int32_t { kSrcFloat32 = 0, kSrcFloat16 = 1, kSrcBFloat16 = 2 };
 enum Fp8Format : int32_t { kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 
-// The device-side slot check of a validating call (call_is_legal in common.cuh; the binding plans
-// it). Mode 0: none. Mode 1: every block scans the whole index before its first store (short
-// indices). Mode 2: the writer's own grid checks the index in `checkers` chunks, in the same launch:
-// a block claims chunks (compare-and-swap on `state`) while any is unclaimed and checks each it claims,
-// publishing its first illegal entry; then it waits until every chunk is checked before its first
-// store. No block waits for a block that has not started: a chunk nobody has claimed, a waiting
-// block claims and checks itself. The counters on `state` only grow; the binding keeps, per stream,
-// how many chunks earlier calls claimed (`base`) and how many mode-2 calls came before
-// (`generation`, whose parity picks the verdict word, zeroed by the call before).
+// The device-side slot check of a validating call (check.cu; the binding plans it). Mode 0: none.
+// Mode 1: every block scans the whole index before its first store (short indices: one launch).
+// Mode 2: launch_slot_check ran first and left each chunk's first illegal entry in `verdict`; the
+// writer, launched with PDL after it (args.pdl set), reads those words after griddepcontrol.wait.
 // An entry is illegal when its slot is >= num_slots, or < 0 unless negative_ok. If any is, no block
-// stores anything and one block writes the first one into `mailbox` (pinned host memory,
-// zero-copy; layout in oracle/kernels/_deferred.py): words 1-6, a system fence, then word 0.
+// stores anything and block 0 writes the first one into `mailbox` (pinned host memory, zero-copy;
+// layout in oracle/kernels/_deferred.py): words 1-6, a system fence, then word 0.
 struct SlotCheck {
-  unsigned long long* state;  // mode 2: kCheckStateWords words (see common.cuh), one set per stream
-  int64_t* mailbox;           // int64[8] the host reads
-  int64_t base;               // mode 2: chunks claimed by the earlier calls on the stream
-  int64_t generation;         // mode 2: mode-2 calls on the stream before this one
+  const int64_t* verdict;    // mode 2: one word per check block
+  int64_t* mailbox;          // int64[8] the host reads
   int32_t mode;
-  int32_t checkers;           // mode 2: chunks the index is checked in
+  int32_t verdict_count;
   int32_t negative_ok;
-  int32_t arg_code;           // oracle.kernels._deferred.ARGUMENTS
-  int32_t pad_code;           // oracle.kernels._deferred.PADDINGS
+  int32_t arg_code;          // oracle.kernels._deferred.ARGUMENTS
+  int32_t pad_code;          // oracle.kernels._deferred.PADDINGS
   int32_t pad_;
-  int64_t pad_slot;           // padding reserved:K's K (for the message)
+  int64_t pad_slot;          // padding reserved:K's K (for the message)
 };
 
-// Words of a mode-2 check state: two counters and two verdict words, each on its own 128-byte line.
-constexpr int kCheckStateWords = 64;
+// verdict[b] = the first illegal entry (see SlotCheck) among entries [b * chunk, (b + 1) * chunk)
+// of the index, or n, for b < blocks. With `pdl` it waits for the previous grid first; it lets the
+// next PDL launch be scheduled at once (that launch waits for this grid to complete).
+cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
+                              int64_t num_slots, int32_t negative_ok, int64_t* verdict, int blocks, int64_t chunk,
+                              bool pdl, cudaStream_t stream);
 
 // One tensor pair a paged/flat writer copies: source rows [N, heads, head] into cache rows.
 // A cache row (slot s) starts at dst + (s / block_size) * dst_block + (s % block_size) * dst_token;

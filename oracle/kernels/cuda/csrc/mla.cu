@@ -133,9 +133,9 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   const int64_t nope_chunks = a.nope_bytes / Vec;
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
   if (prefetch && first < a.n) prefetch_row<IdxT>(a, first, lane);
-  pdl_prologue(a.pdl);
-  // Under the grid's own slot check (SlotCheck mode 2) load the first row before the check, so its
-  // memory round trip overlaps the check instead of following it. Only the stores wait for it.
+  // After a check grid (SlotCheck mode 2, which lets this grid launch only once the kernels before
+  // it have completed) the sources and slots are final: load the first row before the PDL wait, so
+  // its memory round trip overlaps the check instead of following it. Only the stores wait.
   const bool early = a.check.mode == 2 && first < a.n && chunks <= 32 * kUnroll;
   int64_t early_slot = -1;
   V early_r[kUnroll];
@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
                                              nope_chunks, Vec));
     }
   }
+  pdl_prologue(a.pdl);
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
   int64_t row = first;
   if (early) {

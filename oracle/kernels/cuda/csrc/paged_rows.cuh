@@ -49,9 +49,9 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t items = a.n * a.sides;
   if (prefetch && first < items) prefetch_item<IdxT, Chunk::kIn>(a, first, lane);
-  pdl_prologue(a.pdl);
-  // Under the grid's own slot check (SlotCheck mode 2) a dense row that fits one round of loads is
-  // loaded before the check, so its memory round trip overlaps the check. Only the stores wait.
+  // After a check grid (SlotCheck mode 2, which lets this grid launch only once the kernels before
+  // it have completed) the sources and slots are final: a dense row that fits one round of loads is
+  // loaded before the PDL wait, so its memory round trip overlaps the check. Only the stores wait.
   bool early = false;
   int64_t early_slot = -1;
   In early_r[kRowUnroll];
@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
       }
     }
   }
+  pdl_prologue(a.pdl);
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
   int64_t item = first;
   if constexpr (Dense) {

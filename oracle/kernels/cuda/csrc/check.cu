@@ -1,0 +1,35 @@
+// The check grid of a validating call on a long index (SlotCheck mode 2): block b finds the first
+// illegal entry of its chunk and leaves it in verdict[b]; the writer that follows, launched with
+// programmatic dependent launch, reads the few verdict words after griddepcontrol.wait. The
+// check lets that writer be scheduled at once, so the writer's launch and its L2 prefetch of the
+// sources overlap the check.
+#include "common.cuh"
+
+namespace kvo_cuda {
+namespace {
+
+template <typename IdxT>
+__global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index, int64_t stride, int64_t n,
+                                                              int64_t num_slots, int32_t negative_ok, int64_t chunk,
+                                                              int64_t* verdict, int32_t pdl) {
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int64_t start = static_cast<int64_t>(blockIdx.x) * chunk;
+  const int64_t end = start + chunk < n ? start + chunk : n;
+  const int64_t first = block_min(first_illegal<IdxT>(index, stride, start, end, threadIdx.x, blockDim.x, num_slots,
+                                                      negative_ok));
+  if (threadIdx.x == 0) verdict[blockIdx.x] = first < n ? first : n;
+}
+
+}  // namespace
+
+cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
+                              int64_t num_slots, int32_t negative_ok, int64_t* verdict, int blocks, int64_t chunk,
+                              bool pdl, cudaStream_t stream) {
+  return with_index(index_type, [&](auto idx) {
+    return launch_kernel(slot_check_kernel<decltype(idx)>, static_cast<unsigned>(blocks), kThreads, 0, stream, pdl,
+                         index, index_stride, n, num_slots, negative_ok, chunk, verdict, static_cast<int32_t>(pdl));
+  });
+}
+
+}  // namespace kvo_cuda
