@@ -215,7 +215,6 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
     block = slot // block_size
     token = slot % block_size
     dst_off = (block * dst_block_stride + token * dst_token_stride)[:, None] + dst_col[None, :]
-    mask = keep[:, None] & e_mask[None, :]
     # the source load does not wait for the slot load: a row below n is readable whatever its slot
     x = tl.load(src_ptr + src_off, mask=row_mask[:, None] & e_mask[None, :])
     if CHECK == 2:
@@ -225,7 +224,7 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
         keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
                                      arg_code, pad_code, pad_slot, first, CHECK, NEGATIVE_OK, CHECK_BLOCK,
                                      SYS_FENCE)
-        mask = keep[:, None] & e_mask[None, :]
+    mask = keep[:, None] & e_mask[None, :]
     if FP8 != 0:
         if FLAT:
             x = _fp8_codes(x, tl.load(scale_ptr), FP8)

@@ -133,6 +133,16 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   const int64_t nope_chunks = a.nope_bytes / Vec;
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
   if (prefetch && first < a.n) prefetch_row<IdxT>(a, first, lane);
+  // Chunks [base, base + 32 * kUnroll) of a row, one per lane and unrolled step.
+  auto load_chunks = [&](int64_t row, int64_t base, V (&r)[kUnroll]) {
+    const unsigned char* nope = a.nope + row * a.nope_row;
+    const unsigned char* rope = a.rope + row * a.rope_row;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = base + u * 32 + lane;
+      if (c < chunks) r[u] = load_ro<Vec>(part_chunk(nope, rope, c, nope_chunks, Vec));
+    }
+  };
   // After a check grid (SlotCheck mode 2, which lets this grid launch only once the kernels before
   // it have completed) the sources and slots are final: load the first row before the PDL wait, so
   // its memory round trip overlaps the check instead of following it. Only the stores wait.
@@ -141,39 +151,21 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   V early_r[kUnroll];
   if (early) {
     early_slot = load_slot<IdxT>(a.index, first, a.index_stride);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = u * 32 + lane;
-      if (c < chunks)
-        early_r[u] = load_ro<Vec>(part_chunk(a.nope + first * a.nope_row, a.rope + first * a.rope_row, c,
-                                             nope_chunks, Vec));
-    }
+    load_chunks(first, 0, early_r);
   }
   pdl_prologue(a.pdl);
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
-  int64_t row = first;
-  if (early) {
-    if (early_slot >= 0 && early_slot < a.num_slots) {
-      unsigned char* dst = a.dst + early_slot * a.dst_row;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t c = u * 32 + lane;
-        if (c < chunks) store_global<Vec>(dst + c * Vec, early_r[u]);
-      }
-    }
-    row += step;
-  }
-  for (; row < a.n; row += step) {
-    const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
-    const unsigned char* nope = a.nope + row * a.nope_row;
-    const unsigned char* rope = a.rope + row * a.rope_row;
+  for (int64_t row = first; row < a.n; row += step) {
+    const bool preloaded = early && row == first;  // then the row is one round of chunks, base 0
+    const int64_t slot = preloaded ? early_slot : load_slot<IdxT>(a.index, row, a.index_stride);
     const bool keep = slot >= 0 && slot < a.num_slots;
     for (int64_t base = 0; base < chunks; base += 32 * kUnroll) {
       V r[kUnroll];
+      if (preloaded) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t c = base + u * 32 + lane;
-        if (c < chunks) r[u] = load_ro<Vec>(part_chunk(nope, rope, c, nope_chunks, Vec));
+        for (int u = 0; u < kUnroll; ++u) r[u] = early_r[u];
+      } else {
+        load_chunks(row, base, r);
       }
       if (!keep) break;
       unsigned char* dst = a.dst + slot * a.dst_row;  // rope follows nope: chunk c lands at c * Vec

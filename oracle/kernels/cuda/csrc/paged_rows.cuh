@@ -49,6 +49,12 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   const int64_t step = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t items = a.n * a.sides;
   if (prefetch && first < items) prefetch_item<IdxT, Chunk::kIn>(a, first, lane);
+  // A dense row's chunks base, base + 32, ... (base: the lane's first) of one round of loads.
+  auto load_dense = [&](const unsigned char* src, int64_t chunks, int64_t base, In (&r)[kRowUnroll]) {
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u)
+      if (base + u * 32 < chunks) r[u] = load_ro<Chunk::kIn>(src + (base + u * 32) * Chunk::kIn);
+  };
   // After a check grid (SlotCheck mode 2, which lets this grid launch only once the kernels before
   // it have completed) the sources and slots are final: a dense row that fits one round of loads is
   // loaded before the PDL wait, so its memory round trip overlaps the check. Only the stores wait.
@@ -64,37 +70,18 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
       early = chunks <= 32 * kRowUnroll;
       if (early) {
         early_slot = load_slot<IdxT>(a.index, row, a.index_stride);
-        const unsigned char* src = d.src + row * d.src_row;
-#pragma unroll
-        for (int u = 0; u < kRowUnroll; ++u)
-          if (lane + u * 32 < chunks) early_r[u] = load_ro<Chunk::kIn>(src + (lane + u * 32) * Chunk::kIn);
+        load_dense(d.src + row * d.src_row, chunks, lane, early_r);
       }
     }
   }
   pdl_prologue(a.pdl);
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
-  int64_t item = first;
-  if constexpr (Dense) {
-    if (early) {
-      const int s = first >= a.n ? 1 : 0;
-      const Side& d = a.side[s];
-      const int64_t chunks = d.heads * d.head_chunks;
-      if (early_slot >= 0 && early_slot < a.num_slots) {
-        const float scale = Chunk::kScaled ? __ldg(d.scale) : 1.0f;
-        unsigned char* dst = row_of(a, d, early_slot);
-#pragma unroll
-        for (int u = 0; u < kRowUnroll; ++u)
-          if (lane + u * 32 < chunks)
-            store_global<Chunk::kOut>(dst + (lane + u * 32) * Chunk::kOut, Chunk::apply(early_r[u], scale));
-      }
-      item += step;
-    }
-  }
-  for (; item < items; item += step) {
+  for (int64_t item = first; item < items; item += step) {
     const int s = item >= a.n ? 1 : 0;
     const int64_t row = item - (s ? a.n : 0);
     const Side& d = a.side[s];
-    const int64_t slot = load_slot<IdxT>(a.index, row, a.index_stride);
+    const bool preloaded = early && item == first;  // then the row is one round of loads
+    const int64_t slot = preloaded ? early_slot : load_slot<IdxT>(a.index, row, a.index_stride);
     const unsigned char* src = d.src + row * d.src_row;
     const int64_t chunks = d.heads * d.head_chunks;
     const bool keep = slot >= 0 && slot < a.num_slots;
@@ -102,9 +89,12 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
       const float scale = Chunk::kScaled ? __ldg(d.scale) : 1.0f;
       for (int64_t base = lane; base < chunks; base += 32 * kRowUnroll) {
         In r[kRowUnroll];
+        if (preloaded) {
 #pragma unroll
-        for (int u = 0; u < kRowUnroll; ++u)
-          if (base + u * 32 < chunks) r[u] = load_ro<Chunk::kIn>(src + (base + u * 32) * Chunk::kIn);
+          for (int u = 0; u < kRowUnroll; ++u) r[u] = early_r[u];
+        } else {
+          load_dense(src, chunks, base, r);
+        }
         if (!keep) break;  // uniform across the warp
         unsigned char* dst = row_of(a, d, slot);
 #pragma unroll
