@@ -6,9 +6,11 @@ compiled for sm_90 with Triton's bundled ptxas, disassembled with its nvdisasm, 
 Each row is one compile of the kernel as the host launches it for bf16 ``[N, 8, 128]`` sources
 into NHD caches with linear scale caches (strides divisible by 16, as Triton specializes them;
 a tile of 4096 elements, 4 warps) under one setting of the speed constexprs (``WIDE``,
-``HW_FP8``, ``WHOLE``): SASS instructions of the whole kernel, per element of the tile (every
-thread runs the kernel once for 32 elements), registers, and the most frequent opcodes. The
-writer is bound by instructions, not bytes, so this predicts its GPU time before a device run.
+``HW_FP8``, ``WHOLE``): SASS instructions of the whole kernel, those of its plain path (a tile
+with no NaN and no inf: the special-value branch left out), the plain path's per element of the
+tile (every thread runs the kernel once for 32 elements), registers, and the most frequent
+opcodes. The writer is bound by instructions, not bytes, so this predicts its GPU time before a
+device run.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the pointer arguments and their element types; every stride and size Triton would see as
 # divisible by 16 in the workload above gets that hint
-POINTERS = {"src_ptr": "*i16", "dst_ptr": "*u8", "sc_ptr": "*u8", "idx_ptr": "*i64", "gs_ptr": "*fp32",
+POINTERS = {"src_ptr": "*i16", "dst_ptr": "*u8", "sc_ptr": "*u8", "src2_ptr": "*i16", "dst2_ptr": "*u8",
+            "sc2_ptr": "*u8", "idx_ptr": "*i64", "gs_ptr": "*fp32",
             "gs2_ptr": "*fp32", "verdict_ptr": "*i32", "mailbox_ptr": "*i64"}
 DIVISIBLE = {"src_s0", "src_s1", "dst_block_stride", "dst_token_stride", "dst_head_stride", "sc_block_stride",
              "sc_token_stride", "block_size", "num_slots", "dim"}
@@ -41,7 +44,8 @@ def compile_sm90(fmt: int, **speed):
 
     block, nbp = (16, 8) if fmt == bk.FMT_NVFP4 else (32, 4)
     meta = dict(SRC=bk.SRC_BF16, FMT=fmt, BLOCK=block, NBP=nbp, ROWS=TILE_ELEMENTS // (block * nbp), HAS_INDEX=1,
-                SWIZZLED=0, CHECK=0, NEGATIVE_OK=1, CHECK_BLOCK=16, SYS_FENCE=0, CHECK_GS=0, **speed)
+                SWIZZLED=0, CHECK=0, NEGATIVE_OK=1, CHECK_BLOCK=16, SYS_FENCE=0, CHECK_GS=0, HEADS_LOG2=3,
+                BS_LOG2=4, **speed)
     names = bk.block_write.arg_names
     signature, constants = {}, {}
     for i, name in enumerate(names):
@@ -55,8 +59,12 @@ def compile_sm90(fmt: int, **speed):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
 
 
-def sass_counts(kernel) -> tuple[collections.Counter, str]:
-    """(opcode counts of the kernel's SASS, the registers line of its resource usage)."""
+def sass_counts(kernel) -> tuple[collections.Counter, collections.Counter, str]:
+    """(opcode counts of the kernel's SASS, those of its plain path, the registers line of its
+    resource usage). The plain path leaves out the special-value branch: the then-block of the
+    largest if/else in the code (``@!P BRA else`` ... ``BRA join``; a tile with a NaN or an inf
+    takes it instead of the else-block), which no tile of ordinary data runs, and the division's
+    slow-path subroutine."""
     import triton
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -67,13 +75,46 @@ def sass_counts(kernel) -> tuple[collections.Counter, str]:
                               check=True).stdout
         usage = subprocess.run([os.path.join(tools, "cuobjdump"), "--dump-resource-usage", f.name],
                                capture_output=True, text=True, check=True).stdout
-    ops = collections.Counter()
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
-        if m:
-            ops[m.group(2).split(".")[0]] += 1
+    lines = sass.splitlines()
+    opcodes = [_opcode(line) for line in lines]
+    slow = _slow_path_subroutines(lines)
+    ops = collections.Counter(op for op in opcodes if op)
+    start, end = _special_branch(lines)
+    plain = collections.Counter(op for i, op in enumerate(opcodes) if op and not start < i < end and not slow[i])
     registers = re.search(r"REG:(\d+)", usage)
-    return ops, registers.group(1) if registers else "?"
+    return ops, plain, registers.group(1) if registers else "?"
+
+
+def _opcode(line: str) -> str | None:
+    m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
+    return m.group(2).split(".")[0] if m else None
+
+
+def _slow_path_subroutines(lines: list[str]) -> list[bool]:
+    """Per line, whether it belongs to a compiler-emitted slow-path subroutine (the IEEE
+    division's, ``$__internal_*_slowpath``: called only for operands out of the fast path's range)."""
+    inside, flags = False, []
+    for line in lines:
+        m = re.match(r"\s*(\S+):\s*$", line)
+        if m and not m.group(1).startswith(".L"):
+            inside = "slowpath" in m.group(1)
+        flags.append(inside)
+    return flags
+
+
+def _special_branch(lines: list[str]) -> tuple[int, int]:
+    """(line of the branch, line of the else label) around the largest then-block of an if/else,
+    or (0, 0)."""
+    labels = {line.strip()[:-1]: i for i, line in enumerate(lines) if re.fullmatch(r"\s*\.L_x_\d+:\s*", line)}
+    best = (0, 0)
+    for i, line in enumerate(lines):
+        m = re.search(r"@!?U?P\w+\s+BRA\s+`\((\.L_x_\d+)\)", line)
+        target = labels.get(m.group(1), -1) if m else -1
+        # an if/else: the then-block ends in an unconditional jump over the else-block
+        if target > i and re.search(r"^\s*/\*[0-9a-f]+\*/\s+BRA\s+`\(\.L_x_\d+\)", lines[target - 1]):
+            if target - i > best[1] - best[0]:
+                best = (i, target)
+    return best
 
 
 def main(argv=None) -> int:
@@ -84,13 +125,15 @@ def main(argv=None) -> int:
     from oracle.kernels.triton import _block_kernels as bk
 
     per_thread = TILE_ELEMENTS // (32 * WARPS)
-    print(f"{'format':<8} {'WIDE':>4} {'HW_FP8':>6} {'WHOLE':>5} {'SASS':>6} {'/elem':>6} {'regs':>5}  top opcodes")
+    print(f"{'format':<8} {'WIDE':>4} {'HW_FP8':>6} {'WHOLE':>5} {'SASS':>6} {'plain':>6} {'/elem':>6} {'regs':>5}"
+          "  top opcodes of the plain path")
     for name, fmt in (("e4m3fn", bk.FMT_E4M3FN), ("e5m2", bk.FMT_E5M2), ("nvfp4", bk.FMT_NVFP4)):
         for wide, hw, whole in ((1, 0, 0), (0, 0, 1), (0, 1, 1)):
-            ops, regs = sass_counts(compile_sm90(fmt, WIDE=wide, HW_FP8=hw, WHOLE=whole))
-            total = sum(ops.values())
-            top = ", ".join(f"{o} {c}" for o, c in ops.most_common(opts.top))
-            print(f"{name:<8} {wide:>4} {hw:>6} {whole:>5} {total:>6} {total / per_thread:>6.1f} {regs:>5}  {top}")
+            ops, plain, regs = sass_counts(compile_sm90(fmt, WIDE=wide, HW_FP8=hw, WHOLE=whole))
+            total, executed = sum(ops.values()), sum(plain.values())
+            top = ", ".join(f"{o} {c}" for o, c in plain.most_common(opts.top))
+            print(f"{name:<8} {wide:>4} {hw:>6} {whole:>5} {total:>6} {executed:>6} {executed / per_thread:>6.1f} "
+                  f"{regs:>5}  {top}")
     return 0
 
 

@@ -26,8 +26,9 @@ import sass_count as sc
 out = {}
 for fmt in (1, 3):
     for name, speed in (("portable", dict(WIDE=1, HW_FP8=0, WHOLE=0)), ("h100", dict(WIDE=0, HW_FP8=1, WHOLE=1))):
-        ops, _ = sc.sass_counts(sc.compile_sm90(fmt, **speed))
+        ops, plain, _ = sc.sass_counts(sc.compile_sm90(fmt, **speed))
         out[f"{fmt} {name}"] = dict(ops)
+        out[f"{fmt} {name} plain"] = dict(plain)
 print("RESULT " + json.dumps(out))
 """
 
@@ -45,3 +46,7 @@ def test_the_h100_settings_issue_fewer_instructions():
         assert h100.get("F2FP", 0) > 0 and portable.get("F2FP", 0) == 0  # the hardware conversion, only there
         assert sum(h100.values()) < sum(portable.values())
         assert h100.get("CALL", 0) <= portable.get("CALL", 0)  # 64-bit divisions are library calls
+        # the plain path leaves the special-value branch out, and still converts in hardware
+        plain = counts[f"{fmt} h100 plain"]
+        assert 0.4 * sum(h100.values()) < sum(plain.values()) < 0.9 * sum(h100.values())
+        assert plain.get("F2FP", 0) > 0

@@ -114,6 +114,19 @@ def test_reshape_and_cache_block_matches_reference(fmt):
 
 
 @pytest.mark.parametrize("fmt", ("mxfp8_e4m3fn", "nvfp4"))
+def test_aliased_caches_keep_the_value_side(fmt):
+    # aliased: K's launch, then V's; caches apart: both sides in one launch
+    assert run("aliased", fmt) == {"bad": [], "sides per launch": [1, 1, 2], "aliased launches": 2}
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU (the compiled kernels; CPU runs use the interpreter)")
+@pytest.mark.parametrize("fmt", ("mxfp8_e4m3fn", "nvfp4"))
+def test_aliased_caches_keep_the_value_side_on_a_gpu(fmt):
+    """On a GPU the programs of one launch run in any order: aliased caches take two launches."""
+    assert scenario_aliased(fmt, "cuda")["bad"] == []
+
+
+@pytest.mark.parametrize("fmt", ("mxfp8_e4m3fn", "nvfp4"))
 def test_the_64_bit_row_path_matches_reference(fmt):
     """The kernels' int64 row and slot arithmetic (taken for rows or slots past 2**31), forced."""
     out = run("paged_wide", fmt)
@@ -168,11 +181,12 @@ class Arena:
         return out
 
 
-def _values(rng, fmt: str, shape: tuple, dtype):
+def _values(rng, fmt: str, shape: tuple, dtype, nonfinite: str = "nan"):
     """float32 values ``[N, H, D]`` cast to ``dtype``: rows of random magnitudes (2**-40..2**40),
     and rows of special values: exact rounding ties of the element format at a power-of-two
-    block scale, NaN (both signs), +-inf, +-0, all-zero blocks, huge and tiny values, float32
-    subnormals."""
+    block scale, +-0, all-zero blocks, huge and tiny values, float32 subnormals, and by
+    ``nonfinite``: "nan" NaN (both signs) and +-inf, "inf" +-inf alone, "none" neither (the
+    kernels' plain path takes tiles with no NaN, for MXFP8 no inf either)."""
     import torch
     from oracle.reference import fp8, nvfp4
 
@@ -187,8 +201,9 @@ def _values(rng, fmt: str, shape: tuple, dtype):
         top = float(grid[-1])
         grid = np.concatenate([grid, [top * 1.0625, top * 1.1]])  # past max: saturation, the tie above
     ties = np.concatenate([(grid[:-1] + grid[1:]) / 2, grid])
-    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0e38, -3.4e38, 1e-30,
-                         1e-45, -1e-40, 1.17e-38, 65504.0, 1.0], dtype=np.float64)
+    specials = np.array([0.0, -0.0, 3.0e38, -3.4e38, 1e-30, 1e-45, -1e-40, 1.17e-38, 65504.0, 1.0]
+                        + {"nan": [np.nan, -np.nan, np.inf, -np.inf], "inf": [np.inf, -np.inf], "none": []}[nonfinite],
+                        dtype=np.float64)
     for row in rng.permutation(n * h)[: max(2, n * h // 3)]:
         t, hh = divmod(int(row), h)
         kind = rng.integers(0, 3)
@@ -364,7 +379,7 @@ def scenario_paged(fmt: str, device: str = "cpu"):
     layouts = (("NHD", "linear"), ("HND", "swizzled"), ("padded", "linear"), ("NHD", "swizzled"))
     for i, (dtype, d) in enumerate((a, b) for a in DTYPES for b in DIMS):
         layout, scale_layout = layouts[i % 4]  # each layout under several dtypes and D
-        num_blocks, bs = 3, 16
+        num_blocks, bs = 3, 12 if i % 5 == 2 else 16  # block sizes that are powers of two or not
         h = 12 if i % 8 == 1 else 2  # swizzled pages of 192 rows (a half-empty second row tile) or 32
         n = 9
         width, count = ref.code_width(fmt, d), ref.scale_count(fmt, d)
@@ -380,8 +395,12 @@ def scenario_paged(fmt: str, device: str = "cpu"):
         storage = torch.full((2 * n + 3,), 10**6, dtype=torch.int32 if i % 2 else torch.int64)
         slot_mapping = storage[3::2]  # at a storage offset, stride 2
         slot_mapping.copy_(torch.from_numpy(slots))
-        key = _strided(_values(rng, fmt, (n + 2, h, d), dtype).to(device), i % 3)
-        value = _strided(_values(rng, fmt, (n + 2, h, d), dtype).to(device), (i + 1) % 3)
+        # K and V with the same strides (one launch) or not (one each); tiles with NaN and inf
+        # (the special-value path), with inf alone, or with neither (the plain path)
+        nonfinite = ("nan", "inf", "none")[i % 3]
+        key = _strided(_values(rng, fmt, (n + 2, h, d), dtype, nonfinite).to(device), i % 3)
+        value = _strided(_values(rng, fmt, (n + 2, h, d), dtype, ("none", "nan", "inf")[i % 3]).to(device),
+                         (i + i % 2) % 3)
         k_gs, v_gs = _global_scale(rng, key.cpu(), i), _global_scale(rng, value.cpu(), i + 1)
         with np.errstate(all="ignore"):
             want = ref.reshape_and_cache_block(*twins, slot_mapping.numpy(), key.cpu().float().numpy(),
@@ -405,6 +424,49 @@ def scenario_paged(fmt: str, device: str = "cpu"):
                     bad.append([dtype, d, "unmapped swizzled bytes written"])
                 unmapped += int((~mapped).sum()) * num_blocks
     return {"cases": cases, "bad": bad, "unmapped_checked": unmapped}
+
+
+def scenario_aliased(fmt: str, device: str = "cpu"):
+    """reshape_and_cache_block with key_cache and value_cache one buffer, and the scale caches
+    one buffer: as ``k_cache[loc] = k; v_cache[loc] = v``, V's codes and scales are what remain
+    (a kernel writing both sides in one launch would race on every row)."""
+    import torch
+
+    from oracle.kernels.triton import block_ops
+    from oracle.reference import block_scaled as ref
+
+    rng = np.random.default_rng(19)
+    num_blocks, bs, h, d, n = 4, 16, 2, 128, 40
+    width, count = ref.code_width(fmt, d), ref.scale_count(fmt, d)
+    arena = Arena(rng, device)
+    cache, cache_np = _paged_view(arena, "NHD", (num_blocks, bs, h, width))
+    scales, scales_np = _paged_view(arena, "NHD", (num_blocks, bs, h, count))
+    slots = torch.from_numpy(rng.permutation(num_blocks * bs)[:n].astype(np.int64))
+    key, value = (_values(rng, fmt, (n, h, d), "bfloat16", "none") for _ in range(2))
+    gs = torch.tensor([1.0], dtype=torch.float32)
+    spare_c, spare_s = np.zeros_like(cache_np), np.zeros_like(scales_np)
+    with np.errstate(all="ignore"):
+        k_c, _, k_s, _ = ref.reshape_and_cache_block(cache_np, spare_c, scales_np, spare_s, slots.numpy(),
+                                                     key.float().numpy(), key.float().numpy(), fmt=fmt)
+        _, v_c, _, v_s = ref.reshape_and_cache_block(spare_c, k_c, spare_s, k_s, slots.numpy(),
+                                                     value.float().numpy(), value.float().numpy(), fmt=fmt)
+    cache_np[...], scales_np[...] = v_c, v_s
+    from oracle.kernels.triton import _host, _runtime
+
+    grids, real = [], _runtime.launch
+    _runtime.launch = lambda kernel, grid, *a, **k: (grids.append(list(grid)), real(kernel, grid, *a, **k))
+    planned, _host.PLANS = _host.PLANS, False  # every call launches through _runtime.launch
+    try:
+        block_ops.reshape_and_cache_block(key.to(device), value.to(device), cache, cache, scales, scales,
+                                          slots.to(device), fmt, gs.to(device), gs.to(device))
+        aliased = grids[:]
+        other = [torch.empty_like(t) for t in (cache, cache, scales, scales)]  # apart: one launch
+        block_ops.reshape_and_cache_block(key.to(device), value.to(device), *other, slots.to(device), fmt,
+                                          gs.to(device), gs.to(device))
+    finally:
+        _runtime.launch, _host.PLANS = real, planned
+    return {"bad": arena.mismatches(), "sides per launch": [g[-1] for g in grids if len(g) == 2],
+            "aliased launches": len([g for g in aliased if len(g) == 2])}
 
 
 def scenario_paged_wide(fmt: str):

@@ -230,12 +230,23 @@ def test_empty_input_launches_nothing():
     wide = torch.zeros(4, H, 2 * D)
     ops.store_cache(torch.ones(1, H, D), torch.ones(1, H, D), torch.zeros(4, H, D), wide[:, :, ::2],
                     torch.tensor([2]))
-    emit({"empty": empty_calls, "one": [list(g) for g in one],
-          "split": [list(g) for g in calls[empty_calls + len(one):]]})
+    split = calls[empty_calls + len(one):]
+    # one buffer for both caches: K's launch, then V's (in one launch the sides would race)
+    shared, before = torch.zeros(4, H, D), len(calls)
+    ops.store_cache(torch.ones(1, H, D), 2 * torch.ones(1, H, D), shared, shared, torch.tensor([2]))
+    aliased = calls[before:]
+    # K and V interleaved in one qkv buffer (their sources overlap), caches apart: one launch
+    qkv, before = torch.ones(1, H, 2 * D), len(calls)
+    ops.store_cache(qkv[:, :, :D], qkv[:, :, D:], torch.zeros(4, H, D), torch.zeros(4, H, D), torch.tensor([2]))
+    emit({"empty": empty_calls, "one": [list(g) for g in one], "split": [list(g) for g in split],
+          "aliased": [list(g) for g in aliased], "v kept": bool(shared[2].eq(2).all()),
+          "qkv": [list(g) for g in calls[before:]]})
     """)
     assert out["empty"] == 0
     assert out["one"] == [[1, 1, 2]]  # K and V share a layout: one launch, grid axis 2 = side
     assert out["split"] == [[1, 1, 1], [1, 1, 1]]
+    assert out["aliased"] == [[1, 1, 1], [1, 1, 1]] and out["v kept"]
+    assert out["qkv"] == [[1, 1, 2]]
 
 
 def test_fp8_is_refused_under_the_interpreter_and_plumbed_right_when_forced():

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._kernels import _call_is_legal
+from ._kernels import _call_is_legal, _pdl_prologue
 
 FMT_E4M3FN, FMT_E5M2, FMT_NVFP4 = 1, 2, 3  # the FMT constexpr of block_write
 SRC_F32, SRC_F16, SRC_BF16 = 0, 1, 2  # the SRC constexpr: how the source's integer bits widen
@@ -95,21 +95,37 @@ def fp8_code(bits, sign_bits, FMT: tl.constexpr):
 
 
 @triton.jit
-def e2m1_code(bits):
+def e2m1_code(bits, FINITE: tl.constexpr = 0):
     """e2m1 codes (int32, 0..15) of float32 ``bits``: RNE on 0, 0.5, 1, 1.5, 2, 3, 4, 6,
     saturating to ±6 (code 7 | sign), inf -> ±6, NaN -> 7 (+6, whatever its sign), -0 -> 8.
 
-    From 1 up (the normal codes 2..7) the code is the float32 exponent and first mantissa bit,
-    rounded to nearest even by one integer addition whose carry moves into the exponent; below 1
-    (codes 0..2, a quantum of 0.5) it counts the two rounding boundaries at or below the
-    magnitude: a tie goes to the even code, so the boundary into the odd code 1 is passed above
-    the midpoint 0.25 and the one into code 2 at 0.75."""
-    mag = bits & MAG
-    m = tl.minimum(mag, 0x40E00000)  # 7.0: everything from 7 up saturates to code 7, as 7 does
-    normal = tl.minimum(((m + 0x1FFFFF + ((m >> 22) & 1)) >> 22) - 252, 7)  # 1.0 -> 254 - 252 = 2
-    small = (m > 0x3E800000).to(tl.int32) + (m >= 0x3F400000).to(tl.int32)
-    code = tl.where(m >= 0x3F800000, normal, small)
-    return tl.where(mag > INF, 7, code | ((bits >> 28) & 0x8))
+    The float adder rounds: the magnitude, clamped to 6 as bits (so inf and NaN clamp too), is
+    added to ``magic`` = 2**22 times the power of two of its binade (1 below 2), whose unit in
+    the last place is then the e2m1 quantum there (0.5 below 2, 1 in [2, 4), 2 in [4, 6]); the
+    sum, rounded to nearest even, counts quanta in its low bits. Consecutive e2m1 codes of a
+    binade step one quantum and alternate parity with the count, so the addition's tie to even
+    is the format's, and the code is that count plus the codes below the binade (0, 2 or 4),
+    which ``magic`` carries in its last places (they are whole quanta, so the rounding is unchanged).
+    ``FINITE``: the caller knows no element is NaN (inf is fine), and the NaN test is left out."""
+    # the sign bit lands in bit 3 (bits 0-2 hold exponent bits, which the code's replace)
+    sign = (bits.to(tl.uint32, bitcast=True) >> 28).to(tl.int32, bitcast=True)
+    if FINITE:  # float min and max: |x| and the clamps in one instruction each
+        m = tl.minimum(tl.abs(bits.to(tl.float32, bitcast=True)), 6.0)
+        return _e2m1_code_of(m, tl.maximum(m, 1.0).to(tl.int32, bitcast=True) & 0x7F800000, sign)
+    mag = bits & MAG  # integer min and max, under which NaN clamps to 6 as inf does
+    m = tl.minimum(mag, 0x40C00000)  # 6.0
+    code = _e2m1_code_of(m.to(tl.float32, bitcast=True), tl.maximum(m, 0x3F800000) & 0x7F800000, sign)
+    return tl.where(mag > INF, 7, code)
+
+
+@triton.jit
+def _e2m1_code_of(m, binade, sign):
+    """The e2m1 code of float32 magnitude ``m`` in [0, 6] whose binade (as bits: 1.0 below 2,
+    2.0 or 4.0) is ``binade``, with the sign in bit 3 of ``sign`` (bits 4 and up clear): 2**22
+    times the binade, plus the codes below it (0, 2 or 4: (binade >> 22) - 254) in its last
+    places, added to m; the sum's low three bits are the magnitude's code."""
+    magic = binade + (binade >> 22) + ((22 << 23) - 254)
+    return ((m + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) & 0x7) | (sign & ~0x7)
 
 
 @triton.jit
@@ -127,6 +143,20 @@ def fp8_code_hw(q, sign_bits, FMT: tl.constexpr):
             "{ .reg .b16 h; cvt.rn.satfinite.e5m2x2.f32 h, 0f00000000, $1; cvt.u32.u16 $0, h; }",
             "=r,r", [q], dtype=tl.int32, is_pure=True, pack=1)
     return code | ((sign_bits >> 24) & 0x80)
+
+
+@triton.jit
+def fp8_codes_hw_finite(q, FMT: tl.constexpr):
+    """uint8 fp8 codes of float32 ``q`` with no NaN (inf is fine) by the GPU's conversion
+    (sm_89+), four elements per ``cvt.rn.satfinite`` pair: the codes of :func:`fp8_code` (a NaN's
+    sign, which the hardware drops, is the one thing this cannot carry)."""
+    if FMT == 1:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+            "mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [q], dtype=tl.uint8, is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e5m2x2.f32 lo, $2, $1; cvt.rn.satfinite.e5m2x2.f32 hi, $4, $3; "
+        "mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [q], dtype=tl.uint8, is_pure=True, pack=4)
 
 
 @triton.jit
@@ -149,30 +179,26 @@ def floor_log2(mag):
 
 
 @triton.jit
-def mx_scale(mag, FMT: tl.constexpr):
-    """(E, scale byte) of each row of ``mag`` ``[T, BLOCK]`` (a block's magnitudes, padding
-    lanes 0): E = floor(log2(amax)) - emax_elem over the finite elements, clamped to
-    [-127, 127], -127 for amax == 0; the byte is E + 127, or 0xFF (NaN) where the block holds a
-    NaN or an inf."""
-    amax = tl.max(tl.where(mag < INF, mag, 0), axis=1)  # non-negative floats order as their bits
-    nonfinite = tl.max((mag >= INF).to(tl.int32), axis=1)
+def mx_scale(amax, FMT: tl.constexpr):
+    """(E, scale byte) of blocks whose largest finite magnitude is ``amax`` (float32 bits):
+    E = floor(log2(amax)) - emax_elem, clamped to [-127, 127], -127 for amax == 0; the byte is
+    E + 127 (the caller makes it 0xFF, NaN, where the block holds a NaN or an inf)."""
     if FMT == 1:
         e = floor_log2(tl.maximum(amax, 1)) - 8
     else:
         e = floor_log2(tl.maximum(amax, 1)) - 15
     e = tl.where(amax > 0, tl.minimum(tl.maximum(e, -127), 127), -127)
-    return e, tl.where(nonfinite > 0, 255, e + 127)
+    return e, e + 127
 
 
 @triton.jit
-def nvfp4_scale(mag, gs, HW_FP8: tl.constexpr = 0):
-    """(scale byte, out) of each row of ``mag`` ``[T, BLOCK]`` with the float32 global scale
-    ``gs`` (> 0, finite): amax over the non-NaN elements (inf counts), sf = fl32(gs *
-    fl32(amax * fl32(1/6))), the byte its saturating RNE e4m3fn code (sf >= 448 and inf ->
-    0x7E), sfq that code's value, out = sfq == 0 ? 0 : fl32(1 / fl32(sfq * fl32(1 / gs)))."""
-    amax = tl.max(tl.where(mag <= INF, mag, 0), axis=1).to(tl.float32, bitcast=True)
+def nvfp4_scale(amax, gs, HW_FP8: tl.constexpr = 0):
+    """(scale byte, out) of blocks whose largest non-NaN magnitude is ``amax`` (float32 bits; inf
+    counts) with the float32 global scale ``gs`` (> 0, finite): sf = fl32(gs * fl32(amax *
+    fl32(1/6))), the byte its saturating RNE e4m3fn code (sf >= 448 and inf -> 0x7E), sfq that
+    code's value, out = sfq == 0 ? 0 : fl32(1 / fl32(sfq * fl32(1 / gs)))."""
     sixth = tl.full([], 0x3E2AAAAB, tl.int32).to(tl.float32, bitcast=True)  # fl32(1/6), exactly
-    sf = gs * (amax * sixth)
+    sf = gs * (amax.to(tl.float32, bitcast=True) * sixth)
     if HW_FP8:  # sf is never NaN (NaNs move no maximum) nor negative: the code is the magnitude's
         byte = fp8_code_hw(sf.to(tl.int32, bitcast=True), 0, 1)
     else:
@@ -182,6 +208,38 @@ def nvfp4_scale(mag, gs, HW_FP8: tl.constexpr = 0):
     # the division by a zero scale is never taken (numpy would warn): its lanes divide by 1
     out = tl.div_rn(1.0 + tl.zeros_like(sfq), tl.where(sfq == 0, 1.0, denominator))
     return byte, tl.where(sfq == 0, 0.0, out)
+
+
+@triton.jit
+def nvfp4_codes(bits, bits2, amax, gs, HW_FP8: tl.constexpr, FINITE: tl.constexpr):
+    """(scale bytes ``[T]``, e2m1 codes of ``bits`` and of ``bits2``) of blocks made of two pieces
+    (float32 bits ``[T, P]`` each) whose largest non-NaN magnitudes are ``amax``; ``FINITE``:
+    every element is finite, so no quotient is NaN (a zero scale's quotients are 0; an
+    overflowing one is inf, which saturates)."""
+    byte, out = nvfp4_scale(amax, gs, HW_FP8)
+    q = bits.to(tl.float32, bitcast=True) * out[:, None]
+    q2 = bits2.to(tl.float32, bitcast=True) * out[:, None]
+    return byte, e2m1_code(q.to(tl.int32, bitcast=True), FINITE), e2m1_code(q2.to(tl.int32, bitcast=True), FINITE)
+
+
+@triton.jit
+def mx_codes(bits, amax, FMT: tl.constexpr, HW_FP8: tl.constexpr, FINITE: tl.constexpr):
+    """(scale bytes ``[T]`` before the NaN marking, uint8 fp8 codes ``[T, BLOCK]``) of the blocks
+    ``bits`` (float32 bits) whose largest finite magnitudes are ``amax``; ``FINITE``: no element
+    is NaN or inf."""
+    e, byte = mx_scale(amax, FMT)
+    factor = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-E: normal, E in [-127, 119]
+    # fl32(x * 2**-E), as the reference: exact but for float32-subnormal quotients, which are fp8
+    # zeros however they round
+    q = bits.to(tl.float32, bitcast=True) * factor[:, None]
+    if HW_FP8:
+        if FINITE:
+            code = fp8_codes_hw_finite(q, FMT)
+        else:
+            code = fp8_code_hw(q.to(tl.int32, bitcast=True), bits, FMT).to(tl.uint8)
+    else:
+        code = fp8_code(q.to(tl.int32, bitcast=True), bits, FMT).to(tl.uint8)
+    return byte, code
 
 
 @triton.jit
@@ -203,21 +261,45 @@ def _scales_are_legal(gs_ptr, gs2_ptr, gs_code, gs2_code, mailbox_ptr, report, S
 
 
 @triton.jit
+def _inside(d, live, blk, nb, dim, WHOLE: tl.constexpr):
+    """Which elements ``d`` of the tile's rows exist (``WHOLE``, D a multiple of the block: by
+    row alone, so loads and stores stay vectors)."""
+    if WHOLE:
+        return tl.broadcast_to((live & (blk < nb))[:, None], d.shape)
+    return live[:, None] & (d < dim)
+
+
+@triton.jit
+def _store_nibbles(ptrs, code, keep, pair, dim, keep_blocks, PIECE: tl.constexpr, WHOLE: tl.constexpr):
+    """Store e2m1 codes ``[T, PIECE]`` two to a byte (element 2k in the low nibble, 2k + 1 in the
+    high one) at ``ptrs`` ``[T, PIECE // 2]``, the bytes ``pair`` of their rows."""
+    low, high = tl.split(tl.reshape(code, [code.shape[0], PIECE // 2, 2]))
+    if WHOLE:
+        mask = keep_blocks[:, None]
+    else:
+        mask = keep[:, None] & (2 * pair < dim)
+    tl.store(ptrs, (low | (high << 4)).to(tl.uint8), mask=mask)
+
+
+@triton.jit
 def block_write(src_ptr, src_s0, src_s1, src_s2,
                 dst_ptr, dst_block_stride, dst_token_stride, dst_head_stride,
                 sc_ptr, sc_block_stride, sc_token_stride, sc_head_stride,
-                idx_ptr, idx_stride, gs_ptr, gs2_ptr,
+                src2_ptr, dst2_ptr, sc2_ptr, idx_ptr, idx_stride, gs_ptr, gs2_ptr,
                 n_rows, heads, dim, nb, block_size, num_slots, cp4,
                 verdict_ptr, verdict_count, mailbox_ptr, arg_code, pad_code, gs_code, gs2_code,
                 SRC: tl.constexpr, FMT: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
                 ROWS: tl.constexpr, HAS_INDEX: tl.constexpr, SWIZZLED: tl.constexpr,
                 CHECK: tl.constexpr = 0, NEGATIVE_OK: tl.constexpr = 1, CHECK_BLOCK: tl.constexpr = 16,
                 SYS_FENCE: tl.constexpr = 0, CHECK_GS: tl.constexpr = 0, WIDE: tl.constexpr = 1,
-                HW_FP8: tl.constexpr = 0, WHOLE: tl.constexpr = 0):
+                HW_FP8: tl.constexpr = 0, WHOLE: tl.constexpr = 0, PDL: tl.constexpr = 0,
+                HEADS_LOG2: tl.constexpr = -1, BS_LOG2: tl.constexpr = -1):
     """Quantize ``ROWS`` head rows (row = token * heads + head, ``n_rows`` = tokens * heads) of
     the source ``[tokens, heads, dim]`` (any strides, integer bits: see :func:`widen_bits`) per
     block of ``BLOCK`` elements (``nb`` blocks a row, ``NBP`` = nb rounded up to a power of two)
-    and store the codes and the scale bytes (uint8).
+    and store the codes and the scale bytes (uint8). Grid axis 1 is the side: programs ``(i, 1)``
+    write ``src2`` into ``dst2`` and ``sc2`` with the global scale at ``gs2_ptr`` (V next to K in
+    one launch, where the two sides share every stride).
 
     Token ``i`` goes to entry ``(slot // block_size, slot % block_size)`` of the caches, ``slot``
     = ``idx[i * idx_stride]`` (``HAS_INDEX``; else ``slot = i``); slots < 0 or >= ``num_slots``
@@ -228,13 +310,29 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     nibble; the global scale at ``gs_ptr``).
 
     The tile is ``[ROWS * NBP, BLOCK]``: tile row ``t`` is block ``t % NBP`` of head row
-    ``t // NBP``, so each block's maximum is one ``tl.max`` along axis 1.
+    ``t // NBP``, so each block's maximum is one ``tl.max`` along axis 1. A tile with no NaN and
+    no inf takes the plain maxima and conversions without NaN handling; one with either, the
+    special-value path (the same bytes: only the work differs).
 
     Validation on the device, before any store (``oracle.kernels._deferred``): ``CHECK`` as the
     other writers' (:func:`._kernels._call_is_legal`: every slot of the call legal, or nothing is
     stored and program 0 leaves the first illegal entry in the mailbox); ``CHECK_GS``: both
-    per-tensor scales (``gs_ptr`` and ``gs2_ptr``, the call's other one, so the K and the V launch
-    agree) finite and > 0, or nothing is stored and program 0 leaves the bad one in the mailbox."""
+    per-tensor scales (``gs_ptr`` and ``gs2_ptr``) finite and > 0, or nothing is stored and
+    program 0 leaves the bad one in the mailbox. ``PDL``: launched with programmatic dependent
+    launch (:func:`._kernels._pdl_prologue`); after a check grid (``CHECK == 2``, which lets this
+    grid launch only once the kernels before it have completed) the slots and sources are loaded
+    before the wait and only the stores wait. ``HEADS_LOG2``, ``BS_LOG2``: log2 of ``heads`` and
+    ``block_size`` where they are powers of two (shifts instead of divisions), else -1."""
+    side = tl.program_id(1)
+    first_program = (tl.program_id(0) == 0) & (side == 0)
+    k_gs_ptr = gs_ptr  # the scale check reports K's and V's scales in one order on both sides
+    if side == 1:
+        src_ptr = src2_ptr
+        dst_ptr = dst2_ptr
+        sc_ptr = sc2_ptr
+        gs_ptr = gs2_ptr
+    if CHECK != 2:
+        _pdl_prologue(PDL)
     t = tl.arange(0, ROWS * NBP)
     if WIDE:
         row = tl.program_id(0).to(tl.int64) * ROWS + t // NBP
@@ -242,15 +340,28 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
         row = tl.program_id(0) * ROWS + t // NBP
     blk = t % NBP
     live = row < n_rows
-    token = row // heads
+    if HEADS_LOG2 >= 0:
+        token = row >> HEADS_LOG2
+    else:
+        token = row // heads
     head = row - token * heads
     token64, head64 = token.to(tl.int64), head.to(tl.int64)  # every offset below is 64-bit
     if HAS_INDEX:
         slot = tl.load(idx_ptr + token64 * idx_stride, mask=live, other=-1).to(tl.int64)
     else:
         slot = token64
+    # NVFP4 loads each block as two halves, each its own tensor, so that one thread holds a whole
+    # block (its maximum, scale and packing stay in the thread); MXFP8 as one piece
+    PIECE: tl.constexpr = BLOCK // 2 if FMT == 3 else BLOCK
+    j = tl.arange(0, PIECE)
+    d = blk[:, None] * BLOCK + j[None, :]  # the block's first piece; the second is d + PIECE
+    src_row = src_ptr + (token64 * src_s0 + head64 * src_s1)[:, None]
+    raw = tl.load(src_row + d * src_s2, mask=_inside(d, live, blk, nb, dim, WHOLE), other=0)
+    if FMT == 3:
+        raw2 = tl.load(src_row + (d + PIECE) * src_s2, mask=_inside(d + PIECE, live, blk, nb, dim, WHOLE), other=0)
+    if CHECK == 2:
+        _pdl_prologue(PDL)
     keep = live & (slot >= 0) & (slot < num_slots)
-    first_program = tl.program_id(0) == 0
     legal = tl.program_id(0) >= 0  # a scalar True
     if CHECK != 0:
         legal = _call_is_legal(idx_ptr, idx_stride, n_rows // heads, num_slots, verdict_ptr, verdict_count,
@@ -258,52 +369,50 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
                                CHECK_BLOCK, SYS_FENCE)
         keep = keep & legal
     if CHECK_GS:
-        keep = keep & _scales_are_legal(gs_ptr, gs2_ptr, gs_code, gs2_code, mailbox_ptr, first_program & legal,
+        keep = keep & _scales_are_legal(k_gs_ptr, gs2_ptr, gs_code, gs2_code, mailbox_ptr, first_program & legal,
                                         SYS_FENCE)
     if WIDE:
         s = slot
     else:  # a slot that is not kept is never stored: 0 stands in for it
         s = tl.where(keep, slot, 0).to(tl.int32)
-    cache_block = s // block_size
+    if BS_LOG2 >= 0:
+        cache_block = s >> BS_LOG2
+    else:
+        cache_block = s // block_size
     cache_token = (s - cache_block * block_size).to(tl.int32)  # int32: the swizzled row below
     cache_block, cache_token64 = cache_block.to(tl.int64), cache_token.to(tl.int64)
     keep_blocks = keep & (blk < nb)  # the blocks whose scale byte is stored
-    j = tl.arange(0, BLOCK)
-    d = blk[:, None] * BLOCK + j[None, :]
-    if WHOLE:  # dim == nb * BLOCK: masks by row alone, so loads and stores stay vectors
-        inside = (live & (blk < nb))[:, None]
-        keep_elements = keep_blocks[:, None]
-    else:
-        inside = live[:, None] & (d < dim)
-        keep_elements = keep[:, None] & (d < dim)
-    raw = tl.load(src_ptr + (token64 * src_s0 + head64 * src_s1)[:, None] + d * src_s2, mask=inside, other=0)
     bits = widen_bits(raw, SRC)  # masked lanes are +0: they move no maximum
     mag = bits & MAG
-    dst_row = cache_block * dst_block_stride + cache_token64 * dst_token_stride + head64 * dst_head_stride
+    top = tl.max(mag, axis=1)  # each block's largest magnitude, NaN and inf included (their bits are larger)
+    dst_row = dst_ptr + (cache_block * dst_block_stride + cache_token64 * dst_token_stride +
+                         head64 * dst_head_stride)[:, None]
     if FMT == 3:
-        byte, out = nvfp4_scale(mag, tl.load(gs_ptr), HW_FP8)
-        q = bits.to(tl.float32, bitcast=True) * out[:, None]
-        code = e2m1_code(q.to(tl.int32, bitcast=True))
-        # pack: element 2k in the low nibble, 2k + 1 in the high one
-        low, high = tl.split(tl.reshape(code, [ROWS * NBP, BLOCK // 2, 2]))
-        k = tl.arange(0, BLOCK // 2)
-        pair = blk[:, None] * (BLOCK // 2) + k[None, :]
-        if WHOLE:
-            keep_pairs = keep_elements
+        bits2 = widen_bits(raw2, SRC)
+        mag2 = bits2 & MAG
+        top = tl.maximum(top, tl.max(mag2, axis=1))
+        gs = tl.load(gs_ptr)
+        # a NaN or an inf in the tile: the maxima skip NaN (inf counts), and an inf element times a
+        # zero quotient (a scale saturated by a tiny global scale) is a NaN element
+        if tl.max(top, axis=0) >= INF:
+            amax = tl.maximum(tl.max(tl.where(mag <= INF, mag, 0), axis=1), tl.max(tl.where(mag2 <= INF, mag2, 0), axis=1))
+            byte, code, code2 = nvfp4_codes(bits, bits2, amax, gs, HW_FP8, 0)
         else:
-            keep_pairs = keep[:, None] & (2 * pair < dim)
-        tl.store(dst_ptr + dst_row[:, None] + pair, (low | (high << 4)).to(tl.uint8), mask=keep_pairs)
+            byte, code, code2 = nvfp4_codes(bits, bits2, top, gs, HW_FP8, 1)
+        pair = blk[:, None] * (BLOCK // 2) + tl.arange(0, PIECE // 2)[None, :]  # the first piece's bytes
+        _store_nibbles(dst_row + pair, code, keep, pair, dim, keep_blocks, PIECE, WHOLE)
+        _store_nibbles(dst_row + pair + PIECE // 2, code2, keep, pair + PIECE // 2, dim, keep_blocks, PIECE, WHOLE)
     else:
-        e, byte = mx_scale(mag, FMT)
-        factor = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-E: normal, E in [-127, 119]
-        # fl32(x * 2**-E), as the reference: exact but for float32-subnormal quotients, which
-        # are fp8 zeros however they round
-        q = bits.to(tl.float32, bitcast=True) * factor[:, None]
-        if HW_FP8:
-            code = fp8_code_hw(q.to(tl.int32, bitcast=True), bits, FMT)
+        if tl.max(top, axis=0) >= INF:  # a NaN or an inf in the tile: maxima over the finite elements
+            byte, code = mx_codes(bits, tl.max(tl.where(mag < INF, mag, 0), axis=1), FMT, HW_FP8, 0)
+            byte = tl.where(top >= INF, 255, byte)
         else:
-            code = fp8_code(q.to(tl.int32, bitcast=True), bits, FMT)
-        tl.store(dst_ptr + dst_row[:, None] + d, code.to(tl.uint8), mask=keep_elements)
+            byte, code = mx_codes(bits, top, FMT, HW_FP8, 1)
+        if WHOLE:
+            keep_elements = keep_blocks[:, None]
+        else:
+            keep_elements = keep[:, None] & (d < dim)
+        tl.store(dst_row + d, code, mask=keep_elements)
     if SWIZZLED:
         r = cache_token * heads + head  # the page's scale matrix: row r, column blk
         within = ((r // 128) * cp4 + blk // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + blk % 4

@@ -167,3 +167,27 @@ def rows3(name: str, t: torch.Tensor) -> tuple[tuple, tuple]:
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.stride() == b.stride()
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) bytes ``t`` may address (empty for an empty tensor)."""
+    if t.numel() == 0:
+        return 0, 0
+    start = t.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 1)
+    return start, start + (last + 1) * t.element_size()
+
+
+def one_launch(sources: tuple, destinations: tuple) -> bool:
+    """Whether the two sides of a K/V write may share a launch: each (K, V) pair of ``sources``
+    and of ``destinations`` has one layout, and no K destination's bytes overlap its V twin's.
+    Where they overlap (the caches aliased, as a caller may pass one buffer for both), the
+    programs of one launch would race on the shared rows: two launches, V after K, write as
+    ``k_cache[loc] = k; v_cache[loc] = v`` does."""
+    if not all(same_layout(a, b) for a, b in sources + destinations):
+        return False
+    for a, b in destinations:
+        (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
+        if a0 < b1 and b0 < a1:
+            return False
+    return True

@@ -122,14 +122,22 @@ def swizzled_page_bytes(block_size: int, heads: int, nb: int) -> int:
 
 # --- launching -------------------------------------------------------------------------------
 
-def _launch(src, codes4: tuple, scales4: tuple, index, gs, n: int, fmt_code: int, block: int,
-            block_size: int, num_slots: int, swizzled: bool, cp4: int, device, check: _validate.Check,
-            scale_check: tuple | None) -> None:
-    """One ``block_write`` launch: ``codes4``/``scales4`` = (tensor, block stride, token stride,
-    head stride) (swizzled scales: the page stride as block stride); ``check`` the slot check
-    (:mod:`._validate`); ``scale_check`` (the call's other per-tensor scale, this one's code and
-    the other's in ``_deferred.SCALE_ARGUMENTS``) where the per-tensor scales are checked on the
-    device, else None."""
+def _log2(x: int) -> int:
+    """log2 of a power of two, else -1 (the kernel then divides)."""
+    return x.bit_length() - 1 if x > 0 and x & (x - 1) == 0 else -1
+
+
+def _launch(sides: list, index, n: int, fmt_code: int, block: int, block_size: int, num_slots: int,
+            swizzled: bool, cp4: int, device, check: _validate.Check, scale_codes: tuple | None, pdl: bool) -> None:
+    """``block_write`` for one or two sides, each ``(src, codes4, scales4, gs)``: ``codes4`` and
+    ``scales4`` = (tensor, block stride, token stride, head stride) (swizzled scales: the page
+    stride as block stride), ``gs`` the NVFP4 per-tensor scale or None. Two sides whose sources,
+    caches and scale caches share their layouts, and whose caches do not overlap, go in one launch
+    (grid axis 1; :func:`._host.one_launch`), else one launch each, K first. ``check``: the slot
+    check (:mod:`._validate`); ``scale_codes``: each side's per-tensor scale's argument code
+    (``_deferred.SCALE_ARGUMENTS``) where the scales are checked on the device, else None (every
+    launch checks both sides' scales)."""
+    src = sides[0][0]
     _, heads, dim = src.shape
     n_rows = n * heads
     if n_rows == 0 or dim == 0:
@@ -140,23 +148,40 @@ def _launch(src, codes4: tuple, scales4: tuple, index, gs, n: int, fmt_code: int
     tile = INTERPRETER_TILE_ELEMENTS if interpreting else TILE_ELEMENTS
     rows = max(1, min(_pow2(n_rows), tile // (nbp * block)))
     code, int_dtype = _SRC[src.dtype]
-    bits = src.view(int_dtype)  # loaded as integers: the kernel widens them itself (exactly)
-    s0, s1, s2 = bits.stride()
-    codes, c0, c1, c2 = codes4
-    scales, a0, a1, a2 = scales4
-    gs2, gs_code, gs2_code = scale_check or (gs, 0, 0)
-    k = kernels()
-    args = (bits, s0, s1, s2, codes, c0, c1, c2, scales, a0, a1, a2,
-            index if index is not None else codes, index.stride(0) if index is not None else 0,
-            gs if gs is not None else codes, gs2 if gs2 is not None else codes,
-            n_rows, heads, dim, nb, block_size, num_slots, cp4, *check.args, gs_code, gs2_code)
     grid = _cdiv(n_rows, rows)
     # int32 row and slot arithmetic where every row number a program forms and every slot fits
     wide = grid * rows >= INT32_LIMIT or num_slots >= INT32_LIMIT
     meta = dict(SRC=code, FMT=fmt_code, BLOCK=block, NBP=nbp, ROWS=rows, HAS_INDEX=index is not None,
-                SWIZZLED=swizzled, CHECK_GS=scale_check is not None, WIDE=wide, WHOLE=dim % block == 0,
-                HW_FP8=not interpreting and hardware_fp8(device), num_warps=4, **check.meta)
-    _runtime.launch(k.block_write, (grid,), device, *args, **meta)
+                SWIZZLED=swizzled, CHECK_GS=scale_codes is not None, WIDE=wide, WHOLE=dim % block == 0,
+                HW_FP8=not interpreting and hardware_fp8(device), PDL=pdl or check.pdl,
+                HEADS_LOG2=_log2(heads), BS_LOG2=_log2(block_size), num_warps=4, **check.meta)
+    codes_of = scale_codes or (0,) * len(sides)
+    k = kernels()
+    parts = [_side_args(side, int_dtype) for side in sides]
+    together = len(sides) == 1 or _host.one_launch(((sides[0][0], sides[1][0]),),
+                                                   tuple((a[0], b[0]) for a, b in zip(sides[0][1:3], sides[1][1:3])))
+    for group in ([range(len(sides))] if together else [[i] for i in range(len(sides))]):
+        # the group's first side's tensors, its last side's pointers (grid axis 1); its per-tensor
+        # scale first and the call's other one second, so every launch checks both
+        first, other = group[0], (group[-1] if len(group) > 1 else len(sides) - 1 - group[0])
+        (src, *src_strides), (codes, *codes_strides), (scales, *scales_strides) = parts[first]
+        args = (src, *src_strides, codes, *codes_strides, scales, *scales_strides,
+                parts[group[-1]][0][0], parts[group[-1]][1][0], parts[group[-1]][2][0],
+                index if index is not None else codes, index.stride(0) if index is not None else 0,
+                _or(sides[first][3], codes), _or(sides[other][3], codes),
+                n_rows, heads, dim, nb, block_size, num_slots, cp4, *check.args, codes_of[first], codes_of[other])
+        _runtime.launch(k.block_write, (grid, len(group)), device, *args, **meta)
+
+
+def _side_args(side, int_dtype) -> tuple:
+    """((source bits, its strides), codes4, scales4) of one side: the source loaded as integers
+    (the kernel widens them itself, exactly)."""
+    bits = side[0].view(int_dtype)
+    return (bits, *bits.stride()), tuple(side[1]), tuple(side[2])
+
+
+def _or(tensor, placeholder):
+    return tensor if tensor is not None else placeholder
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,16 +191,6 @@ def hardware_fp8(device: torch.device) -> bool:
     same codes (RNE, finite overflow and inf saturated, NaN 0x7F with the source's sign), in one
     instruction. Cached per device."""
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)
-
-
-def _slot_check(index: torch.Tensor, n: int, num_slots: int, validate, device, placeholder) -> _validate.Check:
-    """The device check of the slots (:mod:`._validate`, padding "negative"): none with
-    ``validate=False`` or while a CUDA graph is captured; the check grid of a long index runs
-    before the writer in stream order (no programmatic dependent launch)."""
-    if validate is False or _host.capturing(index):
-        return _validate.unchecked(placeholder)
-    return _validate.plan(_runtime.kernels(), _runtime.launch, index, n, num_slots, _host.parse_padding("negative"),
-                          "slot_mapping", validate, device, _runtime.interpreting(), False, False)
 
 
 def _scale_only_check(validate, device, placeholder) -> _validate.Check:
@@ -197,7 +212,7 @@ def _empty_call_scales(validate, names_and_scales) -> None:
 # --- the ops -----------------------------------------------------------------------------------
 
 @_plans.planned(_host.plans_enabled)
-def quantize_block(codes, scales, x, fmt, global_scale=None, *, validate=True) -> None:
+def quantize_block(codes, scales, x, fmt, global_scale=None, *, validate=True, pdl=None) -> None:
     """Quantize ``x`` ``[N, H, D]`` (float32/float16/bfloat16, any strides) into ``codes`` (uint8
     ``[N, H, D]`` for MXFP8, ``[N, H, D // 2]`` for NVFP4, last dimension contiguous) and
     ``scales`` (uint8 ``[N, H, ceil(D / block)]``: E8M0 for MXFP8, e4m3fn for NVFP4), blocks of
@@ -222,15 +237,17 @@ def quantize_block(codes, scales, x, fmt, global_scale=None, *, validate=True) -
     check = _scale_only_check(validate, device, codes)
     code = _deferred.SCALE_ARGUMENTS.index("global_scale")
     # a [N, H, *] output is a cache of N blocks of one token: slot i = token i
-    _launch(x, (codes, codes.stride(0), 0, codes.stride(1)), (scales, scales.stride(0), 0, scales.stride(1)),
-            None, global_scale if nvfp4 else None, n, fmt_code, block, 1, n, False, 0, device, check,
-            (global_scale, code, code) if nvfp4 and validate is not False else None)
+    side = (x, (codes, codes.stride(0), 0, codes.stride(1)), (scales, scales.stride(0), 0, scales.stride(1)),
+            global_scale if nvfp4 else None)
+    _launch([side], None, n, fmt_code, block, 1, n, False, 0, device, check,
+            (code,) if nvfp4 and validate is not False else None, _host.launch_pdl(pdl, device))
     _validate.finish(check)
 
 
 @_plans.planned(_host.plans_enabled)
 def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
-                            slot_mapping, fmt, k_global_scale=None, v_global_scale=None, *, validate=True) -> None:
+                            slot_mapping, fmt, k_global_scale=None, v_global_scale=None, *, validate=True,
+                            pdl=None) -> None:
     """Token ``i < len(slot_mapping)`` of ``key``/``value`` (``[T, H, D]``, T >= the slot count,
     float32/float16/bfloat16, any strides) goes, quantized as :func:`quantize_block` does, to
     entry ``(slot // block_size, slot % block_size)`` of ``key_cache``/``value_cache`` (uint8
@@ -297,15 +314,14 @@ def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache,
         _empty_call_scales(validate, (("k_global_scale", k_global_scale), ("v_global_scale", v_global_scale))
                            if nvfp4 else ())
         return
-    check = _slot_check(slot_mapping, n, num_slots, validate, device, key_cache)
-    k_code, v_code = (_deferred.SCALE_ARGUMENTS.index(name) for name in ("k_global_scale", "v_global_scale"))
-    cp4 = _cdiv(nb, 4)
-    for src, cache, sc, gs, other, codes in ((key, key_cache, key_scale_cache, k_global_scale, v_global_scale,
-                                             (k_code, v_code)),
-                                            (value, value_cache, value_scale_cache, v_global_scale, k_global_scale,
-                                             (v_code, k_code))):
-        scales4 = (sc, sc.stride(0), 0, 0) if swizzled else (sc,) + tuple(sc.stride()[:3])
-        _launch(src, (cache,) + tuple(cache.stride()[:3]), scales4, slot_mapping, gs if nvfp4 else None, n,
-                fmt_code, block, block_size, num_slots, swizzled, cp4, device, check,
-                (other,) + codes if nvfp4 and validate is not False else None)
+    pdl = _host.launch_pdl(pdl, device)
+    check = _host.begin_check("slot_mapping", slot_mapping, n, num_slots, _host.parse_padding("negative"),
+                               validate, device, key_cache, pdl)
+    sides = [(src, (cache,) + tuple(cache.stride()[:3]),
+              (sc, sc.stride(0), 0, 0) if swizzled else (sc,) + tuple(sc.stride()[:3]), gs if nvfp4 else None)
+             for src, cache, sc, gs in ((key, key_cache, key_scale_cache, k_global_scale),
+                                        (value, value_cache, value_scale_cache, v_global_scale))]
+    scale_codes = tuple(_deferred.SCALE_ARGUMENTS.index(name) for name in ("k_global_scale", "v_global_scale"))
+    _launch(sides, slot_mapping, n, fmt_code, block, block_size, num_slots, swizzled, _cdiv(nb, 4), device, check,
+            scale_codes if nvfp4 and validate is not False else None, pdl)
     _validate.finish(check)

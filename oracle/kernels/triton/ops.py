@@ -96,7 +96,7 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, p
     n = loc.shape[0]
     pdl = _host.launch_pdl(pdl, device)
     check = _host.begin_check("loc", loc, n, num_slots, pad, validate, device, k_cache, pdl)
-    if _host.same_layout(k, v) and _host.same_layout(k_cache, v_cache):  # the usual case: one launch
+    if _host.one_launch(((k, v),), ((k_cache, v_cache),)):  # the usual case
         _, strides = _host.rows3("cache", k_cache)
         _paged_rows(_host.as_bits(k), (_host.as_bits(k_cache), strides[0], 0, strides[1], strides[2]), loc, n,
                     1, num_slots, pad, device=device, second=(_host.as_bits(v), _host.as_bits(v_cache), None), pdl=pdl,
@@ -213,8 +213,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     pdl = _host.launch_pdl(pdl, device)
     check = _host.begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, key_cache, pdl)
     c0, c1, c2, c3 = key_cache.stride()
-    if _host.same_layout(key, value) and _host.same_layout(key_cache, value_cache) and \
-            (not code or _host.same_layout(k_scale, v_scale)):  # the usual case: one launch
+    if _host.one_launch(((key, value),) + (((k_scale, v_scale),) if code else ()),
+                        ((key_cache, value_cache),)):  # the usual case
         if code:
             _paged_rows(key, (key_cache, c0, c1, c2, c3), slot_mapping, num_tokens, block_size,
                         num_slots, pad, code, k_scale, device, second=(value, value_cache, v_scale), pdl=pdl,

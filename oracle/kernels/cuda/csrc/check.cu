@@ -2,7 +2,8 @@
 // illegal entry of its chunk and leaves it in verdict[b]; the writer that follows, launched with
 // programmatic dependent launch, reads the few verdict words after griddepcontrol.wait. The
 // check lets that writer be scheduled at once, so the writer's launch and its L2 prefetch of the
-// sources overlap the check.
+// sources overlap the check; launched with PDL itself, the check asks the L2 for its share of the
+// index before it waits for the kernel before it.
 #include "common.cuh"
 
 namespace kvo_cuda {
@@ -12,10 +13,21 @@ template <typename IdxT>
 __global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index, int64_t stride, int64_t n,
                                                               int64_t num_slots, int32_t negative_ok, int64_t chunk,
                                                               int64_t* verdict, int32_t pdl) {
-  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t start = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = start + chunk < n ? start + chunk : n;
+  if (pdl && stride == 1 && start < end) {
+    // While the kernel before it finishes, ask the L2 for this block's entries (a hint: see
+    // prefetch_l2), each warp for its share, so the scan after the wait reads the L2, not DRAM.
+    const int64_t warps = blockDim.x >> 5;
+    const int64_t share = (end - start + warps - 1) / warps;
+    const int64_t from = start + (threadIdx.x >> 5) * share;
+    const int64_t to = from + share < end ? from + share : end;
+    if (from < to)
+      prefetch_l2(reinterpret_cast<const unsigned char*>(static_cast<const IdxT*>(index) + from),
+                  (to - from) * static_cast<int64_t>(sizeof(IdxT)), threadIdx.x & 31);
+  }
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t first = block_min(first_illegal<IdxT>(index, stride, start, end, threadIdx.x, blockDim.x, num_slots,
                                                       negative_ok));
   if (threadIdx.x == 0) verdict[blockIdx.x] = first < n ? first : n;
