@@ -95,7 +95,7 @@ def fp8_code(bits, sign_bits, FMT: tl.constexpr):
 
 
 @triton.jit
-def e2m1_code(bits, FINITE: tl.constexpr = 0):
+def e2m1_code(bits, FINITE: tl.constexpr = 0, ASM: tl.constexpr = 0):
     """e2m1 codes (int32, 0..15) of float32 ``bits``: RNE on 0, 0.5, 1, 1.5, 2, 3, 4, 6,
     saturating to ±6 (code 7 | sign), inf -> ±6, NaN -> 7 (+6, whatever its sign), -0 -> 8.
 
@@ -106,26 +106,34 @@ def e2m1_code(bits, FINITE: tl.constexpr = 0):
     binade step one quantum and alternate parity with the count, so the addition's tie to even
     is the format's, and the code is that count plus the codes below the binade (0, 2 or 4),
     which ``magic`` carries in its last places (they are whole quanta, so the rounding is unchanged).
-    ``FINITE``: the caller knows no element is NaN (inf is fine), and the NaN test is left out."""
-    # the sign bit lands in bit 3 (bits 0-2 hold exponent bits, which the code's replace)
-    sign = (bits.to(tl.uint32, bitcast=True) >> 28).to(tl.int32, bitcast=True)
+    ``FINITE``: the caller knows no element is NaN (inf is fine), and the NaN test is left out.
+    ``ASM``: inline PTX allowed (an NVIDIA GPU, not the interpreter)."""
+    # the sign bit lands in bit 3 (bits 0-2 hold exponent bits, which the code's replace); a
+    # high multiply, so the shift runs beside the integer logic (on the multiply-add units)
+    sign = tl.umulhi(bits.to(tl.uint32, bitcast=True), 16).to(tl.int32, bitcast=True)
     if FINITE:  # float min and max: |x| and the clamps in one instruction each
         m = tl.minimum(tl.abs(bits.to(tl.float32, bitcast=True)), 6.0)
-        return _e2m1_code_of(m, tl.maximum(m, 1.0).to(tl.int32, bitcast=True) & 0x7F800000, sign)
+        return _e2m1_code_of(m, tl.maximum(m, 1.0).to(tl.int32, bitcast=True) >> 23, sign, ASM)
     mag = bits & MAG  # integer min and max, under which NaN clamps to 6 as inf does
     m = tl.minimum(mag, 0x40C00000)  # 6.0
-    code = _e2m1_code_of(m.to(tl.float32, bitcast=True), tl.maximum(m, 0x3F800000) & 0x7F800000, sign)
+    code = _e2m1_code_of(m.to(tl.float32, bitcast=True), tl.maximum(m, 0x3F800000) >> 23, sign, ASM)
     return tl.where(mag > INF, 7, code)
 
 
 @triton.jit
-def _e2m1_code_of(m, binade, sign):
-    """The e2m1 code of float32 magnitude ``m`` in [0, 6] whose binade (as bits: 1.0 below 2,
-    2.0 or 4.0) is ``binade``, with the sign in bit 3 of ``sign`` (bits 4 and up clear): 2**22
-    times the binade, plus the codes below it (0, 2 or 4: (binade >> 22) - 254) in its last
-    places, added to m; the sum's low three bits are the magnitude's code."""
-    magic = binade + (binade >> 22) + ((22 << 23) - 254)
-    return ((m + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) & 0x7) | (sign & ~0x7)
+def _e2m1_code_of(m, e, sign, ASM: tl.constexpr):
+    """The e2m1 code of float32 magnitude ``m`` in [0, 6] whose binade's biased exponent is ``e``
+    (127 below 2, 128 or 129), with the sign in bit 3 of ``sign`` (bits 4 and up clear): 2**22
+    times the binade, plus the codes below it (0, 2 or 4) in its last places, is ``e * (2**23 +
+    2)`` plus a constant (one multiply-add); added to m, the sum's low three bits are the
+    magnitude's code, and one three-input logic operation puts the sign beside them (``ASM``:
+    written as that ``lop3``, which the compiler does not find by itself)."""
+    magic = e * 0x800002 + ((22 << 23) - 254)  # at e = 127: 0x3F800000 + 254 + that = 2**22's bits
+    total = (m + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
+    if ASM:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, 7, 0xE4;", "=r,r,r", [total, sign],
+                                         dtype=tl.int32, is_pure=True, pack=1)  # (total & 7) | (sign & ~7)
+    return (total & 7) | (sign & ~7)
 
 
 @triton.jit
@@ -219,7 +227,8 @@ def nvfp4_codes(bits, bits2, amax, gs, HW_FP8: tl.constexpr, FINITE: tl.constexp
     byte, out = nvfp4_scale(amax, gs, HW_FP8)
     q = bits.to(tl.float32, bitcast=True) * out[:, None]
     q2 = bits2.to(tl.float32, bitcast=True) * out[:, None]
-    return byte, e2m1_code(q.to(tl.int32, bitcast=True), FINITE), e2m1_code(q2.to(tl.int32, bitcast=True), FINITE)
+    return (byte, e2m1_code(q.to(tl.int32, bitcast=True), FINITE, HW_FP8),
+            e2m1_code(q2.to(tl.int32, bitcast=True), FINITE, HW_FP8))
 
 
 @triton.jit
@@ -278,7 +287,7 @@ def _store_nibbles(ptrs, code, keep, pair, dim, keep_blocks, PIECE: tl.constexpr
         mask = keep_blocks[:, None]
     else:
         mask = keep[:, None] & (2 * pair < dim)
-    tl.store(ptrs, (low | (high << 4)).to(tl.uint8), mask=mask)
+    tl.store(ptrs, (high * 16 + low).to(tl.uint8), mask=mask)  # the nibbles do not overlap: one multiply-add
 
 
 @triton.jit
@@ -293,13 +302,13 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
                 CHECK: tl.constexpr = 0, NEGATIVE_OK: tl.constexpr = 1, CHECK_BLOCK: tl.constexpr = 16,
                 SYS_FENCE: tl.constexpr = 0, CHECK_GS: tl.constexpr = 0, WIDE: tl.constexpr = 1,
                 HW_FP8: tl.constexpr = 0, WHOLE: tl.constexpr = 0, PDL: tl.constexpr = 0,
-                HEADS_LOG2: tl.constexpr = -1, BS_LOG2: tl.constexpr = -1):
+                HEADS_LOG2: tl.constexpr = -1, BS_LOG2: tl.constexpr = -1, SIDES: tl.constexpr = 1):
     """Quantize ``ROWS`` head rows (row = token * heads + head, ``n_rows`` = tokens * heads) of
     the source ``[tokens, heads, dim]`` (any strides, integer bits: see :func:`widen_bits`) per
     block of ``BLOCK`` elements (``nb`` blocks a row, ``NBP`` = nb rounded up to a power of two)
-    and store the codes and the scale bytes (uint8). Grid axis 1 is the side: programs ``(i, 1)``
-    write ``src2`` into ``dst2`` and ``sc2`` with the global scale at ``gs2_ptr`` (V next to K in
-    one launch, where the two sides share every stride).
+    and store the codes and the scale bytes (uint8). ``SIDES`` = 2: the program then does the
+    same for ``src2`` into ``dst2`` and ``sc2`` with the global scale at ``gs2_ptr`` (V after K,
+    sharing the rows' slots and cache addresses: the two sides share every stride).
 
     Token ``i`` goes to entry ``(slot // block_size, slot % block_size)`` of the caches, ``slot``
     = ``idx[i * idx_stride]`` (``HAS_INDEX``; else ``slot = i``); slots < 0 or >= ``num_slots``
@@ -320,17 +329,11 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     per-tensor scales (``gs_ptr`` and ``gs2_ptr``) finite and > 0, or nothing is stored and
     program 0 leaves the bad one in the mailbox. ``PDL``: launched with programmatic dependent
     launch (:func:`._kernels._pdl_prologue`); after a check grid (``CHECK == 2``, which lets this
-    grid launch only once the kernels before it have completed) the slots and sources are loaded
-    before the wait and only the stores wait. ``HEADS_LOG2``, ``BS_LOG2``: log2 of ``heads`` and
-    ``block_size`` where they are powers of two (shifts instead of divisions), else -1."""
-    side = tl.program_id(1)
-    first_program = (tl.program_id(0) == 0) & (side == 0)
-    k_gs_ptr = gs_ptr  # the scale check reports K's and V's scales in one order on both sides
-    if side == 1:
-        src_ptr = src2_ptr
-        dst_ptr = dst2_ptr
-        sc_ptr = sc2_ptr
-        gs_ptr = gs2_ptr
+    grid launch only once the kernels before it have completed) the slots, the first side's
+    sources and scale are loaded and its codes computed before the wait: only the checks' verdicts
+    and the stores wait. ``HEADS_LOG2``, ``BS_LOG2``: log2 of ``heads`` and ``block_size`` where
+    they are powers of two (shifts instead of divisions), else -1."""
+    first_program = tl.program_id(0) == 0
     if CHECK != 2:
         _pdl_prologue(PDL)
     t = tl.arange(0, ROWS * NBP)
@@ -350,27 +353,7 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
         slot = tl.load(idx_ptr + token64 * idx_stride, mask=live, other=-1).to(tl.int64)
     else:
         slot = token64
-    # NVFP4 loads each block as two halves, each its own tensor, so that one thread holds a whole
-    # block (its maximum, scale and packing stay in the thread); MXFP8 as one piece
-    PIECE: tl.constexpr = BLOCK // 2 if FMT == 3 else BLOCK
-    j = tl.arange(0, PIECE)
-    d = blk[:, None] * BLOCK + j[None, :]  # the block's first piece; the second is d + PIECE
-    src_row = src_ptr + (token64 * src_s0 + head64 * src_s1)[:, None]
-    raw = tl.load(src_row + d * src_s2, mask=_inside(d, live, blk, nb, dim, WHOLE), other=0)
-    if FMT == 3:
-        raw2 = tl.load(src_row + (d + PIECE) * src_s2, mask=_inside(d + PIECE, live, blk, nb, dim, WHOLE), other=0)
-    if CHECK == 2:
-        _pdl_prologue(PDL)
-    keep = live & (slot >= 0) & (slot < num_slots)
-    legal = tl.program_id(0) >= 0  # a scalar True
-    if CHECK != 0:
-        legal = _call_is_legal(idx_ptr, idx_stride, n_rows // heads, num_slots, verdict_ptr, verdict_count,
-                               mailbox_ptr, arg_code, pad_code, -1, first_program, CHECK, NEGATIVE_OK,
-                               CHECK_BLOCK, SYS_FENCE)
-        keep = keep & legal
-    if CHECK_GS:
-        keep = keep & _scales_are_legal(k_gs_ptr, gs2_ptr, gs_code, gs2_code, mailbox_ptr, first_program & legal,
-                                        SYS_FENCE)
+    keep = live & (slot >= 0) & (slot < num_slots)  # and, below, every slot and scale of the call legal
     if WIDE:
         s = slot
     else:  # a slot that is not kept is never stored: 0 stands in for it
@@ -381,13 +364,62 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
         cache_block = s // block_size
     cache_token = (s - cache_block * block_size).to(tl.int32)  # int32: the swizzled row below
     cache_block, cache_token64 = cache_block.to(tl.int64), cache_token.to(tl.int64)
-    keep_blocks = keep & (blk < nb)  # the blocks whose scale byte is stored
+    src_off = (token64 * src_s0 + head64 * src_s1)[:, None]
+    dst_off = (cache_block * dst_block_stride + cache_token64 * dst_token_stride + head64 * dst_head_stride)[:, None]
+    if SWIZZLED:
+        r = cache_token * heads + head  # the page's scale matrix: row r, column blk
+        within = ((r // 128) * cp4 + blk // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + blk % 4
+        sc_off = cache_block * sc_block_stride + within
+    else:
+        sc_off = cache_block * sc_block_stride + cache_token64 * sc_token_stride + head64 * sc_head_stride + blk
+    # NVFP4 loads each block as two halves, each its own tensor, so that one thread holds a whole
+    # block (its maximum, scale and packing stay in the thread); MXFP8 as one piece
+    PIECE: tl.constexpr = BLOCK // 2 if FMT == 3 else BLOCK
+    d = blk[:, None] * BLOCK + tl.arange(0, PIECE)[None, :]  # the block's first piece; the second is d + PIECE
+    for side in tl.static_range(SIDES):
+        if side == 0:
+            src, dst, sc, gs = src_ptr + src_off, dst_ptr + dst_off, sc_ptr + sc_off, gs_ptr
+        else:
+            src, dst, sc, gs = src2_ptr + src_off, dst2_ptr + dst_off, sc2_ptr + sc_off, gs2_ptr
+        byte, code, code2 = _quantize_tile(src, gs, d, live, blk, nb, dim, src_s2, SRC, FMT, PIECE, WHOLE, HW_FP8)
+        if side == 0:
+            if CHECK == 2:  # everything above read only what the check grid made final
+                _pdl_prologue(PDL)
+            legal = tl.program_id(0) >= 0  # a scalar True
+            if CHECK != 0:
+                legal = _call_is_legal(idx_ptr, idx_stride, n_rows // heads, num_slots, verdict_ptr, verdict_count,
+                                       mailbox_ptr, arg_code, pad_code, -1, first_program, CHECK, NEGATIVE_OK,
+                                       CHECK_BLOCK, SYS_FENCE)
+                keep = keep & legal
+            if CHECK_GS:
+                keep = keep & _scales_are_legal(gs_ptr, gs2_ptr, gs_code, gs2_code, mailbox_ptr,
+                                                first_program & legal, SYS_FENCE)
+            keep_blocks = keep & (blk < nb)  # the blocks whose scale byte is stored
+        if FMT == 3:
+            pair = blk[:, None] * (BLOCK // 2) + tl.arange(0, PIECE // 2)[None, :]  # the first piece's bytes
+            _store_nibbles(dst + pair, code, keep, pair, dim, keep_blocks, PIECE, WHOLE)
+            _store_nibbles(dst + pair + PIECE // 2, code2, keep, pair + PIECE // 2, dim, keep_blocks, PIECE, WHOLE)
+        else:
+            if WHOLE:
+                keep_elements = keep_blocks[:, None]
+            else:
+                keep_elements = keep[:, None] & (d < dim)
+            tl.store(dst + d, code, mask=keep_elements)
+        tl.store(sc, byte.to(tl.uint8), mask=keep_blocks)
+
+
+@triton.jit
+def _quantize_tile(src, gs_ptr, d, live, blk, nb, dim, src_s2, SRC: tl.constexpr, FMT: tl.constexpr,
+                   PIECE: tl.constexpr, WHOLE: tl.constexpr, HW_FP8: tl.constexpr):
+    """(scale bytes ``[T]``, codes, codes of the second pieces (NVFP4; else the codes again)) of
+    the tile whose rows start at ``src`` ``[T, 1]`` (pointers), its blocks' first pieces at
+    columns ``d`` (the second, NVFP4's, at ``d + PIECE``)."""
+    raw = tl.load(src + d * src_s2, mask=_inside(d, live, blk, nb, dim, WHOLE), other=0)
     bits = widen_bits(raw, SRC)  # masked lanes are +0: they move no maximum
     mag = bits & MAG
     top = tl.max(mag, axis=1)  # each block's largest magnitude, NaN and inf included (their bits are larger)
-    dst_row = dst_ptr + (cache_block * dst_block_stride + cache_token64 * dst_token_stride +
-                         head64 * dst_head_stride)[:, None]
     if FMT == 3:
+        raw2 = tl.load(src + (d + PIECE) * src_s2, mask=_inside(d + PIECE, live, blk, nb, dim, WHOLE), other=0)
         bits2 = widen_bits(raw2, SRC)
         mag2 = bits2 & MAG
         top = tl.maximum(top, tl.max(mag2, axis=1))
@@ -399,24 +431,11 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
             byte, code, code2 = nvfp4_codes(bits, bits2, amax, gs, HW_FP8, 0)
         else:
             byte, code, code2 = nvfp4_codes(bits, bits2, top, gs, HW_FP8, 1)
-        pair = blk[:, None] * (BLOCK // 2) + tl.arange(0, PIECE // 2)[None, :]  # the first piece's bytes
-        _store_nibbles(dst_row + pair, code, keep, pair, dim, keep_blocks, PIECE, WHOLE)
-        _store_nibbles(dst_row + pair + PIECE // 2, code2, keep, pair + PIECE // 2, dim, keep_blocks, PIECE, WHOLE)
     else:
         if tl.max(top, axis=0) >= INF:  # a NaN or an inf in the tile: maxima over the finite elements
             byte, code = mx_codes(bits, tl.max(tl.where(mag < INF, mag, 0), axis=1), FMT, HW_FP8, 0)
             byte = tl.where(top >= INF, 255, byte)
         else:
             byte, code = mx_codes(bits, top, FMT, HW_FP8, 1)
-        if WHOLE:
-            keep_elements = keep_blocks[:, None]
-        else:
-            keep_elements = keep[:, None] & (d < dim)
-        tl.store(dst_row + d, code, mask=keep_elements)
-    if SWIZZLED:
-        r = cache_token * heads + head  # the page's scale matrix: row r, column blk
-        within = ((r // 128) * cp4 + blk // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + blk % 4
-        sc_off = cache_block * sc_block_stride + within
-    else:
-        sc_off = cache_block * sc_block_stride + cache_token64 * sc_token_stride + head64 * sc_head_stride + blk
-    tl.store(sc_ptr + sc_off, byte.to(tl.uint8), mask=keep_blocks)
+        code2 = code
+    return byte, code, code2

@@ -34,7 +34,10 @@ from . import _host, _plans, _runtime, _validate
 # fmt -> (the kernel's FMT code, elements per block, elements per code byte)
 FORMATS = {"mxfp8_e4m3fn": (1, 32, 1), "mxfp8_e5m2": (2, 32, 1), "nvfp4": (3, 16, 2)}
 _SRC = {torch.float32: (0, torch.int32), torch.float16: (1, torch.int16), torch.bfloat16: (2, torch.int16)}
-TILE_ELEMENTS = 4096  # source elements per program on a GPU (rows of blocks; a power of two)
+# source elements per program on a GPU, by the kernel's FMT (rows of blocks; a power of two), and
+# warps per program: benchmarks/tune_block.py sweeps both (docs/benchmarks.md)
+TILE_ELEMENTS = {1: 2048, 2: 2048, 3: 4096}
+NUM_WARPS = 4
 # the interpreter's cost is per operation and program, not per element: far fewer, larger programs
 INTERPRETER_TILE_ELEMENTS = 1 << 16
 INT32_LIMIT = 2**31  # row numbers and slots from here up take the kernel's 64-bit path (WIDE)
@@ -133,7 +136,7 @@ def _launch(sides: list, index, n: int, fmt_code: int, block: int, block_size: i
     ``scales4`` = (tensor, block stride, token stride, head stride) (swizzled scales: the page
     stride as block stride), ``gs`` the NVFP4 per-tensor scale or None. Two sides whose sources,
     caches and scale caches share their layouts, and whose caches do not overlap, go in one launch
-    (grid axis 1; :func:`._host.one_launch`), else one launch each, K first. ``check``: the slot
+    (each program writes both: ``SIDES``; :func:`._host.one_launch`), else one launch each, K first. ``check``: the slot
     check (:mod:`._validate`); ``scale_codes``: each side's per-tensor scale's argument code
     (``_deferred.SCALE_ARGUMENTS``) where the scales are checked on the device, else None (every
     launch checks both sides' scales)."""
@@ -145,7 +148,7 @@ def _launch(sides: list, index, n: int, fmt_code: int, block: int, block_size: i
     nb = _cdiv(dim, block)
     nbp = _pow2(nb)
     interpreting = _runtime.interpreting()
-    tile = INTERPRETER_TILE_ELEMENTS if interpreting else TILE_ELEMENTS
+    tile = INTERPRETER_TILE_ELEMENTS if interpreting else TILE_ELEMENTS[fmt_code]
     rows = max(1, min(_pow2(n_rows), tile // (nbp * block)))
     code, int_dtype = _SRC[src.dtype]
     grid = _cdiv(n_rows, rows)
@@ -154,15 +157,15 @@ def _launch(sides: list, index, n: int, fmt_code: int, block: int, block_size: i
     meta = dict(SRC=code, FMT=fmt_code, BLOCK=block, NBP=nbp, ROWS=rows, HAS_INDEX=index is not None,
                 SWIZZLED=swizzled, CHECK_GS=scale_codes is not None, WIDE=wide, WHOLE=dim % block == 0,
                 HW_FP8=not interpreting and hardware_fp8(device), PDL=pdl or check.pdl,
-                HEADS_LOG2=_log2(heads), BS_LOG2=_log2(block_size), num_warps=4, **check.meta)
+                HEADS_LOG2=_log2(heads), BS_LOG2=_log2(block_size), num_warps=NUM_WARPS, **check.meta)
     codes_of = scale_codes or (0,) * len(sides)
     k = kernels()
     parts = [_side_args(side, int_dtype) for side in sides]
     together = len(sides) == 1 or _host.one_launch(((sides[0][0], sides[1][0]),),
                                                    tuple((a[0], b[0]) for a, b in zip(sides[0][1:3], sides[1][1:3])))
     for group in ([range(len(sides))] if together else [[i] for i in range(len(sides))]):
-        # the group's first side's tensors, its last side's pointers (grid axis 1); its per-tensor
-        # scale first and the call's other one second, so every launch checks both
+        # the group's first side's tensors, its last side's pointers (SIDES); its per-tensor scale
+        # first and the call's other one second, so every launch checks both
         first, other = group[0], (group[-1] if len(group) > 1 else len(sides) - 1 - group[0])
         (src, *src_strides), (codes, *codes_strides), (scales, *scales_strides) = parts[first]
         args = (src, *src_strides, codes, *codes_strides, scales, *scales_strides,
@@ -170,7 +173,7 @@ def _launch(sides: list, index, n: int, fmt_code: int, block: int, block_size: i
                 index if index is not None else codes, index.stride(0) if index is not None else 0,
                 _or(sides[first][3], codes), _or(sides[other][3], codes),
                 n_rows, heads, dim, nb, block_size, num_slots, cp4, *check.args, codes_of[first], codes_of[other])
-        _runtime.launch(k.block_write, (grid, len(group)), device, *args, **meta)
+        _runtime.launch(k.block_write, (grid,), device, *args, SIDES=len(group), **meta)
 
 
 def _side_args(side, int_dtype) -> tuple:
