@@ -32,7 +32,7 @@ import time
 import torch
 import triton
 
-from oracle.kernels.triton import _host, ops, tiles
+from oracle.kernels.triton import _host, _validate, ops, tiles
 
 
 @triton.jit
@@ -56,12 +56,13 @@ def mla_raw_launch(buf, loc, nope, rope):
     """The MLA kernel launch exactly as ``ops.set_mla_kv_buffer`` issues it, arguments prepared."""
     n = loc.shape[0]
     a, b, cache = _host.as_bits(nope), _host.as_bits(rope), _host.as_bits(buf)
+    unchecked = _validate.unchecked(cache)  # validate=False: no device check
     t = ops.tile(n, max(a.shape[1], b.shape[1]), "mla_write", (a.shape[1], b.shape[1]))
     grid = (tiles.cdiv(n, t.block_n), max(tiles.cdiv(a.shape[1], t.block_a), tiles.cdiv(b.shape[1], t.block_b)))
     args = (a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1), cache, buf.stride(0), 0, buf.stride(1),
-            loc, loc.stride(0), cache, n, a.shape[1], b.shape[1], 1, buf.shape[0], 0)
+            loc, loc.stride(0), cache, n, a.shape[1], b.shape[1], 1, buf.shape[0], 0, *unchecked.args)
     meta = dict(HAS_PAD_SLOT=False, FP8=0, BLOCK_N=t.block_n, BLOCK_A=t.block_a, BLOCK_B=t.block_b, PDL=False,
-                num_warps=t.num_warps)
+                num_warps=t.num_warps, **unchecked.meta)
     kernel = ops.kernels().mla_write
     return (lambda: kernel[grid](*args, **meta)), kernel, grid, args, meta
 
@@ -120,7 +121,7 @@ def main() -> int:
             scale = torch.ones(1, device=dev)
             row(f"ops.reshape_and_cache_flash auto (validated), {tag}", n,
                 lambda: ops.reshape_and_cache_flash(k, v, pk, pv, loc, "auto", scale, scale))
-            # the block-scaled writer, NVFP4 into linear scale caches: two launches and the most checks
+            # the block-scaled writer, NVFP4 into linear scale caches: K and V in one launch, the most checks
             codes = [torch.zeros(256, 16, 8, 64, dtype=torch.uint8, device=dev) for _ in range(2)]
             scales = [torch.zeros(256, 16, 8, 8, dtype=torch.uint8, device=dev) for _ in range(2)]
             row(f"ops.reshape_and_cache_block nvfp4 (validated), {tag}", n,

@@ -36,7 +36,7 @@ FORMATS = {"mxfp8_e4m3fn": (1, 32, 1), "mxfp8_e5m2": (2, 32, 1), "nvfp4": (3, 16
 _SRC = {torch.float32: (0, torch.int32), torch.float16: (1, torch.int16), torch.bfloat16: (2, torch.int16)}
 # source elements per program on a GPU, by the kernel's FMT (rows of blocks; a power of two), and
 # warps per program: benchmarks/tune_block.py sweeps both (docs/benchmarks.md)
-TILE_ELEMENTS = {1: 2048, 2: 2048, 3: 4096}
+TILE_ELEMENTS = {1: 2048, 2: 2048, 3: 2048}
 NUM_WARPS = 4
 # the interpreter's cost is per operation and program, not per element: far fewer, larger programs
 INTERPRETER_TILE_ELEMENTS = 1 << 16
