@@ -71,7 +71,7 @@ EOF
 
 stage_bench() {
   # eager and graph-replayed, inputs rotated past the L2; peers' Triton writers where .peers/ holds
-  # their files (never committed: copy them from the sglang and vLLM wheels)
+  # their files (never committed: copy them from the sglang and vLLM projects)
   local peers=()
   for f in .peers/*.py; do [ -f "$f" ] && peers+=(--peer-file "$f"); done
   time timeout 520 oracle bench --backend triton,cuda --op set_mla_kv_buffer,store_cache,reshape_and_cache_flash \

@@ -14,10 +14,14 @@ naming the argument and its value, is raised by the next validating call on that
 The kernels (:mod:`._block_kernels`) convert with integer arithmetic, so they are exact on
 Triton's CPU interpreter (TRITON_INTERPRET=1); on a GPU that converts to fp8 in hardware (NVIDIA
 sm_89+, :func:`hardware_fp8`) the fp8 codes and NVFP4 scale bytes come from its saturating
-conversion instead, bit for bit the same. As the other Triton writers,
-both ops replay a launch plan after the first call of each signature (:mod:`._plans`: the checks,
-the tile and Triton's argument binder run once per signature; slots and per-tensor scales are data,
-checked on the device by every validating call). Importing this module does not import triton.
+conversion instead, bit for bit the same. ``reshape_and_cache_block`` writes K and V in one
+launch (each program both sides of its rows) where their layouts match and the caches do not
+overlap, else K's launch then V's. As the other Triton writers, both ops launch with
+programmatic dependent launch where the device has it (keyword ``pdl``: None, the default,
+decides by the device; False launches plainly) and replay a launch plan after the first call of
+each signature (:mod:`._plans`: the checks, the tile and Triton's argument binder run once per
+signature; slots and per-tensor scales are data, checked on the device by every validating call).
+Importing this module does not import triton.
 """
 
 from __future__ import annotations
