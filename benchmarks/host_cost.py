@@ -70,9 +70,9 @@ def mla_raw_launch(buf, loc, nope, rope):
 def compiled_runner(kernel, grid, args, meta):
     """The same launch through the CompiledKernel's own runner (``compiled[grid](*params)``),
     skipping the JIT's binder, cache key and global checks: every parameter in order, constexprs
-    included, as ``JITFunction.run`` passes them."""
+    included (their defaults where ``meta`` leaves them out), as ``JITFunction.run`` passes them."""
     compiled = kernel[grid](*args, **meta)
-    params = args + tuple(meta[p.name] for p in kernel.params if p.is_constexpr)
+    params = args + tuple(meta[p.name] if p.name in meta else p.default for p in kernel.params if p.is_constexpr)
     runner = compiled[grid + (1,) * (3 - len(grid))]
     return lambda: runner(*params)
 
