@@ -140,10 +140,10 @@ def _launch(sides: list, index, n: int, fmt_code: int, block: int, block_size: i
     ``scales4`` = (tensor, block stride, token stride, head stride) (swizzled scales: the page
     stride as block stride), ``gs`` the NVFP4 per-tensor scale or None. Two sides whose sources,
     caches and scale caches share their layouts, and whose caches do not overlap, go in one launch
-    (each program writes both: ``SIDES``; :func:`._host.one_launch`), else one launch each, K first. ``check``: the slot
-    check (:mod:`._validate`); ``scale_codes``: each side's per-tensor scale's argument code
-    (``_deferred.SCALE_ARGUMENTS``) where the scales are checked on the device, else None (every
-    launch checks both sides' scales)."""
+    (each program writes both: ``SIDES``; :func:`._host.one_launch`), else one launch each, K
+    first. ``check``: the slot check (:mod:`._validate`); ``scale_codes``: each side's per-tensor
+    scale's argument code (``_deferred.SCALE_ARGUMENTS``) where the scales are checked on the
+    device, else None (every launch checks both sides' scales)."""
     src = sides[0][0]
     _, heads, dim = src.shape
     n_rows = n * heads
@@ -165,19 +165,23 @@ def _launch(sides: list, index, n: int, fmt_code: int, block: int, block_size: i
     codes_of = scale_codes or (0,) * len(sides)
     k = kernels()
     parts = [_side_args(side, int_dtype) for side in sides]
-    together = len(sides) == 1 or _host.one_launch(((sides[0][0], sides[1][0]),),
-                                                   tuple((a[0], b[0]) for a, b in zip(sides[0][1:3], sides[1][1:3])))
-    for group in ([range(len(sides))] if together else [[i] for i in range(len(sides))]):
-        # the group's first side's tensors, its last side's pointers (SIDES); its per-tensor scale
-        # first and the call's other one second, so every launch checks both
-        first, other = group[0], (group[-1] if len(group) > 1 else len(sides) - 1 - group[0])
+    # (the launch's side, the side riding along or checked beside it, sides written): every launch
+    # checks both per-tensor scales, its own first
+    if len(sides) == 1:
+        plan = [(0, 0, 1)]
+    elif _host.one_launch(((sides[0][0], sides[1][0]),), tuple(zip((s[0] for s in sides[0][1:3]),
+                                                                    (s[0] for s in sides[1][1:3])))):
+        plan = [(0, 1, 2)]
+    else:
+        plan = [(0, 1, 1), (1, 0, 1)]  # K's launch, then V's
+    for first, second, count in plan:
         (src, *src_strides), (codes, *codes_strides), (scales, *scales_strides) = parts[first]
         args = (src, *src_strides, codes, *codes_strides, scales, *scales_strides,
-                parts[group[-1]][0][0], parts[group[-1]][1][0], parts[group[-1]][2][0],
+                parts[second][0][0], parts[second][1][0], parts[second][2][0],
                 index if index is not None else codes, index.stride(0) if index is not None else 0,
-                _or(sides[first][3], codes), _or(sides[other][3], codes),
-                n_rows, heads, dim, nb, block_size, num_slots, cp4, *check.args, codes_of[first], codes_of[other])
-        _runtime.launch(k.block_write, (grid,), device, *args, SIDES=len(group), **meta)
+                _or(sides[first][3], codes), _or(sides[second][3], codes),
+                n_rows, heads, dim, nb, block_size, num_slots, cp4, *check.args, codes_of[first], codes_of[second])
+        _runtime.launch(k.block_write, (grid,), device, *args, SIDES=count, **meta)
 
 
 def _side_args(side, int_dtype) -> tuple:
