@@ -677,6 +677,57 @@ def test_reshape_and_cache_flash_vs_reference(fmt, dtype, layout, scale_kind):
             assert bad.size == 0, f"{name} ({plan}): {bad.size} bytes differ, first at byte {bad[0]}"
 
 
+# Scales on both sides of the bounds of the fp8 writer's prepared division (fp8.cu, Fp8Divisor:
+# [2^-32, 2^32] divides directly, others are first brought into range by a power of two), powers
+# of two, the float32 extremes and subnormals.
+DIVISION_SCALES = [1.0, 0.0123, 1 / 3, 0.75, 3.0, 448.0, 2.0 ** -32, 2.0 ** -32 * 0.9999, 2.0 ** 32,
+                   2.0 ** 32 * 1.0001, 2.0 ** -126, 1.5e-38, 1e-40, 1e-45, 3e38, 2.0 ** 127, 7e-20, 5e20]
+
+
+@gpu
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fp8_division_every_source_value(fmt, dtype):
+    """Every bf16 and fp16 bit pattern (2^20 random ones for float32) divided by every scale of
+    DIVISION_SCALES, per tensor (dense rows) and per head (one head per scale), gives the
+    reference's codes: the prepared division agrees with IEEE division wherever a code can tell."""
+    from oracle import reference
+    from oracle.buffers import to_numpy
+
+    ops = _ops()
+    heads, dim = len(DIVISION_SCALES), 128
+    if dtype == torch.float32:
+        bits = torch.randint(-2 ** 31, 2 ** 31, (1 << 20,), generator=_gen(7), dtype=torch.int64).to(torch.int32)
+        values = bits.view(torch.float32)
+    else:
+        values = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    n = values.numel() // (heads * dim) + 1
+    flat = torch.empty(n * heads * dim, dtype=dtype)
+    flat[:values.numel()] = values
+    flat[values.numel():] = values[:flat.numel() - values.numel()]
+    key = flat.view(n, heads, dim).cuda()
+    value = key.roll(1, dims=0)
+    block = 16
+    num_blocks = (2 * n + block - 1) // block
+    slots = _slots(n, num_blocks * block, 3)
+    per_head = torch.tensor(DIVISION_SCALES, dtype=torch.float32, device="cuda")
+    for scales in [per_head] + [per_head[i:i + 1] for i in range(heads)]:
+        caches = [_rand((num_blocks, block, heads, dim), torch.uint8, 10 + i) for i in range(2)]
+        want_k, want_v = reference.reshape_and_cache_flash(
+            to_numpy(caches[0]), to_numpy(caches[1]), to_numpy(slots), to_numpy(key), to_numpy(value),
+            kv_cache_dtype=fmt, k_scale=to_numpy(scales), v_scale=to_numpy(scales), layout="NHD",
+            padding="negative", preset="cuda_satfinite")
+        for max_vec in (16, 1):
+            got = [c.clone() for c in caches]
+            ops.reshape_and_cache_flash(key, value, got[0], got[1], slots, fmt, scales, scales, max_vec)
+            torch.cuda.synchronize()
+            for name, g, w in (("key_cache", got[0], want_k), ("value_cache", got[1], want_v)):
+                actual = to_numpy(g).reshape(-1)
+                bad = np.nonzero(actual != np.asarray(w).view(np.uint8).reshape(-1))[0]
+                assert bad.size == 0, (f"{name}, scales {to_numpy(scales)[:3]}..., max_vec {max_vec}: "
+                                       f"{bad.size} bytes differ, first at byte {bad[0]}")
+
+
 @gpu
 def test_fnuz_is_refused():
     key = _rand((4, 1, 16), torch.bfloat16, 1)

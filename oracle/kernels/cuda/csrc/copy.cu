@@ -11,7 +11,9 @@ struct CopyChunk {
   static constexpr int kIn = Vec;
   static constexpr int kOut = Vec;
   static constexpr bool kScaled = false;
-  __device__ __forceinline__ static typename VecOf<Vec>::type apply(const typename VecOf<Vec>::type& v, float) {
+  using Factor = float;
+  __device__ __forceinline__ static Factor factor(float scale) { return scale; }
+  __device__ __forceinline__ static typename VecOf<Vec>::type apply(const typename VecOf<Vec>::type& v, Factor) {
     return v;
   }
 };

@@ -6,7 +6,9 @@
 //     static constexpr int kIn;       // bytes of source read per chunk (one vector load)
 //     static constexpr int kOut;      // bytes of cache written per chunk (one vector store)
 //     static constexpr bool kScaled;  // whether apply() uses the head's scale
-//     __device__ static Out apply(const In& v, float scale);
+//     using Factor;                   // what apply() needs of a scale, prepared once per scale
+//     __device__ static Factor factor(float scale);
+//     __device__ static Out apply(const In& v, const Factor& f);
 //   };
 //
 // Work item w in [0, sides * n): side w / n, row w % n. A warp loads the row's slot and its first
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
     const int64_t chunks = d.heads * d.head_chunks;
     const bool keep = slot >= 0 && slot < a.num_slots;
     if constexpr (Dense) {
-      const float scale = Chunk::kScaled ? __ldg(d.scale) : 1.0f;
+      const typename Chunk::Factor f = Chunk::factor(Chunk::kScaled ? __ldg(d.scale) : 1.0f);
       for (int64_t base = lane; base < chunks; base += 32 * kRowUnroll) {
         In r[kRowUnroll];
         if (preloaded) {
@@ -100,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
 #pragma unroll
         for (int u = 0; u < kRowUnroll; ++u)
           if (base + u * 32 < chunks)
-            store_global<Chunk::kOut>(dst + (base + u * 32) * Chunk::kOut, Chunk::apply(r[u], scale));
+            store_global<Chunk::kOut>(dst + (base + u * 32) * Chunk::kOut, Chunk::apply(r[u], f));
       }
     } else {
       unsigned char* dst = nullptr;
@@ -126,8 +128,9 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
 #pragma unroll
         for (int u = 0; u < kRowUnroll; ++u) {
           if (out[u] >= 0) {
-            const float scale = Chunk::kScaled ? __ldg(d.scale + head[u] * d.scale_stride) : 1.0f;
-            store_global<Chunk::kOut>(dst + out[u], Chunk::apply(r[u], scale));
+            const typename Chunk::Factor f =
+                Chunk::factor(Chunk::kScaled ? __ldg(d.scale + head[u] * d.scale_stride) : 1.0f);
+            store_global<Chunk::kOut>(dst + out[u], Chunk::apply(r[u], f));
           }
         }
       }
