@@ -57,26 +57,32 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
     for (int u = 0; u < kRowUnroll; ++u)
       if (base + u * 32 < chunks) r[u] = load_ro<Chunk::kIn>(src + (base + u * 32) * Chunk::kIn);
   };
-  // After a check grid (SlotCheck mode 2, which lets this grid launch only once the kernels before
-  // it have completed) the sources and slots are final: a dense row that fits one round of loads is
-  // loaded before the PDL wait, so its memory round trip overlaps the check. Only the stores wait.
+  // A validating call loads a dense row that fits one round of loads before it checks, so the
+  // row's memory round trip overlaps the check; only the stores wait for the verdict. After a check
+  // grid (SlotCheck mode 2, which lets this grid launch only once the kernels before it have
+  // completed) the sources and slots are final before the PDL wait; otherwise (mode 1: this grid
+  // scans the index itself) after it, beside the scan's loads.
   bool early = false;
   int64_t early_slot = -1;
   In early_r[kRowUnroll];
-  if constexpr (Dense) {
-    if (a.check.mode == 2 && first < items) {
-      const int s = first >= a.n ? 1 : 0;
-      const int64_t row = first - (s ? a.n : 0);
-      const Side& d = a.side[s];
-      const int64_t chunks = d.heads * d.head_chunks;
-      early = chunks <= 32 * kRowUnroll;
-      if (early) {
-        early_slot = load_slot<IdxT>(a.index, row, a.index_stride);
-        load_dense(d.src + row * d.src_row, chunks, lane, early_r);
+  auto load_early = [&] {
+    if constexpr (Dense) {
+      if (first < items) {
+        const int s = first >= a.n ? 1 : 0;
+        const int64_t row = first - (s ? a.n : 0);
+        const Side& d = a.side[s];
+        const int64_t chunks = d.heads * d.head_chunks;
+        early = chunks <= 32 * kRowUnroll;
+        if (early) {
+          early_slot = load_slot<IdxT>(a.index, row, a.index_stride);
+          load_dense(d.src + row * d.src_row, chunks, lane, early_r);
+        }
       }
     }
-  }
+  };
+  if (a.check.mode == 2) load_early();
   pdl_prologue(a.pdl);
+  if (a.check.mode == 1) load_early();
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
   for (int64_t item = first; item < items; item += step) {
     const int s = item >= a.n ? 1 : 0;
