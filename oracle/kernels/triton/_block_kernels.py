@@ -73,7 +73,8 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
                 CHECK: tl.constexpr = 0, NEGATIVE_OK: tl.constexpr = 1, CHECK_BLOCK: tl.constexpr = 16,
                 SYS_FENCE: tl.constexpr = 0, CHECK_GS: tl.constexpr = 0, WIDE: tl.constexpr = 1,
                 HW_FP8: tl.constexpr = 0, WHOLE: tl.constexpr = 0, PDL: tl.constexpr = 0,
-                HEADS_LOG2: tl.constexpr = -1, BS_LOG2: tl.constexpr = -1, SIDES: tl.constexpr = 1):
+                HEADS_LOG2: tl.constexpr = -1, BS_LOG2: tl.constexpr = -1, SIDES: tl.constexpr = 1,
+                PREFETCH: tl.constexpr = 0):
     """Quantize ``ROWS`` head rows (row = token * heads + head, ``n_rows`` = tokens * heads) of
     the source ``[tokens, heads, dim]`` (any strides, integer bits: see :func:`widen_bits`) per
     block of ``BLOCK`` elements (``nb`` blocks a row, ``NBP`` = nb rounded up to a power of two)
@@ -103,10 +104,10 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     grid launch only once the kernels before it have completed) the slots, the first side's
     sources and scale are loaded and its codes computed before the wait: only the checks' verdicts
     and the stores wait. ``HEADS_LOG2``, ``BS_LOG2``: log2 of ``heads`` and ``block_size`` where
-    they are powers of two (shifts instead of divisions), else -1."""
+    they are powers of two (shifts instead of divisions), else -1. ``PREFETCH`` (under ``PDL``):
+    before the wait, ask the L2 for the source blocks that the program reads after it (every side's;
+    after a check grid, the second side's), so that those loads find them there."""
     first_program = tl.program_id(0) == 0
-    if CHECK != 2:
-        _pdl_prologue(PDL)
     t = tl.arange(0, ROWS * NBP)
     if WIDE:
         row = tl.program_id(0).to(tl.int64) * ROWS + t // NBP
@@ -120,6 +121,14 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
         token = row // heads
     head = row - token * heads
     token64, head64 = token.to(tl.int64), head.to(tl.int64)  # every offset below is 64-bit
+    src_off = (token64 * src_s0 + head64 * src_s1)[:, None]
+    if PREFETCH & PDL:
+        if CHECK != 2:
+            _prefetch_blocks(src_ptr + src_off, blk, live & (blk < nb), src_s2, SRC, BLOCK)
+        if SIDES == 2:
+            _prefetch_blocks(src2_ptr + src_off, blk, live & (blk < nb), src_s2, SRC, BLOCK)
+    if CHECK != 2:
+        _pdl_prologue(PDL)
     if HAS_INDEX:
         slot = tl.load(idx_ptr + token64 * idx_stride, mask=live, other=-1).to(tl.int64)
     else:
@@ -135,7 +144,6 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
         cache_block = s // block_size
     cache_token = (s - cache_block * block_size).to(tl.int32)  # int32: the swizzled row below
     cache_block, cache_token64 = cache_block.to(tl.int64), cache_token.to(tl.int64)
-    src_off = (token64 * src_s0 + head64 * src_s1)[:, None]
     dst_off = (cache_block * dst_block_stride + cache_token64 * dst_token_stride + head64 * dst_head_stride)[:, None]
     if SWIZZLED:
         r = cache_token * heads + head  # the page's scale matrix: row r, column blk
@@ -177,6 +185,19 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
                 keep_elements = keep[:, None] & (d < dim)
             tl.store(dst + d, code, mask=keep_elements)
         tl.store(sc, byte.to(tl.uint8), mask=keep_blocks)
+
+
+@triton.jit
+def _prefetch_blocks(rows, blk, live, src_s2, SRC: tl.constexpr, BLOCK: tl.constexpr):
+    """Ask the L2 for the source blocks ``blk`` of ``rows`` ``[T, 1]`` (pointers): one
+    ``prefetch.global.L2`` per 32-byte sector of each block. A hint that changes no value any load
+    returns, so it may run before the PDL wait; a block not ``live`` asks for its row's first."""
+    ELEMENTS: tl.constexpr = 32 // (4 if SRC == 0 else 2)  # source elements per sector
+    SECTORS: tl.constexpr = max(1, BLOCK // ELEMENTS)
+    col = tl.where(live, blk * BLOCK, 0)[:, None] + (tl.arange(0, SECTORS) * ELEMENTS)[None, :]
+    ptrs = rows + col.to(tl.int64) * src_s2
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

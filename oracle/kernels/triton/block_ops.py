@@ -42,6 +42,7 @@ _SRC = {torch.float32: (0, torch.int32), torch.float16: (1, torch.int16), torch.
 # warps per program: benchmarks/tune_block.py sweeps both (docs/benchmarks.md)
 TILE_ELEMENTS = {1: 2048, 2: 2048, 3: 2048}
 NUM_WARPS = 4
+PREFETCH = True  # under PDL, the sources read after the wait asked of the L2 before it
 # the interpreter's cost is per operation and program, not per element: far fewer, larger programs
 INTERPRETER_TILE_ELEMENTS = 1 << 16
 INT32_LIMIT = 2**31  # row numbers and slots from here up take the kernel's 64-bit path (WIDE)
@@ -161,7 +162,8 @@ def _launch(sides: list, index, n: int, fmt_code: int, block: int, block_size: i
     meta = dict(SRC=code, FMT=fmt_code, BLOCK=block, NBP=nbp, ROWS=rows, HAS_INDEX=index is not None,
                 SWIZZLED=swizzled, CHECK_GS=scale_codes is not None, WIDE=wide, WHOLE=dim % block == 0,
                 HW_FP8=not interpreting and hardware_fp8(device), PDL=pdl or check.pdl,
-                HEADS_LOG2=_log2(heads), BS_LOG2=_log2(block_size), num_warps=NUM_WARPS, **check.meta)
+                HEADS_LOG2=_log2(heads), BS_LOG2=_log2(block_size), PREFETCH=PREFETCH and not interpreting,
+                num_warps=NUM_WARPS, **check.meta)
     codes_of = scale_codes or (0,) * len(sides)
     k = kernels()
     parts = [_side_args(side, int_dtype) for side in sides]
