@@ -75,14 +75,14 @@ stage_bench() {
   local peers=()
   for f in .peers/*.py; do [ -f "$f" ] && peers+=(--peer-file "$f"); done
   time timeout 520 oracle bench --backend triton,cuda --op set_mla_kv_buffer,store_cache,reshape_and_cache_flash \
-      --sizes 1,16,64,4096,16384 --repeats 7 --mode both --l2 cold "${peers[@]}" \
+      --sizes 1,16,64,4096,16384 --repeats 15 --quiet --mode both --l2 cold "${peers[@]}" \
       --json "$OUT/bench.json" --plot "$OUT/bench.png"
   oracle report bench-goals "$OUT/bench.json"
 }
 
 stage_blockbench() {
   time timeout 300 oracle bench --backend triton --op reshape_and_cache_block --sizes 1,256,4096,16384 \
-      --repeats 7 --mode both --l2 cold --json "$OUT/block-bench.json"
+      --repeats 15 --quiet --mode both --l2 cold --json "$OUT/block-bench.json"
   oracle report bench-goals "$OUT/block-bench.json"
 }
 
