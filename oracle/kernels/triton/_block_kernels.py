@@ -23,11 +23,10 @@ from ._kernels import _call_is_legal, _pdl_prologue
 
 
 @triton.jit
-def _scales_are_legal(gs_ptr, gs2_ptr, gs_code, gs2_code, mailbox_ptr, report, SYS_FENCE: tl.constexpr):
-    """Whether both per-tensor scales are finite float32 > 0 (by their bits: positive and below
-    +inf as int32); where one is not, ``report`` (one program) writes it into the mailbox."""
-    a = tl.load(gs_ptr).to(tl.int32, bitcast=True)
-    b = tl.load(gs2_ptr).to(tl.int32, bitcast=True)
+def _scales_are_legal(a, b, gs_code, gs2_code, mailbox_ptr, report, SYS_FENCE: tl.constexpr):
+    """Whether both per-tensor scales, as int32 bits ``a`` and ``b``, are finite float32 > 0
+    (positive and below +inf as int32); where one is not, ``report`` (one program) writes it into
+    the mailbox."""
     ok_a = (a > 0) & (a < INF)
     ok_b = (b > 0) & (b < INF)
     if report & ((ok_a & ok_b) == 0):
@@ -134,6 +133,9 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     else:
         slot = token64
     keep = live & (slot >= 0) & (slot < num_slots)  # and, below, every slot and scale of the call legal
+    if CHECK_GS:  # loaded with the slots (before the wait after a check grid), judged after the wait
+        gs_bits = tl.load(gs_ptr).to(tl.int32, bitcast=True)
+        gs2_bits = tl.load(gs2_ptr).to(tl.int32, bitcast=True)
     if WIDE:
         s = slot
     else:  # a slot that is not kept is never stored: 0 stands in for it
@@ -171,7 +173,7 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
                                        CHECK_BLOCK, SYS_FENCE)
                 keep = keep & legal
             if CHECK_GS:
-                keep = keep & _scales_are_legal(gs_ptr, gs2_ptr, gs_code, gs2_code, mailbox_ptr,
+                keep = keep & _scales_are_legal(gs_bits, gs2_bits, gs_code, gs2_code, mailbox_ptr,
                                                 first_program & legal, SYS_FENCE)
             keep_blocks = keep & (blk < nb)  # the blocks whose scale byte is stored
         if FMT == 3:
