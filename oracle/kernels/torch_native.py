@@ -136,7 +136,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     slots = slot_mapping[keep].long()
     rows = torch.cat([kv_c[:num_tokens][keep], k_pe[:num_tokens][keep]], dim=1)
     if fp8 is not None:
-        rows = (rows.float() / scale.reshape(())).to(fp8).view(torch.uint8)
+        rows = _fp8_codes(rows, scale.reshape(()), fmt)
     kv_cache.index_put_((slots // block_size, slots % block_size), rows)
 
 
@@ -148,10 +148,23 @@ def translate_full_to_swa(mapping, loc):
     return mapping[loc.long()]
 
 
+def _fp8_codes(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """uint8 codes of ``x / scale`` (``scale`` > 0, broadcast against ``x``): the quotient in
+    float32, then torch's own cast. On the CPU the quotient's sign is set from ``x``'s sign bit:
+    torch's CPU half-to-float conversion and division return the default NaN, sign cleared, in the
+    elements their vector loops leave to the tail (2 and 6 of a row of 46, torch 2.11 and 2.13),
+    while its cast keeps a NaN's sign; as ``scale`` > 0, every other quotient already has ``x``'s
+    sign, so only those NaNs change and the declared presets hold for every element."""
+    q = x.float() / scale
+    if q.device.type == "cpu":
+        bits = x.view(torch.int32 if x.element_size() == 4 else torch.int16)
+        q = torch.copysign(q, torch.where(bits < 0, -1.0, 1.0))
+    return q.to(FP8_DTYPES[fmt]).view(torch.uint8)
+
+
 def _to_fp8_codes(rows: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
-    """uint8 codes of ``rows / scale`` (``[N, H, D]``; the scale broadcast over heads): the
-    quotient in float32, then torch's own cast."""
-    return (rows.float() / scale.reshape(1, -1, 1)).to(FP8_DTYPES[fmt]).view(torch.uint8)
+    """uint8 codes of ``rows / scale`` (``[N, H, D]``; the scale broadcast over heads)."""
+    return _fp8_codes(rows, scale.reshape(1, -1, 1), fmt)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
