@@ -5,7 +5,8 @@ compiled for sm_90 with Triton's bundled ptxas, disassembled with its nvdisasm, 
 
 Each row is one compile of the kernel as the host launches it for bf16 ``[N, 8, 128]`` sources
 into NHD caches with linear scale caches (strides divisible by 16, as Triton specializes them;
-the host's tile for the format, ``block_ops.TILE_ELEMENTS``, 4 warps, K and V in one program)
+the host's tile for the format, ``block_ops.TILE_ELEMENTS``, 4 warps, K and V in one program,
+programmatic dependent launch with the L2 prefetch, as on sm_90, no slot check)
 under one setting of the speed constexprs (``WIDE``, ``HW_FP8``, ``WHOLE``): SASS instructions
 of the whole kernel, those of its plain path (tiles with no NaN and no inf: the special-value
 branches left out), the plain path's per source element (every thread runs the kernel once, for
@@ -46,7 +47,7 @@ def compile_sm90(fmt: int, **speed):
     block, nbp = (16, 8) if fmt == bk.FMT_NVFP4 else (32, 4)
     meta = dict(SRC=bk.SRC_BF16, FMT=fmt, BLOCK=block, NBP=nbp, ROWS=TILE_ELEMENTS[fmt] // (block * nbp), HAS_INDEX=1,
                 SWIZZLED=0, CHECK=0, NEGATIVE_OK=1, CHECK_BLOCK=16, SYS_FENCE=0, CHECK_GS=0, HEADS_LOG2=3,
-                BS_LOG2=4, SIDES=SIDES, **speed)
+                BS_LOG2=4, SIDES=SIDES, PDL=1, PREFETCH=1, **speed)
     names = bk.block_write.arg_names
     signature, constants = {}, {}
     for i, name in enumerate(names):

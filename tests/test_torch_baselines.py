@@ -1,4 +1,4 @@
-"""The torch baselines' fp8 writes keep a NaN's sign in every element.
+"""The torch baselines' fp8 and MXFP8 writes keep a NaN's sign in every element.
 
 torch's CPU half-to-float conversion and division return the default NaN (sign cleared) in the
 elements their vector loops leave to the tail, so ``x.float() / scale`` then ``.to(fp8)`` wrote
@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from oracle.kernels import torch_block as tb
 from oracle.kernels import torch_native as tn
 
 WIDTHS = [1, 7, 46, 129]
@@ -60,3 +61,17 @@ def test_quantize_fp8_and_concat_mla_keep_the_nan_sign(dim):
     written = cache.view(-1, dim + 5)[[1, 2, 5, 7]]
     assert bool((written == 0xFF).all())
     assert bool((cache.view(-1, dim + 5)[[0, 3, 4, 6]] == 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3fn", "mxfp8_e5m2"])
+@pytest.mark.parametrize("dim", [32, 46, 129])
+def test_block_quantize_keeps_the_nan_sign(dtype, fmt, dim):
+    """MXFP8 elements: a NaN is 0x7F with its sign (0xFF), in blocks whose scale byte is 0xFF."""
+    x = _negative_nans(3, 2, dim, dtype)
+    blocks = -(-dim // 32)
+    codes = torch.full((3, 2, dim), 0x11, dtype=torch.uint8)
+    scales = torch.full((3, 2, blocks), 0x11, dtype=torch.uint8)
+    tb.quantize_block(codes, scales, x, fmt, torch.tensor([1.0]))
+    assert bool((codes == 0xFF).all()), f"{int((codes != 0xFF).sum())} of {codes.numel()} codes lost the sign"
+    assert bool((scales == 0xFF).all())

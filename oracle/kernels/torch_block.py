@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import FLOAT_DTYPES, INDEX_DTYPES
+from ._nan_signs import signs, with_signs_of
 
 FORMATS = {"mxfp8_e4m3fn": (torch.float8_e4m3fn, 32, 8), "mxfp8_e5m2": (torch.float8_e5m2, 32, 15),
            "nvfp4": (None, 16, None)}  # name -> (element dtype, block, emax of the element format)
@@ -49,10 +50,10 @@ def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def _fp8_codes(q: torch.Tensor, dtype) -> torch.Tensor:
-    """Saturating fp8 codes (NaN: 0x7F with the sign of ``q``)."""
+    """Saturating fp8 codes (NaN: 0x7F with the sign of ``q``, read from its bits)."""
     top = torch.finfo(dtype).max
     codes = q.clamp(-top, top).to(dtype).view(torch.uint8)
-    nan = (torch.signbit(q).to(torch.uint8) << 7) | 0x7F
+    nan = ((signs(q) < 0).to(torch.uint8) << 7) | 0x7F
     return torch.where(torch.isnan(q), nan, codes)
 
 
@@ -64,7 +65,7 @@ def _mx(x: torch.Tensor, dtype, block: int, emax: int) -> tuple[torch.Tensor, to
     exponent = torch.where(amax > 0, exponent, -127).clamp(-127, 127)
     real = ~torch.isnan(_blocks(torch.zeros_like(x), block))  # the padding of the last block
     scales = torch.where((finite | ~real).all(dim=-1), exponent + 127, 255).to(torch.uint8)
-    q = blocks * torch.ldexp(torch.ones_like(amax), -exponent)[..., None]
+    q = with_signs_of(blocks * torch.ldexp(torch.ones_like(amax), -exponent)[..., None], blocks)
     codes = _fp8_codes(q, dtype).flatten(-2)[..., :x.shape[-1]]
     return codes, scales
 
@@ -94,9 +95,10 @@ def _nvfp4(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, t
 def encode(x: torch.Tensor, fmt: str, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scales) of ``x`` (``[..., D]``) in block format ``fmt``."""
     dtype, block, emax = FORMATS[fmt]
+    wide = with_signs_of(x.float(), x)  # a NaN keeps its sign (:mod:`._nan_signs`)
     if fmt == "nvfp4":
-        return _nvfp4(x.float(), global_scale)
-    return _mx(x.float(), dtype, block, emax)
+        return _nvfp4(wide, global_scale)
+    return _mx(wide, dtype, block, emax)
 
 
 def quantize_block(codes, scales, x, fmt, global_scale):

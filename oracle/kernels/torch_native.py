@@ -14,6 +14,7 @@ import torch
 import oracle
 
 from . import torch_block
+from ._nan_signs import with_signs_of
 from ._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_concat_mla, check_paged_write, check_rows, check_scale,
                       check_translate, check_translate_values)
 
@@ -150,16 +151,8 @@ def translate_full_to_swa(mapping, loc):
 
 def _fp8_codes(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
     """uint8 codes of ``x / scale`` (``scale`` > 0, broadcast against ``x``): the quotient in
-    float32, then torch's own cast. On the CPU the quotient's sign is set from ``x``'s sign bit:
-    torch's CPU half-to-float conversion and division return the default NaN, sign cleared, in the
-    elements their vector loops leave to the tail (2 and 6 of a row of 46, torch 2.11 and 2.13),
-    while its cast keeps a NaN's sign; as ``scale`` > 0, every other quotient already has ``x``'s
-    sign, so only those NaNs change and the declared presets hold for every element."""
-    q = x.float() / scale
-    if q.device.type == "cpu":
-        bits = x.view(torch.int32 if x.element_size() == 4 else torch.int16)
-        q = torch.copysign(q, torch.where(bits < 0, -1.0, 1.0))
-    return q.to(FP8_DTYPES[fmt]).view(torch.uint8)
+    float32, with ``x``'s sign (:mod:`._nan_signs`), then torch's own cast."""
+    return with_signs_of(x.float() / scale, x).to(FP8_DTYPES[fmt]).view(torch.uint8)
 
 
 def _to_fp8_codes(rows: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
