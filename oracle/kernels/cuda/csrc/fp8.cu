@@ -57,8 +57,8 @@ __device__ __forceinline__ uint32_t element_bits(const typename VecOf<Bytes>::ty
 //     fp8 subnormal (2^-17), so x' * r, which keeps x's sign, has the same code (+-0);
 //   - |x'| >= 2^60, +-inf, NaN: |x / s| >= 2^28 or NaN, so x' * r has the same code (+-max under
 //     .satfinite, NaN).
-// tests/test_gpu_kernels.py checks every bf16 and fp16 value against the reference under scales
-// inside and outside [2^-32, 2^32].
+// tests/test_cuda_kernels.py (test_fp8_division_every_source_value) checks every bf16 and fp16
+// value against the reference under scales inside and outside [2^-32, 2^32].
 struct Fp8Divisor {
   float p, s, r;  // the power of two, the scale times it, the reciprocal of that
 };
