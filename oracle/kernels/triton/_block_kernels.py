@@ -19,7 +19,7 @@ import triton.language as tl
 from ._block_codes import (FMT_E4M3FN, FMT_E5M2, FMT_NVFP4, INF, MAG, SRC_BF16, SRC_F16, SRC_F32,  # noqa: F401
                            e2m1_code, e4m3_value, floor_log2, fp8_code, fp8_code_hw, fp8_codes_hw_finite,
                            mx_codes, mx_scale, nvfp4_codes, nvfp4_scale, round_magnitude, widen_bits)
-from ._kernels import _call_is_legal, _pdl_prologue
+from ._kernels import _call_is_legal, _pdl_prologue, prefetch_l2_at
 
 
 @triton.jit
@@ -197,9 +197,7 @@ def _prefetch_blocks(rows, blk, live, src_s2, SRC: tl.constexpr, BLOCK: tl.const
     ELEMENTS: tl.constexpr = 32 // (4 if SRC == 0 else 2)  # source elements per sector
     SECTORS: tl.constexpr = max(1, BLOCK // ELEMENTS)
     col = tl.where(live, blk * BLOCK, 0)[:, None] + (tl.arange(0, SECTORS) * ELEMENTS)[None, :]
-    ptrs = rows + col.to(tl.int64) * src_s2
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
+    prefetch_l2_at(rows + col.to(tl.int64) * src_s2)
 
 
 @triton.jit

@@ -147,7 +147,13 @@ def _prefetch_l2(ptr, row_stride, rows, row_mask, col0, width, COUNT: tl.constex
     cols = col0 + tl.arange(0, COUNT) * SECTOR
     cols = tl.where(cols < width, cols, 0)
     rows = tl.where(row_mask, rows, 0).to(tl.int64)
-    ptrs = ptr + rows[:, None] * row_stride + cols[None, :]
+    prefetch_l2_at(ptr + rows[:, None] * row_stride + cols[None, :])
+
+
+@triton.jit
+def prefetch_l2_at(ptrs):
+    """One ``prefetch.global.L2`` at each of ``ptrs`` (any shape): a hint that the line holding it
+    will be read, which changes no value any load returns."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
                               dtype=tl.int32, is_pure=False, pack=1)
 
