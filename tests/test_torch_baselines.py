@@ -1,9 +1,9 @@
 """The torch baselines' fp8 and MXFP8 writes keep a NaN's sign in every element.
 
-torch's CPU half-to-float conversion and division return the default NaN (sign cleared) in the
-elements their vector loops leave to the tail, so ``x.float() / scale`` then ``.to(fp8)`` wrote
-0x7F instead of 0xFF for some of a row's negative NaNs, against the baselines' declared presets (torch_2_11, torch_2_13: NaN is
-0x7F|sign). The property suite found it on an H100 host; here every element of rows of awkward
+torch's CPU float16-to-float32 conversion returns the default NaN (sign cleared) in the elements
+its vector loop leaves to the tail, so ``x.float() / scale`` then ``.to(fp8)`` wrote 0x7F instead
+of 0xFF for some of a row's negative NaNs, against the baselines' declared presets (torch_2_11,
+torch_2_13: NaN is 0x7F|sign). The property suite found it on an H100 host; here every element of rows of awkward
 widths is a negative NaN, and the expected byte is derived by hand: sign bit, all-ones exponent
 and mantissa, 0xFF in both e4m3fn and (torch's encoding) e5m2.
 """
