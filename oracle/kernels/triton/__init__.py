@@ -141,8 +141,8 @@ WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_
 
 PDL_NOTE = ("launched with programmatic dependent launch (sm_90+; pdl=False launches plainly): each program "
             "first asks the L2 for its source rows (prefetch.global.L2, a hint), then griddepcontrol.wait before "
-            "any load or store; after a check grid (which waits for the kernels before it before it lets the "
-            "writer launch) slots and sources are loaded before the wait, and only the stores wait for the verdict")
+            "any load or store; a check grid lets the writer launch at once, so the writer's launch and "
+            "prefetches overlap the kernels before the check too, and it reads the verdict after its wait")
 
 
 DEFERRED_NOTE = ("slots checked on the device, never read on the host (not while a CUDA graph is captured: "

@@ -99,13 +99,11 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     stored and program 0 leaves the first illegal entry in the mailbox); ``CHECK_GS``: both
     per-tensor scales (``gs_ptr`` and ``gs2_ptr``) finite and > 0, or nothing is stored and
     program 0 leaves the bad one in the mailbox. ``PDL``: launched with programmatic dependent
-    launch (:func:`._kernels._pdl_prologue`); after a check grid (``CHECK == 2``, which lets this
-    grid launch only once the kernels before it have completed) the slots, the first side's
-    sources and scale are loaded and its codes computed before the wait: only the checks' verdicts
-    and the stores wait. ``HEADS_LOG2``, ``BS_LOG2``: log2 of ``heads`` and ``block_size`` where
-    they are powers of two (shifts instead of divisions), else -1. ``PREFETCH`` (under ``PDL``):
-    before the wait, ask the L2 for the source blocks that the program reads after it (every side's;
-    after a check grid, the second side's), so that those loads find them there."""
+    launch (:func:`._kernels._pdl_prologue`; after a check grid too, which lets this grid launch
+    before the kernels before it have completed). ``HEADS_LOG2``, ``BS_LOG2``: log2 of ``heads``
+    and ``block_size`` where they are powers of two (shifts instead of divisions), else -1.
+    ``PREFETCH`` (under ``PDL``): before the wait, ask the L2 for every side's source blocks that
+    the program reads after it, so that those loads find them there."""
     first_program = tl.program_id(0) == 0
     t = tl.arange(0, ROWS * NBP)
     if WIDE:
@@ -122,18 +120,16 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     token64, head64 = token.to(tl.int64), head.to(tl.int64)  # every offset below is 64-bit
     src_off = (token64 * src_s0 + head64 * src_s1)[:, None]
     if PREFETCH & PDL:
-        if CHECK != 2:
-            _prefetch_blocks(src_ptr + src_off, blk, live & (blk < nb), src_s2, SRC, BLOCK)
+        _prefetch_blocks(src_ptr + src_off, blk, live & (blk < nb), src_s2, SRC, BLOCK)
         if SIDES == 2:
             _prefetch_blocks(src2_ptr + src_off, blk, live & (blk < nb), src_s2, SRC, BLOCK)
-    if CHECK != 2:
-        _pdl_prologue(PDL)
+    _pdl_prologue(PDL)
     if HAS_INDEX:
         slot = tl.load(idx_ptr + token64 * idx_stride, mask=live, other=-1).to(tl.int64)
     else:
         slot = token64
     keep = live & (slot >= 0) & (slot < num_slots)  # and, below, every slot and scale of the call legal
-    if CHECK_GS:  # loaded with the slots (before the wait after a check grid), judged after the wait
+    if CHECK_GS:  # loaded with the slots, judged with the slot check
         gs_bits = tl.load(gs_ptr).to(tl.int32, bitcast=True)
         gs2_bits = tl.load(gs2_ptr).to(tl.int32, bitcast=True)
     if WIDE:
@@ -164,8 +160,6 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
             src, dst, sc, gs = src2_ptr + src_off, dst2_ptr + dst_off, sc2_ptr + sc_off, gs2_ptr
         byte, code, code2 = _quantize_tile(src, gs, d, live, blk, nb, dim, src_s2, SRC, FMT, PIECE, WHOLE, HW_FP8)
         if side == 0:
-            if CHECK == 2:  # everything above read only what the check grid made final
-                _pdl_prologue(PDL)
             legal = tl.program_id(0) >= 0  # a scalar True
             if CHECK != 0:
                 legal = _call_is_legal(idx_ptr, idx_stride, n_rows // heads, num_slots, verdict_ptr, verdict_count,

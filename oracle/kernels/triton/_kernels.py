@@ -27,10 +27,10 @@ writes the first illegal entry into the host-mapped mailbox (:mod:`oracle.kernel
 ``CHECK == 1``: every program scans the whole index itself (small N: one launch, no communication
 between programs). ``CHECK == 2``: :func:`check_slots` ran first and left each chunk's first
 illegal entry in ``verdict``; the writer, launched with programmatic dependent launch after it,
-reads those few words after ``griddepcontrol.wait``. The check grid waits for the kernels before it
-before it lets the writer launch, so under ``CHECK == 2`` the writer loads its slots and sources
-before its own wait (their memory round trip overlaps the check) and only its stores wait for the
-verdict.
+reads those few words after ``griddepcontrol.wait``. The check grid lets the writer launch at
+once, before its own wait, so the writer is scheduled and asks the L2 for its sources while the
+kernels before the check still run, as an unchecked writer does after the writer before it; like
+every writer, it loads nothing before its wait.
 """
 
 from __future__ import annotations
@@ -109,16 +109,17 @@ def check_slots(idx_ptr, idx_stride, n, num_slots, chunk, verdict_ptr,
                 TRIGGER: tl.constexpr):
     """``verdict[p]`` = the first illegal entry among entries ``[p * chunk, (p + 1) * chunk)``,
     or ``n``. ``TRIGGER`` (sm_90+): let the writer that follows, launched with programmatic
-    dependent launch, be scheduled at once; it waits for this grid to complete before it reads
-    the verdict. ``PDL``: this grid was itself launched with PDL, so it waits for the previous one,
-    and first asks the L2 for the first ``BLOCK`` entries of its chunk (:func:`_prefetch_l2`)."""
+    dependent launch, be scheduled at once, before this grid's own wait (the writer loads nothing
+    before its wait, and waits for this grid to complete before it reads the verdict). ``PDL``:
+    this grid was itself launched with PDL, so it waits for the previous one, and first asks the
+    L2 for the first ``BLOCK`` entries of its chunk (:func:`_prefetch_l2`)."""
+    if TRIGGER:
+        gdc_launch_dependents()
     if PDL:
         r = tl.program_id(0).to(tl.int64) * chunk + tl.arange(0, BLOCK)
         _prefetch_l2(idx_ptr, idx_stride, r, r < tl.minimum(tl.program_id(0).to(tl.int64) * chunk + chunk, n),
                      0, 1, 1, 1)
         gdc_wait()
-    if TRIGGER:
-        gdc_launch_dependents()
     start = tl.program_id(0).to(tl.int64) * chunk
     end = tl.minimum(start + chunk, n)
     tl.store(verdict_ptr + tl.program_id(0), _first_illegal(idx_ptr, idx_stride, start, end, n, num_slots,
@@ -202,11 +203,7 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
         _prefetch_l2(src_ptr, src_s0, rows, row_mask, tl.program_id(1) * BLOCK_R, heads * dim, PF_R, PF_SECTOR)
         if HAS_INDEX:
             _prefetch_l2(idx_ptr, idx_stride, rows, row_mask, 0, 1, 1, 1)
-    if CHECK != 2:
-        _pdl_prologue(PDL)
-    # CHECK == 2: the check grid waited for the kernels before it before it let this grid launch,
-    # so slots and sources are final: load them before the wait (their memory round trip overlaps
-    # the check); only the stores wait for the verdict
+    _pdl_prologue(PDL)
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         HAS_INDEX, HAS_PAD_SLOT)
     # a row has fewer than 2**31 elements: 32-bit element numbers, widened before any stride product
@@ -227,8 +224,6 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
     dst_off = (block * dst_block_stride + token * dst_token_stride)[:, None] + dst_col[None, :]
     # the source load does not wait for the slot load: a row below n is readable whatever its slot
     x = tl.load(src_ptr + src_off, mask=row_mask[:, None] & e_mask[None, :])
-    if CHECK == 2:
-        _pdl_prologue(PDL)
     if CHECK != 0:
         first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
         keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
@@ -269,9 +264,7 @@ def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
         _prefetch_l2(b_ptr, b_s0, rows, row_mask, tl.program_id(1) * BLOCK_B, width_b, PF_B, PF_SECTOR)
     if PF_A != 0 or PF_B != 0:
         _prefetch_l2(idx_ptr, idx_stride, rows, row_mask, 0, 1, 1, 1)
-    if CHECK != 2:
-        _pdl_prologue(PDL)
-    # CHECK == 2: slots and sources are loaded before the wait, as in paged_write
+    _pdl_prologue(PDL)
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         True, HAS_PAD_SLOT)
     rows64 = rows.to(tl.int64)[:, None]
@@ -283,8 +276,6 @@ def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
     xa = tl.load(a_ptr + rows64 * a_s0 + (ca * a_s1)[None, :], mask=row_mask[:, None] & (ca < width_a)[None, :])
     cb = j * BLOCK_B + tl.arange(0, BLOCK_B)
     xb = tl.load(b_ptr + rows64 * b_s0 + (cb * b_s1)[None, :], mask=row_mask[:, None] & (cb < width_b)[None, :])
-    if CHECK == 2:
-        _pdl_prologue(PDL)
     if CHECK != 0:
         first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
         keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,

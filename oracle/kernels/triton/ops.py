@@ -21,9 +21,8 @@ concat_and_cache_mla's scale value (finite, > 0) is read, and so checked, under
 has it (sm_90+; keyword ``pdl``: None, the default, decides by the device, False launches
 plainly): the kernel may start while the previous one on the stream finishes and waits for it
 (``griddepcontrol.wait``) before any load or store, so launch latency and L2 prefetches (hints)
-overlap; after a check grid, which itself waits for the kernels before it before it lets the
-writer launch, the writer also loads its slots and sources before the wait, and only its stores
-wait for the verdict. Metadata (dtypes, shapes, strides, devices)
+overlap. A check grid lets the writer launch at once, before its own wait, so the writer's
+launch and prefetches overlap the kernels before the check too. Metadata (dtypes, shapes, strides, devices)
 is always checked, and the kernels never write a slot outside the cache whatever the index holds:
 an out-of-range slot is skipped, not written.
 

@@ -79,9 +79,8 @@ int64_t* verdict_buffer(const Tensor& like, cudaStream_t stream) {
 
 // Plans the device-side slot check of a validating call (validate != 0) and, for an index longer
 // than kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it. The check
-// grid lets the writer launch only once the kernels before it have completed (a plain launch, or
-// griddepcontrol.wait first under PDL), so the writer may load its sources before its own wait
-// (mla.cu, paged_rows.cuh); only its stores wait for the verdict.
+// grid lets the writer launch at once (check.cu), so the writer's launch and its L2 prefetch overlap
+// the kernels before the check; it loads nothing before its own wait.
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
                                bool negative_ok, int32_t arg_code, int32_t& pdl, cudaStream_t stream) {
   kvo_cuda::SlotCheck c{};

@@ -1,9 +1,13 @@
 // The check grid of a validating call on a long index (SlotCheck mode 2): block b finds the first
 // illegal entry of its chunk and leaves it in verdict[b]; the writer that follows, launched with
-// programmatic dependent launch, reads the few verdict words after griddepcontrol.wait. The
-// check lets that writer be scheduled at once, so the writer's launch and its L2 prefetch of the
-// sources overlap the check; launched with PDL itself, the check asks the L2 for its share of the
-// index before it waits for the kernel before it.
+// programmatic dependent launch, reads the few verdict words after griddepcontrol.wait. The check
+// lets that writer launch at once, before its own wait: the writer is then scheduled, and asks the
+// L2 for its sources, while the kernels before the check still run, as an unchecked writer does
+// after the writer before it; it loads nothing before its wait. Launched with PDL itself, the check
+// also asks the L2 for its share of the index before it waits for the kernel before it. On the
+// H100 this order costs 0.6-0.7 us a call against the unchecked writer, where letting the writer
+// launch only after the check's own wait (and load its first rows before its wait) cost 1.6 us
+// (benchmarks/ingrid_check_probe.cu, docs/benchmarks.md).
 #include "common.cuh"
 
 namespace kvo_cuda {
@@ -13,6 +17,7 @@ template <typename IdxT>
 __global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index, int64_t stride, int64_t n,
                                                               int64_t num_slots, int32_t negative_ok, int64_t chunk,
                                                               int64_t* verdict, int32_t pdl) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t start = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = start + chunk < n ? start + chunk : n;
   if (pdl && stride == 1 && start < end) {
@@ -27,7 +32,6 @@ __global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index,
                   (to - from) * static_cast<int64_t>(sizeof(IdxT)), threadIdx.x & 31);
   }
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t first = block_min(first_illegal<IdxT>(index, stride, start, end, threadIdx.x, blockDim.x, num_slots,
                                                       negative_ok));
   if (threadIdx.x == 0) verdict[blockIdx.x] = first < n ? first : n;

@@ -57,11 +57,11 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
     for (int u = 0; u < kRowUnroll; ++u)
       if (base + u * 32 < chunks) r[u] = load_ro<Chunk::kIn>(src + (base + u * 32) * Chunk::kIn);
   };
-  // A validating call loads a dense row that fits one round of loads before it checks, so the
-  // row's memory round trip overlaps the check; only the stores wait for the verdict. After a check
-  // grid (SlotCheck mode 2, which lets this grid launch only once the kernels before it have
-  // completed) the sources and slots are final before the PDL wait; otherwise (mode 1: this grid
-  // scans the index itself) after it, beside the scan's loads.
+  // A call that scans a short index itself (SlotCheck mode 1) loads a dense row that fits one round
+  // of loads right after the PDL wait, beside the scan's loads, so the row's memory round trip
+  // overlaps the scan; only the stores wait for the verdict. After a check grid (mode 2) nothing is
+  // loaded before the wait: the check grid let this grid launch while the kernels before it may
+  // still run (check.cu).
   bool early = false;
   int64_t early_slot = -1;
   In early_r[kRowUnroll];
@@ -80,7 +80,6 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
       }
     }
   };
-  if (a.check.mode == 2) load_early();
   pdl_prologue(a.pdl);
   if (a.check.mode == 1) load_early();
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
