@@ -475,7 +475,7 @@ def _same_bytes(a, b):
 @pytest.mark.parametrize("n", [7, 4097])
 def test_every_launch_tuning_writes_the_same_bytes(n):
     """The tuning knobs change only the launch (rows per warp, warps per block, grids, L2 policy,
-    L2 prefetches before the PDL wait):
+    L2 prefetches before the PDL wait, when a check grid lets its writer launch):
     every combination writes exactly what the default does (MLA, copies and fp8 writes), including
     a partial last row group."""
     import itertools
@@ -493,7 +493,7 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     scale = torch.tensor([0.25], device="cuda")
     fp8_caches = (torch.zeros((blocks, 16, 8, 128), dtype=torch.uint8, device="cuda"),) * 2
     knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "fp8_grid", "mla_prefetch",
-             "copy_prefetch", "fp8_prefetch")
+             "copy_prefetch", "fp8_prefetch", "check_early")
     defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 0) for name in knobs}
     for name, value in defaults.items():
         tune(name, value)
@@ -503,7 +503,7 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
         for i, (rows, warps, grid) in enumerate(itertools.product((1, 2, 4), (1, 2, 4, 8), (-1, 0, 4))):
             settings = {"mla_rows": rows, "mla_warps": warps, "mla_grid": grid, "mla_evict_first": i % 4,
                         "copy_grid": grid, "fp8_grid": grid, "mla_prefetch": i % 3, "copy_prefetch": i % 3,
-                        "fp8_prefetch": (i + 1) % 3}
+                        "fp8_prefetch": (i + 1) % 3, "check_early": (i // 2) % 2}
             pdl = i % 2 == 1  # the PDL prologue under every launch shape too, with every prefetch mode
             for name, value in settings.items():
                 tune(name, value)

@@ -109,17 +109,19 @@ def check_slots(idx_ptr, idx_stride, n, num_slots, chunk, verdict_ptr,
                 TRIGGER: tl.constexpr):
     """``verdict[p]`` = the first illegal entry among entries ``[p * chunk, (p + 1) * chunk)``,
     or ``n``. ``TRIGGER`` (sm_90+): let the writer that follows, launched with programmatic
-    dependent launch, be scheduled at once, before this grid's own wait (the writer loads nothing
-    before its wait, and waits for this grid to complete before it reads the verdict). ``PDL``:
-    this grid was itself launched with PDL, so it waits for the previous one, and first asks the
-    L2 for the first ``BLOCK`` entries of its chunk (:func:`_prefetch_l2`)."""
-    if TRIGGER:
+    dependent launch, be scheduled: 2 at once, before this grid's own wait, 1 after it (the writer
+    loads nothing before its wait, and waits for this grid to complete before it reads the
+    verdict). ``PDL``: this grid was itself launched with PDL, so it waits for the previous one,
+    and first asks the L2 for the first ``BLOCK`` entries of its chunk (:func:`_prefetch_l2`)."""
+    if TRIGGER == 2:
         gdc_launch_dependents()
     if PDL:
         r = tl.program_id(0).to(tl.int64) * chunk + tl.arange(0, BLOCK)
         _prefetch_l2(idx_ptr, idx_stride, r, r < tl.minimum(tl.program_id(0).to(tl.int64) * chunk + chunk, n),
                      0, 1, 1, 1)
         gdc_wait()
+    if TRIGGER == 1:
+        gdc_launch_dependents()
     start = tl.program_id(0).to(tl.int64) * chunk
     end = tl.minimum(start + chunk, n)
     tl.store(verdict_ptr + tl.program_id(0), _first_illegal(idx_ptr, idx_stride, start, end, n, num_slots,

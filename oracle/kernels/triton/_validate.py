@@ -29,6 +29,10 @@ FUSED_CHECK_MAX = 256  # entries every program scans itself; above, a separate c
 CHUNK = 1024  # entries per check program at least: one step of CHECK_SCAN loads
 MAX_CHUNKS = 64  # check programs at most (the writer reads one verdict word per program)
 CHECK_SCAN = 1024  # entries a check program loads per step
+# When the check grid lets the writer launch (under PDL): True at once, before the check's own wait
+# (the writer's launch and L2 prefetch then overlap the kernels before the check); False after that
+# wait. benchmarks/check_order.py times both; docs/benchmarks.md.
+CHECK_EARLY = True
 
 
 @dataclass
@@ -125,7 +129,7 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
     overlap = pdl_capable and not interpreting  # the writer waits for the check grid by PDL
     launch(kernels.check_slots, (chunks,), device, index, index.stride(0), n, num_slots, chunk, verdict,
            NEGATIVE_OK=negative, BLOCK=CHECK_SCAN, STEPS=_pow2(_cdiv(chunk, CHECK_SCAN)),
-           PDL=bool(pdl and overlap), TRIGGER=overlap)
+           PDL=bool(pdl and overlap), TRIGGER=(2 if CHECK_EARLY else 1) if overlap else 0)
     meta["CHECK_BLOCK"] = max(16, _pow2(chunks))
     return Check((verdict, chunks, box, code, pad_code), meta, pdl=overlap, sync=sync, device_index=device_index)
 

@@ -106,8 +106,10 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
   int64_t* verdict = verdict_buffer(index, stream);
   check_launch("slot check", kvo_cuda::launch_slot_check(
       index.data_ptr(), index.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32,
-      index.stride(0), n, num_slots, c.negative_ok, verdict, blocks, chunk, pdl != 0, stream));
+      index.stride(0), n, num_slots, c.negative_ok, verdict, blocks, chunk, pdl != 0,
+      kvo_cuda::launch_tuning().check_early != 0, stream));
   c.mode = 2;
+  c.late = kvo_cuda::launch_tuning().check_early == 0 ? 1 : 0;
   c.verdict = verdict;
   c.verdict_count = blocks;
   pdl = 1;  // the writer waits for the check grid (griddepcontrol.wait) before it reads the verdict

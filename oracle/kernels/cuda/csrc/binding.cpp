@@ -43,7 +43,8 @@ int64_t tune(c10::string_view knob, int64_t value) {
                         {"mla_evict_first", &t.mla_evict_first, 0, 3, false},
                         {"mla_prefetch", &t.mla_prefetch, 0, 2, false},
                         {"copy_prefetch", &t.copy_prefetch, 0, 2, false},
-                        {"fp8_prefetch", &t.fp8_prefetch, 0, 2, false}};
+                        {"fp8_prefetch", &t.fp8_prefetch, 0, 2, false},
+                        {"check_early", &t.check_early, 0, 1, false}};
   for (const Knob& k : knobs) {
     if (name != k.name) continue;
     TORCH_CHECK_VALUE(value >= k.low && value <= k.high && (!k.power_of_two || (value & (value - 1)) == 0),
@@ -54,7 +55,7 @@ int64_t tune(c10::string_view knob, int64_t value) {
     return old;
   }
   TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_grid, copy_grid, fp8_grid, "
-                    "mla_evict_first, mla_prefetch, copy_prefetch, fp8_prefetch");
+                    "mla_evict_first, mla_prefetch, copy_prefetch, fp8_prefetch, check_early");
   return 0;
 }
 

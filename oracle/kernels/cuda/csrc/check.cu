@@ -7,7 +7,8 @@
 // also asks the L2 for its share of the index before it waits for the kernel before it. On the
 // H100 this order costs 0.6-0.7 us a call against the unchecked writer, where letting the writer
 // launch only after the check's own wait (and load its first rows before its wait) cost 1.6 us
-// (benchmarks/ingrid_check_probe.cu, docs/benchmarks.md).
+// (benchmarks/ingrid_check_probe.cu, docs/benchmarks.md); `early` = 0 (LaunchTuning::check_early)
+// takes that order.
 #include "common.cuh"
 
 namespace kvo_cuda {
@@ -16,8 +17,8 @@ namespace {
 template <typename IdxT>
 __global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index, int64_t stride, int64_t n,
                                                               int64_t num_slots, int32_t negative_ok, int64_t chunk,
-                                                              int64_t* verdict, int32_t pdl) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+                                                              int64_t* verdict, int32_t pdl, int32_t early) {
+  if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t start = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = start + chunk < n ? start + chunk : n;
   if (pdl && stride == 1 && start < end) {
@@ -32,6 +33,7 @@ __global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index,
                   (to - from) * static_cast<int64_t>(sizeof(IdxT)), threadIdx.x & 31);
   }
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (!early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t first = block_min(first_illegal<IdxT>(index, stride, start, end, threadIdx.x, blockDim.x, num_slots,
                                                       negative_ok));
   if (threadIdx.x == 0) verdict[blockIdx.x] = first < n ? first : n;
@@ -41,10 +43,11 @@ __global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index,
 
 cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
                               int64_t num_slots, int32_t negative_ok, int64_t* verdict, int blocks, int64_t chunk,
-                              bool pdl, cudaStream_t stream) {
+                              bool pdl, bool early, cudaStream_t stream) {
   return with_index(index_type, [&](auto idx) {
     return launch_kernel(slot_check_kernel<decltype(idx)>, static_cast<unsigned>(blocks), kThreads, 0, stream, pdl,
-                         index, index_stride, n, num_slots, negative_ok, chunk, verdict, static_cast<int32_t>(pdl));
+                         index, index_stride, n, num_slots, negative_ok, chunk, verdict, static_cast<int32_t>(pdl),
+                         static_cast<int32_t>(early));
   });
 }
 

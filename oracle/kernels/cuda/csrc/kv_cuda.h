@@ -30,7 +30,8 @@ struct SlotCheck {
   int32_t negative_ok;
   int32_t arg_code;          // oracle.kernels._deferred.ARGUMENTS
   int32_t pad_code;          // oracle.kernels._deferred.PADDINGS
-  int32_t pad_;
+  int32_t late;              // mode 2: the check grid let the writer launch only after its own
+                             // wait, so the writer may load before its wait (LaunchTuning::check_early 0)
   int64_t pad_slot;          // padding reserved:K's K (for the message)
 };
 
@@ -39,7 +40,7 @@ struct SlotCheck {
 // next PDL launch be scheduled at once (that launch waits for this grid to complete).
 cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
                               int64_t num_slots, int32_t negative_ok, int64_t* verdict, int blocks, int64_t chunk,
-                              bool pdl, cudaStream_t stream);
+                              bool pdl, bool early, cudaStream_t stream);
 
 // One tensor pair a paged/flat writer copies: source rows [N, heads, head] into cache rows.
 // A cache row (slot s) starts at dst + (s / block_size) * dst_block + (s % block_size) * dst_token;
@@ -150,6 +151,11 @@ struct LaunchTuning {
   int mla_prefetch = 2;
   int copy_prefetch = 2;
   int fp8_prefetch = 1;
+  // When a check grid (SlotCheck mode 2) lets its writer launch: 1 at once, before the check's own
+  // PDL wait (the writer then prefetches into the L2 before its wait and loads after it); 0 after
+  // that wait, once the kernels before the check have completed (the writer then loads its first
+  // row before its wait). Measured in docs/benchmarks.md.
+  int check_early = 1;
 };
 LaunchTuning& launch_tuning();
 

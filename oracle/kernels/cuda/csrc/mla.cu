@@ -145,17 +145,20 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   };
   // A call that scans a short index itself (SlotCheck mode 1) loads its first row right after the
   // PDL wait, beside the scan's loads, so the row's memory round trip overlaps the scan; only the
-  // stores wait for the verdict. After a check grid (mode 2) nothing is loaded before the wait: the
-  // check grid let this grid launch while the kernels before it may still run (check.cu).
-  const bool early = a.check.mode == 1 && first < a.n && chunks <= 32 * kUnroll;
+  // stores wait for the verdict. After a check grid (mode 2) nothing is loaded before the wait, as
+  // the check grid let this grid launch while the kernels before it may still run (check.cu),
+  // unless it let it launch only once they had completed (SlotCheck::late): then before the wait.
+  const bool before = a.check.mode == 2 && a.check.late;
+  const bool early = (a.check.mode == 1 || before) && first < a.n && chunks <= 32 * kUnroll;
   int64_t early_slot = -1;
   V early_r[kUnroll];
   auto load_early = [&] {
     early_slot = load_slot<IdxT>(a.index, first, a.index_stride);
     load_chunks(first, 0, early_r);
   };
+  if (early && before) load_early();
   pdl_prologue(a.pdl);
-  if (early) load_early();
+  if (early && !before) load_early();
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
   for (int64_t row = first; row < a.n; row += step) {
     const bool preloaded = early && row == first;  // then the row is one round of chunks, base 0

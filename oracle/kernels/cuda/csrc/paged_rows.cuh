@@ -60,8 +60,9 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   // A call that scans a short index itself (SlotCheck mode 1) loads a dense row that fits one round
   // of loads right after the PDL wait, beside the scan's loads, so the row's memory round trip
   // overlaps the scan; only the stores wait for the verdict. After a check grid (mode 2) nothing is
-  // loaded before the wait: the check grid let this grid launch while the kernels before it may
-  // still run (check.cu).
+  // loaded before the wait, as the check grid let this grid launch while the kernels before it may
+  // still run (check.cu), unless it let it launch only once they had completed (SlotCheck::late):
+  // then before the wait.
   bool early = false;
   int64_t early_slot = -1;
   In early_r[kRowUnroll];
@@ -80,6 +81,8 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
       }
     }
   };
+  const bool before = a.check.mode == 2 && a.check.late;
+  if (before) load_early();
   pdl_prologue(a.pdl);
   if (a.check.mode == 1) load_early();
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;

@@ -1,0 +1,87 @@
+"""When should a check grid let its writer launch? Times both orders in one process (run on a GPU).
+
+A validating call on a long index launches a check grid, then the writer, which reads the check's
+verdict after its PDL wait. The check grid can let the writer launch
+
+- ``early``: at once, before the check's own wait: the writer is scheduled and asks the L2 for its
+  sources while the kernels before the check still run, and loads nothing before its wait;
+- ``late``: after the check's own wait, once the kernels before it have completed (the CUDA writers
+  then load their first row before their wait; the Triton writers do not).
+
+The switch is ``torch.ops.kv_oracle_cuda.tune("check_early", 1 | 0)`` for the CUDA writers and
+``oracle.kernels.triton._validate.CHECK_EARLY`` for the Triton ones. Each cell is timed eagerly
+with inputs rotated past the L2 (oracle bench's timer, without a graph), the two orders and the
+kernel's ``.unchecked`` twin alternated round by round in one process, so a host's drift hits them
+alike; the table gives each one's median over the rounds.
+
+    python benchmarks/check_order.py [--kernels cuda.set_mla_kv_buffer,...] [--sizes 4096,16384]
+        [--rounds 7] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from oracle.bench.timers import cold_sets, make_timer
+from oracle.bench.workloads import make_workload
+from oracle.registry import default_registry
+
+DEFAULT_KERNELS = ("cuda.set_mla_kv_buffer", "triton.set_mla_kv_buffer", "cuda.reshape_and_cache_flash",
+                   "triton.reshape_and_cache_flash", "triton.reshape_and_cache_block")
+VARIANTS = {"set_mla_kv_buffer": ("bf16",), "reshape_and_cache_flash": ("e4m3fn",),
+            "reshape_and_cache_block": ("nvfp4", "mxfp8_e4m3fn")}
+
+
+def set_order(backend: str, early: bool) -> None:
+    """Make the check grids of ``backend`` let their writer launch early or late."""
+    if backend == "cuda":
+        torch.ops.kv_oracle_cuda.tune("check_early", 1 if early else 0)
+    else:
+        from oracle.kernels.triton import _plans, _validate
+        _validate.CHECK_EARLY = early
+        _plans.clear()  # a launch plan keeps the constexprs it was built with
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kernels", default=",".join(DEFAULT_KERNELS))
+    parser.add_argument("--sizes", default="4096,16384")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    registry = default_registry.discover()
+    rows = []
+    print(f"{'kernel':34s} {'variant':13s} {'N':>6s} {'early':>7s} {'late':>7s} {'unchecked':>9s}  (us, eager, cold)")
+    for name in (k for k in args.kernels.split(",") if k):
+        kernel = registry.kernels[name]
+        twin = registry.kernels[name + ".unchecked"]
+        backend = kernel.contract.backend
+        for variant in VARIANTS[kernel.contract.op]:
+            for n in (int(s) for s in args.sizes.split(",")):
+                first = make_workload(kernel.contract.op, variant, n, "cuda")
+                rotation = cold_sets(kernel.contract.op, variant, n, first)
+                times = {"early": [], "late": [], "unchecked": []}
+                for _ in range(args.rounds):
+                    for label in times:
+                        set_order(backend, label != "late")
+                        fn = twin.fn if label == "unchecked" else kernel.fn
+                        timer = make_timer(fn, first.args, "cuda", rotation=rotation, graph=False)
+                        times[label].append(statistics.median(timer.sample() for _ in range(3)) * 1e6)
+                set_order(backend, True)
+                med = {label: statistics.median(v) for label, v in times.items()}
+                rows.append({"kernel": name, "variant": variant, "n": n, "median_us": med, "samples_us": times})
+                print(f"{name:34s} {variant:13s} {n:6d} {med['early']:7.2f} {med['late']:7.2f} "
+                      f"{med['unchecked']:9.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": args.rounds,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
