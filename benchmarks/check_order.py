@@ -39,7 +39,8 @@ VARIANTS = {"set_mla_kv_buffer": ("bf16",), "reshape_and_cache_flash": ("e4m3fn"
 def set_order(backend: str, early: bool) -> None:
     """Make the check grids of ``backend`` let their writer launch early or late."""
     if backend == "cuda":
-        torch.ops.kv_oracle_cuda.tune("check_early", 1 if early else 0)
+        from oracle.kernels import cuda
+        cuda.ops().tune("check_early", 1 if early else 0)
     else:
         from oracle.kernels.triton import _plans, _validate
         _validate.CHECK_EARLY = early
