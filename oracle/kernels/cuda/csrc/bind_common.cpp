@@ -78,9 +78,9 @@ int64_t* verdict_buffer(const Tensor& like, cudaStream_t stream) {
 }
 
 // Plans the device-side slot check of a validating call (validate != 0) and, for an index longer
-// than kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it. The check
-// grid lets the writer launch at once (check.cu), so the writer's launch and its L2 prefetch overlap
-// the kernels before the check; it loads nothing before its own wait.
+// than kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it. When the
+// check grid lets the writer launch, and so whether the writer may load before its own wait, is
+// LaunchTuning::check_early (check.cu).
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
                                bool negative_ok, int32_t arg_code, int32_t& pdl, cudaStream_t stream) {
   kvo_cuda::SlotCheck c{};

@@ -1,14 +1,15 @@
 // The check grid of a validating call on a long index (SlotCheck mode 2): block b finds the first
 // illegal entry of its chunk and leaves it in verdict[b]; the writer that follows, launched with
-// programmatic dependent launch, reads the few verdict words after griddepcontrol.wait. The check
-// lets that writer launch at once, before its own wait: the writer is then scheduled, and asks the
-// L2 for its sources, while the kernels before the check still run, as an unchecked writer does
-// after the writer before it; it loads nothing before its wait. Launched with PDL itself, the check
-// also asks the L2 for its share of the index before it waits for the kernel before it. On the
-// H100 this order costs 0.6-0.7 us a call against the unchecked writer, where letting the writer
-// launch only after the check's own wait (and load its first rows before its wait) cost 1.6 us
-// (benchmarks/ingrid_check_probe.cu, docs/benchmarks.md); `early` = 0 (LaunchTuning::check_early)
-// takes that order.
+// programmatic dependent launch, reads the few verdict words after griddepcontrol.wait. Launched
+// with PDL itself, the check asks the L2 for its share of the index before it waits for the kernel
+// before it. It lets the writer launch either after that wait (`early` = 0, the default), once the
+// kernels before the check have completed, so the writer may load its first row before its own
+// wait (SlotCheck::late), or at once (`early` = 1), so the writer is scheduled and asks the L2 for
+// its sources while the kernels before the check still run, as an unchecked writer does after the
+// writer before it, and loads nothing before its wait (LaunchTuning::check_early). With C++
+// launches far ahead of the GPU the early order is faster (benchmarks/ingrid_check_probe.cu); the
+// writers called from Python, whose validating calls take about as long to issue as to run at
+// N = 16384, are faster with the late one (benchmarks/check_order.py; docs/benchmarks.md).
 #include "common.cuh"
 
 namespace kvo_cuda {

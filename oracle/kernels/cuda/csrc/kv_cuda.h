@@ -151,11 +151,11 @@ struct LaunchTuning {
   int mla_prefetch = 2;
   int copy_prefetch = 2;
   int fp8_prefetch = 1;
-  // When a check grid (SlotCheck mode 2) lets its writer launch: 1 at once, before the check's own
-  // PDL wait (the writer then prefetches into the L2 before its wait and loads after it); 0 after
-  // that wait, once the kernels before the check have completed (the writer then loads its first
-  // row before its wait). Measured in docs/benchmarks.md.
-  int check_early = 1;
+  // When a check grid (SlotCheck mode 2) lets its writer launch: 0 after the check's own PDL wait,
+  // once the kernels before the check have completed (the writer then loads its first row before
+  // its wait); 1 at once (the writer then prefetches into the L2 before its wait and loads after
+  // it). Eagerly from Python, 0 is 0.5-1.5 us faster (benchmarks/check_order.py; check.cu).
+  int check_early = 0;
 };
 LaunchTuning& launch_tuning();
 
