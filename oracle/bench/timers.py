@@ -91,7 +91,15 @@ class CudaTimer:
     """Samples timed with CUDA events, replaying a CUDA graph of ``calls`` launches when the calls
     can be captured (kernels that check on the host or synchronize cannot), else launching them.
     Call ``i`` uses input set ``i % len(sets)`` of ``args`` followed by ``rotation`` (see
-    :func:`cold_sets`)."""
+    :func:`cold_sets`).
+
+    Each sample is taken in steady state: the same ``calls`` are first issued untimed (not waited
+    for), so the timed calls queue behind them and the GPU never idles while the host issues the
+    sample's first call. Sampled from an idle GPU instead, a sample of a few dozen calls would also
+    time the host's issue of the first one and the PDL pipeline filling up: at N = 16384 on an
+    H100, 0.5-1.5 us more per call for the validating writers (two launches a call), 0.2-0.8 us
+    for their unchecked twins (docs/benchmarks.md). Serving engines call a writer while the GPU is
+    busy with the layer before it, which is what the steady state times."""
 
     def __init__(self, fn, args, use_graph: bool = True, rotation: tuple = ()):
         sets = (args,) + tuple(rotation)
@@ -150,6 +158,7 @@ class CudaTimer:
         torch.cuda.synchronize()
 
     def _replay_seconds(self) -> float:
+        self.replay()  # untimed: the timed calls queue behind these (see the class docstring)
         self.start.record()
         self.replay()
         self.end.record()
