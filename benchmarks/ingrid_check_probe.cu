@@ -8,10 +8,11 @@
 //   unchecked            one warp per row (no cap), L2 prefetch of the row before griddepcontrol.wait
 //   check-grid           a check grid (16 blocks of 1024 entries) that lets the writer launch after
 //                        its own wait; the writer loads its first row before its wait and reads the
-//                        verdict words after it
+//                        verdict words after it (csrc/check.cu's default order)
 //   check-grid-early     the check grid lets the writer launch at once, before its own wait; the
 //                        writer prefetches its row into the L2 before its wait and loads after it
-//                        (what csrc/check.cu does; /64: 64 check blocks)
+//                        (csrc/check.cu with check_early = 1, and the Triton check grid's order;
+//                        /64: 64 check blocks)
 //   static-ingrid        one launch: blocks 0..15 check a chunk each after the wait, the last one
 //                        publishes the verdict in 32 words a line apart, every block polls one
 //                        (the best case of a check inside the writer; not a safe design)
@@ -24,9 +25,10 @@
 //
 // The counters of a persist/R call live in one of three slots (call g uses g % 3 and clears
 // (g + 1) % 3, last used by call g - 2, which has completed before call g passes its wait).
-// Result on one H100 (docs/benchmarks.md): unchecked 15.3 us, check-grid 16.9, check-grid-early
-// 15.9 (64 blocks: 15.8), static-ingrid 23.4, persist/R 20.9-21.8: polling a verdict inside the
-// writer costs more than a grid boundary, and only an early launch of the writer hides the check.
+// Result on one H100 (docs/benchmarks.md), four runs: unchecked 15.3 us, check-grid 16.7-16.9,
+// check-grid-early 15.8-15.9 (64 blocks: 15.8), static-ingrid 23.4, persist/R 20.9-21.8: polling a
+// verdict inside the writer costs more than a grid boundary, and with the host this far ahead an
+// early launch of the writer hides most of the check.
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/ingrid benchmarks/ingrid_check_probe.cu
 //   /tmp/ingrid
