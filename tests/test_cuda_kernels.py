@@ -808,15 +808,22 @@ def _opcheck(op, args):
 def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
     """``pdl=True``: chained writes whose second reads what the first wrote see it, eagerly and from
     a replayed graph (tests/pdl_chain.py), for the MLA writer and the paged copy kernel, validating
-    (eagerly the 32768-entry index takes the check grid, after which the writer loads its first
-    row before its wait) and not."""
+    and not. Validating, eagerly the 32768-entry index takes the check grid, in both of its orders
+    (``check_early``): the writer launched after the check's own wait, loading its first row before
+    its own, or launched at once, while the write before it may still run."""
     import functools
 
     from pdl_chain import check_chained_writes
 
-    for validate in (True, False):
-        check_chained_writes(functools.partial(cuda_kernels.set_mla_kv_buffer, pdl=True, validate=validate),
-                             functools.partial(cuda_kernels.store_cache, pdl=True, validate=validate))
+    tune = _ops().tune
+    default = tune("check_early", 0)
+    try:
+        for validate, early in ((True, 0), (True, 1), (False, 0)):
+            tune("check_early", early)
+            check_chained_writes(functools.partial(cuda_kernels.set_mla_kv_buffer, pdl=True, validate=validate),
+                                 functools.partial(cuda_kernels.store_cache, pdl=True, validate=validate))
+    finally:
+        tune("check_early", default)
 
 
 @gpu

@@ -499,19 +499,23 @@ def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph(monkeypatch)
     """``pdl=True`` (programmatic dependent launch): back-to-back writes whose second reads what
     the first wrote still see it, eagerly and in a graph, for both kernels (the MLA writer and the
     paged writer behind store_cache): tests/pdl_chain.py. Validating too: eagerly the index (32768
-    entries) takes the check grid, after which the writer loads its sources before its wait."""
+    entries) takes the check grid, which lets the writer launch at once (while the write before it
+    may still run) or, with ``_validate.CHECK_EARLY`` off, after the check's own wait."""
     import functools
     import torch
-    from oracle.kernels.triton import ops, tiles
+    from oracle.kernels.triton import _plans, _validate, ops, tiles
     from pdl_chain import check_chained_writes
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90")
-    for validate in (False, True):
+    for validate, early in ((False, True), (True, True), (True, False)):
+        monkeypatch.setattr(_validate, "CHECK_EARLY", early)
         for mode in ("pdl", "never"):  # the second write's L2 prefetches run before its wait, or not at all
             monkeypatch.setattr(tiles, "PREFETCH", mode)
+            _plans.clear()  # a launch plan keeps the constexprs it was built with
             check_chained_writes(functools.partial(ops.set_mla_kv_buffer, validate=validate, pdl=True),
                                  functools.partial(ops.store_cache, validate=validate, pdl=True))
+    _plans.clear()
 
 
 @gpu
