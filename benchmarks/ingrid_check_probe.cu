@@ -25,17 +25,19 @@
 //
 // The counters of a persist/R call live in one of three slots (call g uses g % 3 and clears
 // (g + 1) % 3, last used by call g - 2, which has completed before call g passes its wait).
-// Result on one H100 (docs/benchmarks.md), four runs: unchecked 15.3 us, check-grid 16.7-16.9,
-// check-grid-early 15.8-15.9 (64 blocks: 15.8), static-ingrid 23.4, persist/R 20.9-21.8: polling a
-// verdict inside the writer costs more than a grid boundary, and with the host this far ahead an
-// early launch of the writer hides most of the check.
+// Result on one H100 (docs/benchmarks.md), five runs, with 2 or 4 slots per row written alike:
+// unchecked 15.1-15.3 us, check-grid 16.7-16.9, check-grid-early 15.7-15.9 (64 blocks: 15.7-15.8),
+// static-ingrid 23.4, persist/R 20.9-21.8: polling a verdict inside the writer costs more than a
+// grid boundary, and here an early launch of the writer hides most of the check (the op's own
+// CUDA writer, whose unchecked write takes 13.9 us, does not gain from it: benchmarks/check_order.py).
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/ingrid benchmarks/ingrid_check_probe.cu
-//   /tmp/ingrid
+//   /tmp/ingrid [slots per row written, default 4]
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -328,8 +330,10 @@ void launch(K kernel, unsigned grid, int threads, cudaStream_t s, P... args) {
   CK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
-int main() {
-  const int64_t n = 16384, slots = 4 * n;
+int main(int argc, char** argv) {
+  // argv[1]: the cache's slots per row written (4 by default; oracle bench's workload has 2)
+  const int64_t n = 16384, slots = (argc > 1 ? atoi(argv[1]) : 4) * n;
+  printf("N = %lld rows into a cache of %lld slots\n", (long long)n, (long long)slots);
   const int sets = 4, calls = 200, rounds = 9;
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

@@ -6,10 +6,9 @@
 // kernels before the check have completed, so the writer may load its first row before its own
 // wait (SlotCheck::late), or at once (`early` = 1), so the writer is scheduled and asks the L2 for
 // its sources while the kernels before the check still run, as an unchecked writer does after the
-// writer before it, and loads nothing before its wait (LaunchTuning::check_early). With C++
-// launches far ahead of the GPU the early order is faster (benchmarks/ingrid_check_probe.cu); the
-// writers called from Python, whose validating calls take about as long to issue as to run at
-// N = 16384, are faster with the late one (benchmarks/check_order.py; docs/benchmarks.md).
+// writer before it, and loads nothing before its wait (LaunchTuning::check_early). A standalone
+// probe of the MLA write is faster with the early order (benchmarks/ingrid_check_probe.cu); these
+// writers are not (MLA) or are slower (fp8) with it (benchmarks/check_order.py; docs/benchmarks.md).
 #include "common.cuh"
 
 namespace kvo_cuda {

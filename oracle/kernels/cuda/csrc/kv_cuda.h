@@ -154,7 +154,7 @@ struct LaunchTuning {
   // When a check grid (SlotCheck mode 2) lets its writer launch: 0 after the check's own PDL wait,
   // once the kernels before the check have completed (the writer then loads its first row before
   // its wait); 1 at once (the writer then prefetches into the L2 before its wait and loads after
-  // it). Eagerly from Python, 0 is 0.5-1.5 us faster (benchmarks/check_order.py; check.cu).
+  // it). Eagerly, 0 is as fast for MLA and 0.4-1.1 us faster for fp8 (benchmarks/check_order.py).
   int check_early = 0;
 };
 LaunchTuning& launch_tuning();
