@@ -16,6 +16,8 @@
 //   static-ingrid        one launch: blocks 0..15 check a chunk each after the wait, the last one
 //                        publishes the verdict in 32 words a line apart, every block polls one
 //                        (the best case of a check inside the writer; not a safe design)
+//   <variant>@B          unchecked, check-grid and check-grid-early with the writer capped at B
+//                        resident blocks per SM (B = 12, 8, 6)
 //   persist/R            a grid of as many blocks as fit at once; each warp loads its first R rows
 //                        into registers after the wait while the grid checks the index itself:
 //                        blocks claim chunks from a counter (no block waits on one that is not
@@ -28,8 +30,10 @@
 // Result on one H100 (docs/benchmarks.md), five runs, with 2 or 4 slots per row written alike:
 // unchecked 15.1-15.3 us, check-grid 16.7-16.9, check-grid-early 15.7-15.9 (64 blocks: 15.7-15.8),
 // static-ingrid 23.4, persist/R 20.9-21.8: polling a verdict inside the writer costs more than a
-// grid boundary, and here an early launch of the writer hides most of the check (the op's own
-// CUDA writer, whose unchecked write takes 13.9 us, does not gain from it: benchmarks/check_order.py).
+// grid boundary, and at 16 resident blocks per SM an early launch of the writer hides most of the
+// check. The @B variants cap the writers at B blocks per SM (unused shared memory), as the op's
+// writer is capped at 8 by its 64 registers a thread: at 8, unchecked 13.75 us, check-grid 16.77,
+// check-grid-early 16.06, the op's own figures (benchmarks/check_order.py).
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/ingrid benchmarks/ingrid_check_probe.cu
 //   /tmp/ingrid [slots per row written, default 4]
@@ -316,11 +320,14 @@ __global__ void __launch_bounds__(128) static_ingrid(const __grid_constant__ Arg
 
 // ---------------------------------------------------------------- host
 
+// `smem`: unused dynamic shared memory, which caps the blocks resident per SM (the op's writer,
+// at 64 registers a thread, fits 8 blocks of 128 threads per SM; this probe's, at 22, 16).
 template <typename K, typename... P>
-void launch(K kernel, unsigned grid, int threads, cudaStream_t s, P... args) {
+void launch_smem(K kernel, unsigned grid, int threads, size_t smem, cudaStream_t s, P... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -328,6 +335,11 @@ void launch(K kernel, unsigned grid, int threads, cudaStream_t s, P... args) {
   cfg.attrs = at;
   cfg.numAttrs = 1;
   CK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+template <typename K, typename... P>
+void launch(K kernel, unsigned grid, int threads, cudaStream_t s, P... args) {
+  launch_smem(kernel, grid, threads, 0, s, args...);
 }
 
 int main(int argc, char** argv) {
@@ -404,6 +416,26 @@ int main(int argc, char** argv) {
                   launch(check_grid_early, static_cast<unsigned>(chunks), 256, s, a, verdict, cchunk);
                   launch(prefetching_writer, rows_grid, 128, s, a);
                 }});
+  for (int bps : {12, 8, 6}) {  // writers capped at bps resident blocks per SM
+    const size_t smem = static_cast<size_t>(228 * 1024 / bps - 1024) / 128 * 128;
+    int got = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, unchecked, 128, smem));
+    printf("writers at %d blocks per SM: %zu bytes of shared memory each, %d fit\n", bps, smem, got);
+    const std::string at = "@" + std::to_string(bps);
+    vs.push_back({"unchecked" + at, [=, &as](int k) { launch_smem(unchecked, rows_grid, 128, smem, s, as[k]); }});
+    vs.push_back({"check-grid" + at, [=, &as](int k) {
+                    Args a = as[k];
+                    a.verdicts = static_cast<int>(chunks);
+                    launch(check_grid, static_cast<unsigned>(chunks), 256, s, a, verdict, cchunk);
+                    launch_smem(checked_writer, rows_grid, 128, smem, s, a);
+                  }});
+    vs.push_back({"check-grid-early" + at, [=, &as](int k) {
+                    Args a = as[k];
+                    a.verdicts = static_cast<int>(chunks);
+                    launch(check_grid_early, static_cast<unsigned>(chunks), 256, s, a, verdict, cchunk);
+                    launch_smem(prefetching_writer, rows_grid, 128, smem, s, a);
+                  }});
+  }
   const int64_t chunks64 = 64, cchunk64 = (n + 63) / 64;
   vs.push_back({"check-grid-early/64", [&](int k) {
                   Args a = as[k];

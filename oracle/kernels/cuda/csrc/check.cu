@@ -6,9 +6,10 @@
 // kernels before the check have completed, so the writer may load its first row before its own
 // wait (SlotCheck::late), or at once (`early` = 1), so the writer is scheduled and asks the L2 for
 // its sources while the kernels before the check still run, as an unchecked writer does after the
-// writer before it, and loads nothing before its wait (LaunchTuning::check_early). A standalone
-// probe of the MLA write is faster with the early order (benchmarks/ingrid_check_probe.cu); these
-// writers are not (MLA) or are slower (fp8) with it (benchmarks/check_order.py; docs/benchmarks.md).
+// writer before it, and loads nothing before its wait (LaunchTuning::check_early). These writers
+// are no faster (MLA) or slower (fp8) with the early order (benchmarks/check_order.py): it gains
+// where 12-16 writer blocks fit on an SM, and the MLA writer's registers fit 8, which makes its
+// unchecked write faster (benchmarks/ingrid_check_probe.cu; docs/benchmarks.md).
 #include "common.cuh"
 
 namespace kvo_cuda {
