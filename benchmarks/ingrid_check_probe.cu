@@ -39,6 +39,8 @@
 //   /tmp/ingrid [slots per row written, default 4]
 #include <cuda_runtime.h>
 
+#include "../oracle/kernels/cuda/csrc/common.cuh"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -320,21 +322,12 @@ __global__ void __launch_bounds__(128) static_ingrid(const __grid_constant__ Arg
 
 // ---------------------------------------------------------------- host
 
-// `smem`: unused dynamic shared memory, which caps the blocks resident per SM (the op's writer,
-// at 64 registers a thread, fits 8 blocks of 128 threads per SM; this probe's, at 22, 16).
+// Every launch asks for programmatic dependent launch, through the project's own launcher. `smem`:
+// unused dynamic shared memory, which caps the blocks resident per SM (the op's writer, at 64
+// registers a thread, fits 8 blocks of 128 threads per SM; this probe's, at 22, 16).
 template <typename K, typename... P>
 void launch_smem(K kernel, unsigned grid, int threads, size_t smem, cudaStream_t s, P... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&cfg, kernel, args...));
+  CK(kvo_cuda::launch_kernel(kernel, grid, threads, smem, s, true, args...));
 }
 
 template <typename K, typename... P>

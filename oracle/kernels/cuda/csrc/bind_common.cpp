@@ -104,12 +104,12 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
   const int blocks = static_cast<int>(want < kMaxCheckBlocks ? want : kMaxCheckBlocks);
   const int64_t chunk = (n + blocks - 1) / blocks;
   int64_t* verdict = verdict_buffer(index, stream);
+  const bool early = kvo_cuda::launch_tuning().check_early != 0;
   check_launch("slot check", kvo_cuda::launch_slot_check(
       index.data_ptr(), index.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32,
-      index.stride(0), n, num_slots, c.negative_ok, verdict, blocks, chunk, pdl != 0,
-      kvo_cuda::launch_tuning().check_early != 0, stream));
+      index.stride(0), n, num_slots, c.negative_ok, verdict, blocks, chunk, pdl != 0, early, stream));
   c.mode = 2;
-  c.late = kvo_cuda::launch_tuning().check_early == 0 ? 1 : 0;
+  c.late = early ? 0 : 1;
   c.verdict = verdict;
   c.verdict_count = blocks;
   pdl = 1;  // the writer waits for the check grid (griddepcontrol.wait) before it reads the verdict
