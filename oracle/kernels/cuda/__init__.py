@@ -187,8 +187,8 @@ def register() -> None:
               dtypes=("float32", "float16", "bfloat16"), padding="negative", layouts=("NHD", "HND"),
               fp8_formats=FP8_FORMATS, fp8_preset="cuda_satfinite", scales=("tensor", "head"),
               notes="one warp per (token, K/V), (block, offset) from the slot on any cache view (NHD, HND, "
-                    f"padded); {LAYOUT}; fp8: x / scale in float32 (__fdiv_rn; skipped when the scale is "
-                    "1), then cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 (overflow and inf to +-max, NaN to "
+                    f"padded); {LAYOUT}; fp8: x / scale, the IEEE float32 quotient wherever the code "
+                    "can tell (the scale's reciprocal prepared once), then cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 (overflow and inf to +-max, NaN to "
                     "0x7F without sign: preset cuda_satfinite), 16-byte loads; fnuz formats refused "
                     f"(NotImplementedError); negative slots skipped (vLLM); {CHECKS}", **common)
 

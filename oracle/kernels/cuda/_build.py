@@ -39,8 +39,8 @@ READY = _jit.READY
 MIN_CAPABILITY = (9, 0)
 # sm_90 machine code (cp.async.bulk and cvt ... e4m3x2 are plain sm_90 instructions, nothing needs
 # sm_90a) plus compute_90 PTX so a newer GPU can JIT it. Naming the targets keeps
-# torch.utils.cpp_extension from adding its own -gencode flags. No --use_fast_math: the fp8 path
-# divides with IEEE rounding (it calls __fdiv_rn explicitly anyway).
+# torch.utils.cpp_extension from adding its own -gencode flags. No --use_fast_math: the fp8 path's
+# division (fp8.cu, Fp8Divisor) relies on IEEE multiplies and FMAs that keep subnormals.
 NVCC_FLAGS = ("-O3", "-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90",
               "-lineinfo")
 CXX_FLAGS = ("-O3",)

@@ -100,8 +100,9 @@ def block_write(src_ptr, src_s0, src_s1, src_s2,
     per-tensor scales (``gs_ptr`` and ``gs2_ptr``) finite and > 0, or nothing is stored and
     program 0 leaves the bad one in the mailbox. ``PDL``: launched with programmatic dependent
     launch (:func:`._kernels._pdl_prologue`: nothing is loaded before the wait, as a check grid
-    may let this grid launch while the kernels before it still run). ``HEADS_LOG2``, ``BS_LOG2``: log2 of ``heads``
-    and ``block_size`` where they are powers of two (shifts instead of divisions), else -1.
+    may let this grid launch while the kernels before it still run). ``HEADS_LOG2``,
+    ``BS_LOG2``: log2 of ``heads`` and ``block_size`` where they are powers of two (shifts instead
+    of divisions), else -1.
     ``PREFETCH`` (under ``PDL``): before the wait, ask the L2 for every side's source blocks that
     the program reads after it, so that those loads find them there."""
     first_program = tl.program_id(0) == 0

@@ -28,9 +28,9 @@ writes the first illegal entry into the host-mapped mailbox (:mod:`oracle.kernel
 between programs). ``CHECK == 2``: :func:`check_slots` ran first and left each chunk's first
 illegal entry in ``verdict``; the writer, launched with programmatic dependent launch after it,
 reads those few words after ``griddepcontrol.wait``. The check grid lets the writer launch at
-once, before its own wait (``_validate.CHECK_EARLY``; else after it), so the writer is scheduled and asks the L2 for its sources while the
-kernels before the check still run, as an unchecked writer does after the writer before it; like
-every writer, it loads nothing before its wait.
+once, before its own wait (``_validate.CHECK_EARLY``; else after it), so the writer is scheduled
+and asks the L2 for its sources while the kernels before the check still run, as an unchecked
+writer does after the writer before it; like every writer, it loads nothing before its wait.
 """
 
 from __future__ import annotations
