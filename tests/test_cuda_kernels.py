@@ -493,7 +493,7 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     scale = torch.tensor([0.25], device="cuda")
     fp8_caches = (torch.zeros((blocks, 16, 8, 128), dtype=torch.uint8, device="cuda"),) * 2
     knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "fp8_grid", "mla_prefetch",
-             "copy_prefetch", "fp8_prefetch", "check_early")
+             "copy_prefetch", "fp8_prefetch", "check_early", "mla_check_in_grid")
     defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 0) for name in knobs}
     for name, value in defaults.items():
         tune(name, value)
@@ -503,7 +503,8 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
         for i, (rows, warps, grid) in enumerate(itertools.product((1, 2, 4), (1, 2, 4, 8), (-1, 0, 4))):
             settings = {"mla_rows": rows, "mla_warps": warps, "mla_grid": grid, "mla_evict_first": i % 4,
                         "copy_grid": grid, "fp8_grid": grid, "mla_prefetch": i % 3, "copy_prefetch": i % 3,
-                        "fp8_prefetch": (i + 1) % 3, "check_early": (i // 2) % 2}
+                        "fp8_prefetch": (i + 1) % 3, "check_early": (i // 2) % 2,
+                        "mla_check_in_grid": (i // 3) % 2}
             pdl = i % 2 == 1  # the PDL prologue under every launch shape too, with every prefetch mode
             for name, value in settings.items():
                 tune(name, value)
@@ -810,7 +811,9 @@ def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
     a replayed graph (tests/pdl_chain.py), for the MLA writer and the paged copy kernel, validating
     and not. Validating, eagerly the 32768-entry index takes the check grid, in both of its orders
     (``check_early``): the writer launched after the check's own wait, loading its first row before
-    its own, or launched at once, while the write before it may still run."""
+    its own, or launched at once, while the write before it may still run; the 4096-entry one the
+    MLA writer checks inside its own grid (mla_checked.cu), whose next launch is let in after its
+    barrier."""
     import functools
 
     from pdl_chain import check_chained_writes
@@ -818,10 +821,10 @@ def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
     tune = _ops().tune
     default = tune("check_early", 0)
     try:
-        for validate, early in ((True, 0), (True, 1), (False, 0)):
+        for validate, early, n in ((True, 0, 32768), (True, 1, 32768), (True, 0, 4096), (False, 0, 32768)):
             tune("check_early", early)
             check_chained_writes(functools.partial(cuda_kernels.set_mla_kv_buffer, pdl=True, validate=validate),
-                                 functools.partial(cuda_kernels.store_cache, pdl=True, validate=validate))
+                                 functools.partial(cuda_kernels.store_cache, pdl=True, validate=validate), n=n)
     finally:
         tune("check_early", default)
 

@@ -41,7 +41,7 @@ void check_launch(const char* op, cudaError_t err);
 void set_error_mailbox(const Tensor& mailbox, int64_t device);
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
                                bool negative_ok, int32_t arg_code, int32_t& pdl,
-                               cudaStream_t stream);
+                               cudaStream_t stream, bool in_grid = false);
 
 // ---------------------------------------------------------------- widths, addresses, rows
 

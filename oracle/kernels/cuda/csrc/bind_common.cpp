@@ -77,12 +77,31 @@ int64_t* verdict_buffer(const Tensor& like, cudaStream_t stream) {
   return found->second.data_ptr<int64_t>();
 }
 
+// The grid-barrier words (grid_verdict in common.cuh) of calls on `stream` of the index's device:
+// [0] arrivals 0, [1] generation 0, [2] and [3] kNoEntry. One buffer per stream, kept for the
+// process: a call's grid leaves them so for the next, and calls on one stream run in order.
+uint64_t* barrier_buffer(const Tensor& like, cudaStream_t stream) {
+  static std::mutex lock;
+  static auto* buffers = new std::map<std::pair<int, cudaStream_t>, Tensor>();  // never freed: no exit-time teardown
+  const std::pair<int, cudaStream_t> key{like.device().index(), stream};
+  std::lock_guard<std::mutex> guard(lock);
+  auto found = buffers->find(key);
+  if (found == buffers->end()) {
+    const Tensor host = at::tensor({int64_t{0}, int64_t{0}, kvo_cuda::kNoEntry, kvo_cuda::kNoEntry},
+                                   at::TensorOptions().dtype(at::kLong));
+    found = buffers->emplace(key, host.to(like.device())).first;
+  }
+  return reinterpret_cast<uint64_t*>(found->second.data_ptr<int64_t>());
+}
+
 // Plans the device-side slot check of a validating call (validate != 0) and, for an index longer
-// than kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it. When the
+// than kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it, unless
+// `in_grid`: then the writer checks inside its own grid (mode 3, launch_mla_checked). When the
 // check grid lets the writer launch, and so whether the writer may load before its own wait, is
 // LaunchTuning::check_early (check.cu).
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
-                               bool negative_ok, int32_t arg_code, int32_t& pdl, cudaStream_t stream) {
+                               bool negative_ok, int32_t arg_code, int32_t& pdl, cudaStream_t stream,
+                               bool in_grid) {
   kvo_cuda::SlotCheck c{};
   TORCH_CHECK_VALUE(validate == 0 || validate == 1, "validate=", validate, " must be 0 or 1");
   // Not while a CUDA graph is being captured: the replayed writer then costs what it did before
@@ -98,6 +117,11 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
   c.pad_code = negative_ok ? 1 : 0;
   if (n <= kFusedCheckMax) {
     c.mode = 1;
+    return c;
+  }
+  if (in_grid) {
+    c.mode = 3;
+    c.barrier = barrier_buffer(index, stream);
     return c;
   }
   const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;

@@ -92,9 +92,18 @@ void set_mla_kv_buffer(const Tensor& kv_buffer, const Tensor& loc, const Tensor&
   c10::cuda::CUDAGuard guard(kv_buffer.device());
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(kv_buffer);
-  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream);
-  check_launch("set_mla_kv_buffer", plan.tma ? kvo_cuda::launch_mla_tma(plan.args, plan.width, stream)
-                                             : kvo_cuda::launch_mla_direct(plan.args, plan.width, stream));
+  // The direct path with 16-byte vectors checks an index that one pass of a resident grid holds
+  // inside its own grid (mla_checked.cu); a longer one with a check grid first.
+  const int64_t row_bytes = plan.args.nope_bytes + plan.args.rope_bytes;
+  const bool in_grid = !plan.tma && plan.width == 16 && kvo_cuda::launch_tuning().mla_check_in_grid != 0 &&
+                       plan.args.n <= kvo_cuda::mla_checked_rows(row_bytes);
+  plan.args.check =
+      plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream, in_grid);
+  cudaError_t err;
+  if (plan.args.check.mode == 3) err = kvo_cuda::launch_mla_checked(plan.args, stream);
+  else if (plan.tma) err = kvo_cuda::launch_mla_tma(plan.args, plan.width, stream);
+  else err = kvo_cuda::launch_mla_direct(plan.args, plan.width, stream);
+  check_launch("set_mla_kv_buffer", err);
 }
 
 std::string mla_plan(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope, const Tensor& rope,

@@ -18,6 +18,8 @@
 //                           k_scale, v_scale, max_vec=16, pdl=False, validate=1)
 //   set_error_mailbox(mailbox, device): the pinned int64[8] validating calls on `device` report to.
 //   mla_plan(...) / store_plan(...) / paged_plan(...) -> str: the path and width a call would take.
+//   mla_checked_rows(row_bytes) -> int: the longest index set_mla_kv_buffer checks in its own grid.
+//   tune(knob, value) -> int: sets a launch-tuning knob (LaunchTuning), returns the old value.
 // max_vec (16, 8, 4, 2 or 1) caps the vector width, so tests can run the narrow paths on aligned
 // data; path forces "tma" or "direct" for set_mla_kv_buffer; pdl launches the kernel with
 // programmatic dependent launch (kv_cuda.h says what that overlaps).
@@ -44,7 +46,8 @@ int64_t tune(c10::string_view knob, int64_t value) {
                         {"mla_prefetch", &t.mla_prefetch, 0, 2, false},
                         {"copy_prefetch", &t.copy_prefetch, 0, 2, false},
                         {"fp8_prefetch", &t.fp8_prefetch, 0, 2, false},
-                        {"check_early", &t.check_early, 0, 1, false}};
+                        {"check_early", &t.check_early, 0, 1, false},
+                        {"mla_check_in_grid", &t.mla_check_in_grid, 0, 1, false}};
   for (const Knob& k : knobs) {
     if (name != k.name) continue;
     TORCH_CHECK_VALUE(value >= k.low && value <= k.high && (!k.power_of_two || (value & (value - 1)) == 0),
@@ -55,8 +58,16 @@ int64_t tune(c10::string_view knob, int64_t value) {
     return old;
   }
   TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_grid, copy_grid, fp8_grid, "
-                    "mla_evict_first, mla_prefetch, copy_prefetch, fp8_prefetch, check_early");
+                    "mla_evict_first, mla_prefetch, copy_prefetch, fp8_prefetch, check_early, mla_check_in_grid");
   return 0;
+}
+
+// The longest index the validating MLA direct path checks inside its own grid (mla_checked.cu) for
+// rows of `row_bytes`, on the current device.
+int64_t mla_checked_rows(int64_t row_bytes) {
+  TORCH_CHECK_VALUE(row_bytes > 0 && row_bytes % 16 == 0, "row_bytes=", row_bytes,
+                    " must be a positive multiple of 16");
+  return kvo_cuda::mla_checked_rows(row_bytes);
 }
 
 }  // namespace kvo_bind
@@ -77,6 +88,7 @@ TORCH_LIBRARY(kv_oracle_cuda, m) {
   m.def("paged_plan(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache, Tensor slot_mapping, "
         "str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale, int max_vec=16) -> str");
   m.def("tune(str knob, int value) -> int", &kvo_bind::tune);
+  m.def("mla_checked_rows(int row_bytes) -> int", &kvo_bind::mla_checked_rows);
 }
 
 TORCH_LIBRARY_IMPL(kv_oracle_cuda, CUDA, m) {

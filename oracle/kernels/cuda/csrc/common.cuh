@@ -149,8 +149,6 @@ __device__ __forceinline__ void pdl_prologue(int32_t pdl) {
 
 // ---------------------------------------------------------------- the device-side slot check
 
-constexpr int64_t kNoEntry = INT64_MAX;
-
 // The minimum of v over the block (every thread gets it). Call at most once per kernel, from
 // every thread of the block.
 __device__ __forceinline__ int64_t block_min(int64_t v) {
@@ -186,8 +184,25 @@ __device__ __forceinline__ int64_t first_illegal(const void* index, int64_t stri
   return first;
 }
 
-// Whether every slot of the call is legal (uniform over the grid). Every thread of the block must
-// call it, before the block's first store; where a slot is illegal, block 0 records it.
+// Records the call's first illegal entry `first` in the mailbox the host reads (call it from one
+// thread of one block).
+template <typename IdxT>
+__device__ void report_illegal(const SlotCheck& c, const void* index, int64_t stride, int64_t first,
+                               int64_t num_slots) {
+  volatile int64_t* box = c.mailbox;
+  box[1] = first;
+  box[2] = load_slot<IdxT>(index, first, stride);
+  box[3] = num_slots;
+  box[4] = c.arg_code;
+  box[5] = c.pad_code;
+  box[6] = c.pad_slot;
+  __threadfence_system();  // the host may read word 0 without synchronizing
+  box[0] = 1;
+}
+
+// Whether every slot of the call is legal (uniform over the grid), for SlotCheck modes 1 and 2.
+// Every thread of the block must call it, before the block's first store; where a slot is illegal,
+// block 0 records it.
 template <typename IdxT>
 __device__ bool call_is_legal(const SlotCheck& c, const void* index, int64_t stride, int64_t n, int64_t num_slots) {
   int64_t mine = kNoEntry;
@@ -198,18 +213,48 @@ __device__ bool call_is_legal(const SlotCheck& c, const void* index, int64_t str
   }
   const int64_t first = block_min(mine);
   if (first >= n) return true;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    volatile int64_t* box = c.mailbox;
-    box[1] = first;
-    box[2] = load_slot<IdxT>(index, first, stride);
-    box[3] = num_slots;
-    box[4] = c.arg_code;
-    box[5] = c.pad_code;
-    box[6] = c.pad_slot;
-    __threadfence_system();  // the host may read word 0 without synchronizing
-    box[0] = 1;
-  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) report_illegal<IdxT>(c, index, stride, first, num_slots);
   return false;
+}
+
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The grid's verdict for SlotCheck mode 3: the minimum of every block's `first` (its first illegal
+// entry, or kNoEntry), returned to every thread of every block once every block has called it. A
+// barrier over the whole grid: every block of the grid must be resident at once (the launcher
+// sizes the grid so) and call it exactly once, from every thread.
+//
+// `state` is the stream's SlotCheck::barrier: [0] the blocks arrived, [1] a generation count, [2]
+// and [3] the minimum of even and odd generations, kNoEntry between calls. Thread 0 of each block
+// folds its `first` into its generation's word and arrives; the last block to arrive resets the
+// count and the other generation's word (no block reads it before the next call, which runs after
+// this grid has completed), then bumps the generation, which releases the others. One poller per
+// block, a few hundred at most.
+__device__ __forceinline__ int64_t grid_verdict(uint64_t* state, int64_t first) {
+  __shared__ int64_t verdict;
+  if (threadIdx.x == 0) {
+    const uint64_t gen = load_acquire(state + 1);
+    int64_t* word = reinterpret_cast<int64_t*>(state + 2 + (gen & 1));
+    if (first != kNoEntry) atomicMin(reinterpret_cast<long long*>(word), static_cast<long long>(first));
+    __threadfence();  // the fold (and the generation read) before the arrival
+    const uint64_t arrived = atomicAdd(reinterpret_cast<unsigned long long*>(state), 1ULL);
+    if (arrived == gridDim.x - 1) {
+      atomicExch(reinterpret_cast<unsigned long long*>(state), 0ULL);
+      atomicExch(reinterpret_cast<unsigned long long*>(state + 2 + ((gen + 1) & 1)),
+                 static_cast<unsigned long long>(kNoEntry));
+      __threadfence();
+      atomicAdd(reinterpret_cast<unsigned long long*>(state + 1), 1ULL);
+    } else {
+      while (load_acquire(state + 1) == gen) __nanosleep(32);
+    }
+    verdict = static_cast<int64_t>(load_acquire(reinterpret_cast<const uint64_t*>(word)));
+  }
+  __syncthreads();
+  return verdict;
 }
 
 // Ask the L2 for bytes [p, p + bytes): one prefetch per 32-byte sector, spread over the warp's

@@ -19,11 +19,17 @@ enum Fp8Format : int32_t { kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 // Mode 1: every block scans the whole index before its first store (short indices: one launch).
 // Mode 2: launch_slot_check ran first and left each chunk's first illegal entry in `verdict`; the
 // writer, launched with PDL after it (args.pdl set), reads those words after griddepcontrol.wait.
+// Mode 3 (launch_mla_checked only): the writer's own grid, all of it resident at once, loads its
+// rows, scans the index and meets at a grid barrier before its first store.
 // An entry is illegal when its slot is >= num_slots, or < 0 unless negative_ok. If any is, no block
 // stores anything and block 0 writes the first one into `mailbox` (pinned host memory, zero-copy;
 // layout in oracle/kernels/_deferred.py): words 1-6, a system fence, then word 0.
+// "No illegal entry": the neutral value of the verdict words and of the grid barrier's minimum.
+constexpr int64_t kNoEntry = INT64_MAX;
+
 struct SlotCheck {
   const int64_t* verdict;    // mode 2: one word per check block
+  uint64_t* barrier;         // mode 3: the stream's four grid-barrier words (grid_verdict, common.cuh)
   int64_t* mailbox;          // int64[8] the host reads
   int32_t mode;
   int32_t verdict_count;
@@ -121,6 +127,14 @@ cudaError_t launch_mla_tma(const MlaArgs& args, int load_bytes, cudaStream_t str
 // stride and part size (the destination's rope offset, nope_bytes, included).
 cudaError_t launch_mla_direct(const MlaArgs& args, int vec_bytes, cudaStream_t stream);
 
+// Validating direct path in one grid (SlotCheck mode 3, args.check.barrier set), 16-byte vectors
+// only (16 must divide every pointer, stride and part size): a grid that fits on the device at
+// once loads its rows into registers, scans the index, meets at a grid barrier, then stores
+// (mla_checked.cu). Any n works; the binding takes it where one pass of that grid holds the call,
+// n <= mla_checked_rows(row bytes).
+cudaError_t launch_mla_checked(const MlaArgs& args, cudaStream_t stream);
+int64_t mla_checked_rows(int64_t row_bytes);
+
 // Launch geometry the launchers use (for the plan strings and tests): threads per block, and the
 // largest row the MLA TMA path stages (a warp holds two sets of its rows in shared memory, and a
 // block stays within the 48 KiB default dynamic shared memory with at least one warp).
@@ -156,6 +170,9 @@ struct LaunchTuning {
   // its wait); 1 at once (the writer then prefetches into the L2 before its wait and loads after
   // it). Eagerly, 0 is as fast for MLA and 0.4-1.1 us faster for fp8 (benchmarks/check_order.py).
   int check_early = 0;
+  // The validating MLA direct path (16-byte vectors) checks an index of kFusedCheckMax < n <=
+  // mla_checked_rows entries inside its own grid (1, SlotCheck mode 3) or with a check grid (0).
+  int mla_check_in_grid = 1;
 };
 LaunchTuning& launch_tuning();
 
