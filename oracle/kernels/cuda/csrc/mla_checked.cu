@@ -11,11 +11,12 @@
 // grid_verdict (common.cuh) while those reads are in flight. If an entry is illegal no thread
 // stores and block 0 reports it; else the grid stores the tile and copies any rows left.
 //
-// One pass (every row in the first tile) is what this shape is for: at N = 1024-4096 rows of 1152
-// bytes it takes 7.7-7.8 us eagerly on the H100, against 10.4-10.6 for the check grid and the
-// writer and 7.0-7.1 unchecked. A longer call loops, and that loop is 15-20% slower than the
-// one-warp-per-row writer (a grid in lock step: N = 16384, 17.1 against 15.9 us with the check
-// grid), so the binding takes this shape only up to mla_checked_rows() (docs/benchmarks.md).
+// One pass (every row in the first tile) is what this shape is for: at N = 4096 and 7000 rows of
+// 1152 bytes it takes 9.4 and 12.3 us eagerly on the H100, against 12.2 and 15.7 for the check
+// grid and the writer, 8.0 and 9.9 unchecked (benchmarks/mla_in_grid_check.py). A longer call
+// loops, and a grid looping in lock step lost to the check grid eagerly (N = 16384: 17.1-17.9
+// against 15.9 us), so the binding takes this shape only up to mla_checked_rows()
+// (docs/benchmarks.md).
 //
 // Under PDL each block waits (griddepcontrol.wait) before its first load and lets the next launch
 // be scheduled only after the barrier: a dependent grid scheduled earlier could take the room a
