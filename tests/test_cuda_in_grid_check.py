@@ -103,16 +103,21 @@ def test_every_illegal_entry_position_is_caught(in_grid):
 
 @gpu
 def test_two_streams_at_once(in_grid):
-    """Calls on two streams run concurrently, each with its own barrier words."""
+    """Calls on two new streams run concurrently, each with its own barrier words, which the first
+    call on each stream sets up without synchronizing."""
     in_grid(True)
     calls = [_call(2048, seed) for seed in (21, 22)]
     streams = [torch.cuda.Stream() for _ in calls]
     outs = [torch.full((c[3], 576), POISON, dtype=torch.bfloat16, device="cuda") for c in calls]
     torch.cuda.synchronize()
-    for _ in range(20):
-        for (nope, rope, loc, _), out, stream in zip(calls, outs, streams):
-            with torch.cuda.stream(stream):
-                cuda_kernels.set_mla_kv_buffer(out, loc, nope, rope)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(20):
+            for (nope, rope, loc, _), out, stream in zip(calls, outs, streams):
+                with torch.cuda.stream(stream):
+                    cuda_kernels.set_mla_kv_buffer(out, loc, nope, rope)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     oracle.kernels.raise_deferred_errors()
     for call, out in zip(calls, outs):

@@ -87,9 +87,12 @@ uint64_t* barrier_buffer(const Tensor& like, cudaStream_t stream) {
   std::lock_guard<std::mutex> guard(lock);
   auto found = buffers->find(key);
   if (found == buffers->end()) {
-    const Tensor host = at::tensor({int64_t{0}, int64_t{0}, kvo_cuda::kNoEntry, kvo_cuda::kNoEntry},
-                                   at::TensorOptions().dtype(at::kLong));
-    found = buffers->emplace(key, host.to(like.device())).first;
+    // Filled on the device (on this stream, before the call's grid): a copy from the host would
+    // synchronize the first call on each stream.
+    Tensor words = at::empty({4}, like.options().dtype(at::kLong));
+    words.fill_(kvo_cuda::kNoEntry);
+    words.narrow(0, 0, 2).zero_();
+    found = buffers->emplace(key, words).first;
   }
   return reinterpret_cast<uint64_t*>(found->second.data_ptr<int64_t>());
 }
