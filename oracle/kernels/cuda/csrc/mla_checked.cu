@@ -20,7 +20,9 @@
 //
 // Under PDL each block waits (griddepcontrol.wait) before its first load and lets the next launch
 // be scheduled only after the barrier: a dependent grid scheduled earlier could take the room a
-// block of this grid still needs to reach the barrier.
+// block of this grid still needs to reach the barrier. The launch is not cooperative: where other
+// kernels share the device, the blocks that do not fit yet become resident as those kernels'
+// blocks finish, as any grid's do, and the resident ones wait for them at the barrier.
 #include "common.cuh"
 
 namespace kvo_cuda {
