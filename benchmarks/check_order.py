@@ -37,10 +37,13 @@ VARIANTS = {"set_mla_kv_buffer": ("bf16",), "reshape_and_cache_flash": ("e4m3fn"
 
 
 def set_order(backend: str, early: bool) -> None:
-    """Make the check grids of ``backend`` let their writer launch early or late."""
+    """Make the check grids of ``backend`` let their writer launch early or late (for the CUDA MLA
+    writer, which checks a mid-sized index inside its own grid by default, with the check grid at
+    every size)."""
     if backend == "cuda":
         from oracle.kernels import cuda
         cuda.ops().tune("check_early", 1 if early else 0)
+        cuda.ops().tune("mla_check_in_grid", 0)
     else:
         from oracle.kernels.triton import _plans, _validate
         _validate.CHECK_EARLY = early
@@ -73,6 +76,9 @@ def main() -> int:
                         timer = make_timer(fn, first.args, "cuda", rotation=rotation, graph=False)
                         times[label].append(statistics.median(timer.sample() for _ in range(3)) * 1e6)
                 set_order(backend, True)
+                if backend == "cuda":
+                    from oracle.kernels import cuda
+                    cuda.ops().tune("mla_check_in_grid", 1)  # back to the default
                 med = {label: statistics.median(v) for label, v in times.items()}
                 rows.append({"kernel": name, "variant": variant, "n": n, "median_us": med, "samples_us": times})
                 print(f"{name:34s} {variant:13s} {n:6d} {med['early']:7.2f} {med['late']:7.2f} "
