@@ -226,9 +226,11 @@ def _call_args(op: str, n: int, num_slots: int, gen: torch.Generator):
 
 
 @gpu
-@pytest.mark.parametrize("n", [8, 5000])
+@pytest.mark.parametrize("n", [8, 5000, 9000])
 def test_gpu_writers_validate_without_synchronizing(n):
-    """Every validating GPU writer, both check paths, under sync debug mode "error": a legal call
+    """Every validating GPU writer, every check path (the writer's own scan of a short index; a
+    check grid first; for the CUDA MLA writer at 5000 rows, the check inside its own grid, and at
+    9000, past one pass, the check grid), under sync debug mode "error": a legal call
     and an illegal one return without synchronizing; the illegal one writes nothing; its error is
     raised by raise_deferred_errors (named: argument, entry, value), and the context stays usable."""
     num_slots = 16 * ((2 * n + 64) // 16)
