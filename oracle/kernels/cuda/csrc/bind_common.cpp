@@ -62,39 +62,38 @@ constexpr int64_t kFusedCheckMax = 256;  // entries every block scans itself; ab
 constexpr int64_t kCheckChunk = 1024;    // entries per check block at least: one round of 4 loads a thread
 constexpr int kMaxCheckBlocks = 64;      // check blocks at most (a writer block reads one word each)
 
-// The check grid's verdict words for calls on `stream` of the index's device: one buffer per
-// stream, kept for the process (allocating one per call cost host time). Calls on one stream run in
-// order, and a check grid writes the words only after the writer before it has completed (it is
-// launched plainly after it, or with PDL and griddepcontrol.wait first).
-int64_t* verdict_buffer(const Tensor& like, cudaStream_t stream) {
+// The int64 buffer of one kind of device-side check for calls on `stream` of `like`'s device: one
+// per stream, kept for the process (allocating one per call cost host time), made by `make` (on
+// this stream) on the stream's first call. Calls on one stream run in order, so each call's kernels
+// find the buffer as the previous call's left it. Each kind passes its own lambda, so each
+// instantiation keeps its own map.
+template <typename Make>
+int64_t* per_stream_buffer(const Tensor& like, cudaStream_t stream, Make make) {
   static std::mutex lock;
   static auto* buffers = new std::map<std::pair<int, cudaStream_t>, Tensor>();  // never freed: no exit-time teardown
   const std::pair<int, cudaStream_t> key{like.device().index(), stream};
   std::lock_guard<std::mutex> guard(lock);
   auto found = buffers->find(key);
-  if (found == buffers->end())
-    found = buffers->emplace(key, at::empty({kMaxCheckBlocks}, like.options().dtype(at::kLong))).first;
+  if (found == buffers->end()) found = buffers->emplace(key, make(like.options().dtype(at::kLong))).first;
   return found->second.data_ptr<int64_t>();
 }
 
-// The grid-barrier words (grid_verdict in common.cuh) of calls on `stream` of the index's device:
-// [0] arrivals 0, [1] generation 0, [2] and [3] kNoEntry. One buffer per stream, kept for the
-// process: a call's grid leaves them so for the next, and calls on one stream run in order.
+// The check grid's verdict words: a check grid writes them only after the writer before it has
+// completed (it is launched plainly after it, or with PDL and griddepcontrol.wait first).
+int64_t* verdict_buffer(const Tensor& like, cudaStream_t stream) {
+  return per_stream_buffer(like, stream, [](const at::TensorOptions& o) { return at::empty({kMaxCheckBlocks}, o); });
+}
+
+// The grid-barrier words (grid_verdict in common.cuh): [0] arrivals 0, [1] generation 0, [2] and
+// [3] kNoEntry; a call's grid leaves them so for the next. Filled on the device: a copy from the
+// host would synchronize the first call on each stream.
 uint64_t* barrier_buffer(const Tensor& like, cudaStream_t stream) {
-  static std::mutex lock;
-  static auto* buffers = new std::map<std::pair<int, cudaStream_t>, Tensor>();  // never freed: no exit-time teardown
-  const std::pair<int, cudaStream_t> key{like.device().index(), stream};
-  std::lock_guard<std::mutex> guard(lock);
-  auto found = buffers->find(key);
-  if (found == buffers->end()) {
-    // Filled on the device (on this stream, before the call's grid): a copy from the host would
-    // synchronize the first call on each stream.
-    Tensor words = at::empty({4}, like.options().dtype(at::kLong));
+  return reinterpret_cast<uint64_t*>(per_stream_buffer(like, stream, [](const at::TensorOptions& o) {
+    Tensor words = at::empty({4}, o);
     words.fill_(kvo_cuda::kNoEntry);
     words.narrow(0, 0, 2).zero_();
-    found = buffers->emplace(key, words).first;
-  }
-  return reinterpret_cast<uint64_t*>(found->second.data_ptr<int64_t>());
+    return words;
+  }));
 }
 
 // Plans the device-side slot check of a validating call (validate != 0) and, for an index longer
