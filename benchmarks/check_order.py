@@ -21,12 +21,13 @@ alike; the table gives each one's median over the rounds.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 
 import torch
 
-from oracle.bench.timers import cold_sets, make_timer
+from oracle.bench.timers import alternated, cold_sets
 from oracle.bench.workloads import make_workload
 from oracle.registry import default_registry
 
@@ -37,13 +38,10 @@ VARIANTS = {"set_mla_kv_buffer": ("bf16",), "reshape_and_cache_flash": ("e4m3fn"
 
 
 def set_order(backend: str, early: bool) -> None:
-    """Make the check grids of ``backend`` let their writer launch early or late (for the CUDA MLA
-    writer, which checks a mid-sized index inside its own grid by default, with the check grid at
-    every size)."""
+    """Make the check grids of ``backend`` let their writer launch early or late."""
     if backend == "cuda":
         from oracle.kernels import cuda
         cuda.ops().tune("check_early", 1 if early else 0)
-        cuda.ops().tune("mla_check_in_grid", 0)
     else:
         from oracle.kernels.triton import _plans, _validate
         _validate.CHECK_EARLY = early
@@ -58,6 +56,10 @@ def main() -> int:
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     registry = default_registry.discover()
+    in_grid = None
+    if any(k.startswith("cuda.") for k in args.kernels.split(",")):
+        from oracle.kernels import cuda
+        in_grid = cuda.ops().tune("mla_check_in_grid", 0)  # the CUDA MLA writer takes the check grid at every size
     rows = []
     print(f"{'kernel':34s} {'variant':13s} {'N':>6s} {'early':>7s} {'late':>7s} {'unchecked':>9s}  (us, eager, cold)")
     for name in (k for k in args.kernels.split(",") if k):
@@ -68,21 +70,17 @@ def main() -> int:
             for n in (int(s) for s in args.sizes.split(",")):
                 first = make_workload(kernel.contract.op, variant, n, "cuda")
                 rotation = cold_sets(kernel.contract.op, variant, n, first)
-                times = {"early": [], "late": [], "unchecked": []}
-                for _ in range(args.rounds):
-                    for label in times:
-                        set_order(backend, label != "late")
-                        fn = twin.fn if label == "unchecked" else kernel.fn
-                        timer = make_timer(fn, first.args, "cuda", rotation=rotation, graph=False)
-                        times[label].append(statistics.median(timer.sample() for _ in range(3)) * 1e6)
+                variants = {"early": (functools.partial(set_order, backend, True), kernel.fn),
+                            "late": (functools.partial(set_order, backend, False), kernel.fn),
+                            "unchecked": (functools.partial(set_order, backend, True), twin.fn)}
+                times = alternated(variants, first.args, "cuda", rotation, args.rounds)
                 set_order(backend, True)
-                if backend == "cuda":
-                    from oracle.kernels import cuda
-                    cuda.ops().tune("mla_check_in_grid", 1)  # back to the default
                 med = {label: statistics.median(v) for label, v in times.items()}
                 rows.append({"kernel": name, "variant": variant, "n": n, "median_us": med, "samples_us": times})
                 print(f"{name:34s} {variant:13s} {n:6d} {med['early']:7.2f} {med['late']:7.2f} "
                       f"{med['unchecked']:9.2f}", flush=True)
+    if in_grid is not None:
+        cuda.ops().tune("mla_check_in_grid", in_grid)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": args.rounds,

@@ -21,7 +21,7 @@ import statistics
 
 import torch
 
-from oracle.bench.timers import cold_sets, make_timer
+from oracle.bench.timers import alternated, cold_sets
 from oracle.bench.workloads import make_workload
 from oracle.kernels import cuda
 
@@ -43,13 +43,10 @@ def main() -> int:
         for n in (int(s) for s in args.sizes.split(",")):
             first = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
             rotation = cold_sets("set_mla_kv_buffer", "bf16", n, first)
-            times = {label: [] for label in LABELS}
-            for _ in range(args.rounds):
-                for label in LABELS:
-                    tune("mla_check_in_grid", 1 if label == "in_grid" else 0)
-                    fn = functools.partial(cuda.set_mla_kv_buffer, validate=label != "unchecked")
-                    timer = make_timer(fn, first.args, "cuda", rotation=rotation, graph=False)
-                    times[label].append(statistics.median(timer.sample() for _ in range(3)) * 1e6)
+            variants = {label: (functools.partial(tune, "mla_check_in_grid", 1 if label == "in_grid" else 0),
+                                functools.partial(cuda.set_mla_kv_buffer, validate=label != "unchecked"))
+                        for label in LABELS}
+            times = alternated(variants, first.args, "cuda", rotation, args.rounds)
             med = {label: statistics.median(v) for label, v in times.items()}
             rows.append({"n": n, "median_us": med, "samples_us": times})
             print(f"{n:6d} {med['in_grid']:8.2f} {med['check_grid']:10.2f} {med['unchecked']:9.2f}", flush=True)

@@ -1,10 +1,12 @@
 """The CUDA timer's sampling order, checked without a GPU: a sample's timed calls must queue behind
 the same calls issued untimed (oracle/bench/timers.py, CudaTimer), so the GPU never idles while
-the host issues the sample's first call."""
+the host issues the sample's first call; and the A/B helper's round-robin order (alternated)."""
 
 from __future__ import annotations
 
-from oracle.bench.timers import CudaTimer
+import statistics
+
+from oracle.bench.timers import CudaTimer, alternated
 
 
 class _Event:
@@ -44,3 +46,30 @@ def test_the_untimed_calls_are_not_waited_for():
     first_timed = log.index("record start")
     assert "replay" in log[:first_timed]
     assert not any(entry.startswith("synchronize") for entry in log[:first_timed])
+
+
+def test_alternated_runs_every_variant_each_round_after_its_setup():
+    """A/B timing: each round sets up and times every variant in turn, and each label gets one
+    median per round, in microseconds of its own function."""
+    order, calls = [], {"fast": 0, "slow": 0}
+    state = {"knob": None}
+
+    def make(label, spin):
+        def fn(x):
+            assert state["knob"] == label  # timed right after its own setup
+            calls[label] += 1
+            total = 0
+            for i in range(spin):
+                total += i * x
+            return total
+        return fn
+
+    def setup(label):
+        return lambda: (order.append(label), state.update(knob=label))
+
+    variants = {"fast": (setup("fast"), make("fast", 10)), "slow": (setup("slow"), make("slow", 20000))}
+    times = alternated(variants, (3,), "cpu", rounds=3, samples=2)
+    assert order == ["fast", "slow"] * 3
+    assert set(times) == {"fast", "slow"} and all(len(v) == 3 for v in times.values())
+    assert calls["fast"] > 0 and calls["slow"] > 0
+    assert statistics.median(times["slow"]) > statistics.median(times["fast"]) > 0
