@@ -47,7 +47,8 @@ def _registry(plugin) -> Registry:
 def test_register_declares_honest_contracts():
     registry = _registry(cuda_kernels.register)
     ops = ("store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash")
-    assert set(registry.kernels) == {f"cuda.{op}{suffix}" for op in ops for suffix in ("", ".unchecked")}
+    assert set(registry.kernels) == {f"cuda.{op}{suffix}" for op in ops
+                                     for suffix in ("", ".unchecked", ".checked_index")}
     # both launch with PDL by default (the notes say so); the .unchecked twin keeps every field of
     # the contract but its name and notes, and declares that it does not validate
     for op in ops:
@@ -58,6 +59,11 @@ def test_register_declares_honest_contracts():
         assert dataclasses.replace(unchecked, name=plain.name, notes=plain.notes, validates=True) == plain
         assert not unchecked.validates and "validate=False" in unchecked.notes
         assert "checked on the device" not in unchecked.notes
+        # .checked_index: the same contract, the index checked by check_index before the call
+        checked = registry.kernels[f"cuda.{op}.checked_index"]
+        assert dataclasses.replace(checked.contract, name=plain.name, notes=plain.notes) == plain
+        assert "oracle.kernels.check_index" in checked.contract.notes
+        assert checked.fn.fn is registry.kernels[f"cuda.{op}"].fn and checked.fn.padding == plain.padding
     kernels = {k.contract.op: k for name, k in registry.kernels.items() if name.count(".") == 1}
     for op, kernel in kernels.items():
         c = kernel.contract

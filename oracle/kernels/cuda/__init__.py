@@ -28,7 +28,9 @@ Slots are checked on the device (``validate``, default True): a call with an ill
 nothing, returns without synchronizing, and its error is raised by the next validating call on
 that device, by ``oracle.kernels.raise_deferred_errors()``, or at once with ``validate="sync"`` or
 ``KV_ORACLE_SYNC_ERRORS=1`` (:mod:`oracle.kernels._deferred`). ``validate=False`` skips the check
-(registered as ``<name>.unchecked``).
+(registered as ``<name>.unchecked``). Each writer takes an ``oracle.kernels.CheckedIndex`` in place of
+its index (checked once for many writes, :mod:`oracle.kernels.checked_index`): it then reads the
+checked copy and its verdict word, and nothing else is launched.
 
 The library is compiled on first use (``available()`` or the first call) and cached per machine
 and torch version (see ``_build``); registering never builds, and a machine without a CUDA torch,
@@ -49,6 +51,7 @@ import torch
 import oracle
 
 from .. import _deferred, _jit
+from ..checked_index import CHECKED_NOTE, CheckedIndex, CheckedIndexWriter, resolve
 from . import _build
 
 NAMESPACE = _build.MAIN.namespace
@@ -89,6 +92,18 @@ def _begin(cache: torch.Tensor, validate) -> tuple:
     return lib, 1
 
 
+def _index(argument: str, index, cache, lead: int, padding: str) -> tuple:
+    """(the index tensor the op reads, the verdict it reads or None): a CheckedIndex
+    (oracle.kernels.check_index) as its copy and verdict, once it is known to have been checked
+    against the slots of ``cache`` (the product of its first ``lead`` dims) under ``padding``."""
+    if type(index) is not CheckedIndex:
+        return index, None
+    if not isinstance(cache, torch.Tensor) or cache.dim() < lead:
+        return index.index, None  # the op refuses the cache before it reads anything
+    num_slots = cache.shape[0] * (cache.shape[1] if lead == 2 else 1)
+    return resolve(argument, index, num_slots, padding)
+
+
 def _finish(cache: torch.Tensor, validate) -> None:
     """Raise the call's own error at once where that was asked for (synchronizing its stream; not
     under capture, where the binding leaves the check out)."""
@@ -100,17 +115,20 @@ def _finish(cache: torch.Tensor, validate) -> None:
 def store_cache(k, v, k_cache, v_cache, loc, *, pdl=True, validate=True):
     """``k_cache[loc] = k; v_cache[loc] = v`` (sglang's store_cache; every slot must be in range).
     ``pdl``: launch with programmatic dependent launch (default; see :data:`PDL_NOTE`; False: a plain launch).
-    ``validate``: True (slots checked on the device, errors deferred), "sync" or False (see above)."""
+    ``validate``: True (slots checked on the device, errors deferred), "sync" or False (see above).
+    ``loc`` may be a CheckedIndex (see above)."""
+    loc, verdict = _index("loc", loc, k_cache, 1, "none")
     lib, check = _begin(k_cache, validate)
-    lib.store_cache(k, v, k_cache, v_cache, loc, pdl=pdl, validate=check)
+    lib.store_cache(k, v, k_cache, v_cache, loc, pdl=pdl, validate=check, verdict=verdict)
     _finish(k_cache, validate)
 
 
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, pdl=True, validate=True):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang's SM90 TMA writer; every slot in
-    range). ``pdl``: as store_cache's. ``validate``: as store_cache's."""
+    range). ``pdl``, ``validate``, ``loc``: as store_cache's."""
+    loc, verdict = _index("loc", loc, kv_buffer, 1, "none")
     lib, check = _begin(kv_buffer, validate)
-    lib.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, pdl=pdl, validate=check)
+    lib.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, pdl=pdl, validate=check, verdict=verdict)
     _finish(kv_buffer, validate)
 
 
@@ -118,7 +136,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
                             pdl=True, validate=True):
     """vLLM's paged K/V writer on any [num_blocks, block_size, H, D] cache view (NHD or HND);
     fp8 e4m3fn / e5m2 with per-tensor [1] or per-head [H] scales; negative slots skipped.
-    ``pdl``, ``validate``: as store_cache's."""
+    ``pdl``, ``validate``: as store_cache's; ``slot_mapping`` may be a CheckedIndex (padding "negative")."""
     if kv_cache_dtype == "auto":  # scales are ignored, as vLLM does; they need not be tensors
         k_scale = k_scale if isinstance(k_scale, torch.Tensor) else None
         v_scale = v_scale if isinstance(v_scale, torch.Tensor) else None
@@ -126,9 +144,10 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if not isinstance(scale, torch.Tensor):
                 raise TypeError(f"{name} must be a float32 tensor, got {type(scale).__name__}")
+    slot_mapping, verdict = _index("slot_mapping", slot_mapping, key_cache, 2, "negative")
     lib, check = _begin(key_cache, validate)
     lib.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
-                                pdl=pdl, validate=check)
+                                pdl=pdl, validate=check, verdict=verdict)
     _finish(key_cache, validate)
 
 
@@ -153,14 +172,18 @@ PDL_NOTE = ("launched with programmatic dependent launch (cudaLaunchKernelEx wit
 
 
 def _register(fn, **fields) -> None:
-    """Register ``fn`` and, as ``<name>.unchecked``, the kernel called with ``validate=False``
-    (``validates=False``: every in-contract case, no bad input); both launched with PDL. The plain
-    launch (``pdl=False``) is the same kernel without the wait; the GPU tests run it."""
+    """Register ``fn``; as ``<name>.unchecked``, the kernel called with ``validate=False``
+    (``validates=False``: every in-contract case, no bad input); and as ``<name>.checked_index``,
+    the kernel called with its index checked by ``oracle.kernels.check_index`` first (the same
+    contract); all launched with PDL. The plain launch (``pdl=False``) is the same kernel without
+    the wait; the GPU tests run it."""
     from .. import raise_deferred_errors
 
     fields = dict(fields, errors="deferred", raise_deferred=raise_deferred_errors,
                   notes=f"{PDL_NOTE}; {fields['notes']}")
     oracle.register(fn, **fields)
+    oracle.register(CheckedIndexWriter(fn, fields["op"], fields["padding"]),
+                    **dict(fields, name=fields["name"] + ".checked_index", notes=f"{CHECKED_NOTE}; {fields['notes']}"))
     oracle.register(functools.partial(fn, validate=False),
                     **dict(fields, name=fields["name"] + ".unchecked", validates=False,
                            notes=f"{UNCHECKED_NOTE}; {fields['notes'].replace(CHECKS, 'slots not checked')}"))

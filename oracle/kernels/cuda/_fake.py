@@ -18,7 +18,7 @@ _registered = False
 _INDEX = (torch.int32, torch.int64)
 
 
-def store_cache(k, v, k_cache, v_cache, loc, max_vec=16, pdl=False, validate=1):
+def store_cache(k, v, k_cache, v_cache, loc, max_vec=16, pdl=False, validate=1, verdict=None):
     _need(loc.dtype in _INDEX, f"loc has dtype {loc.dtype}; expected torch.int32 or torch.int64", TypeError)
     _need(loc.dim() == 1, f"loc must be 1-D, got shape {tuple(loc.shape)}")
     for name, src, cache_name, cache in (("k", k, "k_cache", k_cache), ("v", v, "v_cache", v_cache)):
@@ -28,7 +28,8 @@ def store_cache(k, v, k_cache, v_cache, loc, max_vec=16, pdl=False, validate=1):
               f"{name} has shape {tuple(src.shape)}; its rows must match {cache_name} {tuple(cache.shape)}")
 
 
-def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, path="auto", max_vec=16, pdl=False, validate=1):
+def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, path="auto", max_vec=16, pdl=False, validate=1,
+                      verdict=None):
     _need(loc.dtype in _INDEX, f"loc has dtype {loc.dtype}; expected torch.int32 or torch.int64", TypeError)
     _need(loc.dim() == 1, f"loc must be 1-D, got shape {tuple(loc.shape)}")
     _need(kv_buffer.dim() in (2, 3), f"kv_buffer must be [S, W] or [S, 1, W], got {tuple(kv_buffer.shape)}")
@@ -38,7 +39,7 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, path="auto", m
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
-                            max_vec=16, pdl=False, validate=1):
+                            max_vec=16, pdl=False, validate=1, verdict=None):
     _need(key_cache.dim() == 4 and value_cache.dim() == 4, "caches must be 4-D [num_blocks, block_size, H, D]")
     _need(slot_mapping.dtype in _INDEX, f"slot_mapping has dtype {slot_mapping.dtype}; expected torch.int32 or "
           "torch.int64", TypeError)

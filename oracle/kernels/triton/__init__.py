@@ -27,6 +27,7 @@ import os
 
 import oracle
 
+from ..checked_index import CHECKED_NOTE, CheckedIndexWriter
 from . import block_ops, ops
 
 OPS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "translate_full_to_swa",
@@ -128,6 +129,9 @@ def register() -> None:
                                 (block_ops.reshape_and_cache_block, "reshape_and_cache_block", paged,
                                  f"{block_note}; {paged_note}")):
         oracle.register(fn, op=op, name=f"{backend}.{op}", notes=note, **extra, **block)
+        if op == "reshape_and_cache_block" and device == "cuda":
+            oracle.register(CheckedIndexWriter(fn, op, "negative"), op=op, name=f"{backend}.{op}.checked_index",
+                            notes=f"{CHECKED_NOTE}; {note}", **extra, **block)
         # validate=False: nothing checked on the device (the decode fast path), bad input out of contract
         unchecked = dict(block, validates=False, errors="raise", raise_deferred=None)
         oracle.register(functools.partial(fn, validate=False), op=op, name=f"{backend}.{op}.unchecked",
@@ -156,8 +160,9 @@ def _register(fn, pdl: bool = False, **fields) -> None:
     """Register ``fn`` (a writer on a GPU with ``errors="deferred"``: see DEFERRED_NOTE); a writer
     also as ``<name>.unchecked``, called with ``validate=False``: the
     same contract with ``validates=False``, so every in-contract case runs on the fast path too
-    and only the bad-input cases are left out. ``pdl``: the writers launch with programmatic
-    dependent launch here (an sm_90+ GPU), which the notes say."""
+    and only the bad-input cases are left out; and, on a GPU, as ``<name>.checked_index``, called
+    with its index checked by ``oracle.kernels.check_index`` first (the same contract). ``pdl``:
+    the writers launch with programmatic dependent launch here (an sm_90+ GPU), which the notes say."""
     if pdl and fields["op"] in WRITERS:
         fields = dict(fields, notes=f"{PDL_NOTE}; {fields['notes']}")
     plain_notes = fields["notes"]
@@ -167,6 +172,9 @@ def _register(fn, pdl: bool = False, **fields) -> None:
         fields = dict(fields, errors="deferred", raise_deferred=raise_deferred_errors,
                       notes=f"{DEFERRED_NOTE}; {fields['notes']}")
     oracle.register(fn, **fields)
+    if fields["op"] in WRITERS and fields["device"] == "cuda":
+        oracle.register(CheckedIndexWriter(fn, fields["op"], fields["padding"]),
+                        **dict(fields, name=fields["name"] + ".checked_index", notes=f"{CHECKED_NOTE}; {fields['notes']}"))
     if fields["op"] in WRITERS:
         unchecked = dict(fields, name=fields["name"] + ".unchecked", validates=False,
                          notes=f"{UNCHECKED_NOTE}; {plain_notes}")

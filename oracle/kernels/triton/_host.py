@@ -12,6 +12,8 @@ import os
 import torch
 
 from .._checks import INDEX_DTYPES
+from ..checked_index import CheckedIndex
+from ..checked_index import resolve as resolve_checked
 from . import _plans, _runtime, _validate, tiles
 
 # KV_ORACLE_TRITON_PLANS=0 turns the launch plans off (every call runs the wrapper in full)
@@ -95,17 +97,30 @@ def reads_device(validate: bool, tensor: torch.Tensor) -> bool:
     return validate and not capturing(tensor)
 
 
+def index_arg(index) -> tuple:
+    """A writer's index argument as (the tensor it reads, the CheckedIndex it came in, or None):
+    a :class:`~oracle.kernels.checked_index.CheckedIndex` is read through its private copy."""
+    if type(index) is CheckedIndex:
+        return index.index, index
+    return index, None
+
+
 def begin_check(argument: str, index: torch.Tensor, n: int, num_slots: int, padding: Padding, validate,
-                 device: torch.device, placeholder: torch.Tensor, pdl: bool) -> _validate.Check:
+                device: torch.device, placeholder: torch.Tensor, pdl: bool,
+                checked: CheckedIndex | None = None) -> _validate.Check:
     """The device check of a writer call (:mod:`._validate`): none with ``validate=False`` or
     while a CUDA graph is being captured (the graph then replays the writer as it was before the
     check existed: a decode graph's slots are its engine's; the kernel still drops any slot outside
     the cache), else planned (and, for a long index, the check grid launched) before the writer's
-    launch."""
+    launch. ``checked`` (the index came as a CheckedIndex, :func:`index_arg`): refused unless it was
+    checked against ``num_slots`` under ``padding``; its verdict then stands for the check grid."""
+    verdict = None
+    if checked is not None:
+        _, verdict = resolve_checked(argument, checked, num_slots, padding.spec)
     if validate is False or capturing(index):
         return _validate.unchecked(placeholder)
     return _validate.plan(_runtime.kernels(), _runtime.launch, index, n, num_slots, padding, argument, validate, device,
-                          _runtime.interpreting(), pdl_capable(device), pdl)
+                          _runtime.interpreting(), pdl_capable(device), pdl, verdict)
 
 
 @functools.lru_cache(maxsize=16)

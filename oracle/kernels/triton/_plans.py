@@ -5,7 +5,8 @@ check plan, Triton's argument binder) depends only on the call's **signature**:
 
 - each tensor's dtype, shape, strides, device, and whether its data pointer is 16-byte aligned
   (Triton compiles a different binary when it is not);
-- which tensor arguments share a data pointer;
+- which tensor arguments share a data pointer (a :class:`~oracle.kernels.checked_index.CheckedIndex`
+  counts as its copy and its verdict, with the slots and padding it was checked against);
 - every other argument's value, keywords included;
 - whether a CUDA graph is being captured, the current device and stream.
 
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 
 from .. import _deferred
+from ..checked_index import CheckedIndex as _Checked
 
 MAX_PLANS = 256  # per op; a full table is cleared (signatures rarely number more than a few)
 
@@ -104,18 +106,24 @@ def _signature(args: tuple, kwargs: dict):
     pointers = []
     on = -2  # the first tensor's device index (-1: the CPU)
     for a in args:
-        if type(a) is _Tensor:
-            p = a.data_ptr()
-            d = a.get_device()
-            add((a.dtype, a.shape, a.stride(), d, p & 15))
-            tensors.append(a)
-            pointers.append(p)
-            if on == -2:
-                on = d
+        if type(a) is _Checked:  # a checked index: its copy and verdict are tensors of the call
+            add(("checked", a.num_slots, a.padding))
+            parts = (a.index, a.verdict)
+        elif type(a) is _Tensor:
+            parts = (a,)
         elif isinstance(a, _Tensor):
             return None  # a subclass (a parameter, a fake tensor): not planned
         else:
             add(a)
+            continue
+        for t in parts:
+            p = t.data_ptr()
+            d = t.get_device()
+            add((t.dtype, t.shape, t.stride(), d, p & 15))
+            tensors.append(t)
+            pointers.append(p)
+            if on == -2:
+                on = d
     if kwargs:
         for name, a in kwargs.items():
             if isinstance(a, _Tensor):

@@ -10,6 +10,9 @@ it and returns the writer's extra arguments and constexprs:
   illegal entry in a small verdict buffer; the writer, launched with programmatic dependent launch
   on sm_90+ (its L2 prefetch overlaps the check), reads the verdict after ``griddepcontrol.wait``.
 
+An index checked beforehand (:func:`oracle.kernels.check_index`) brings its own verdict word: the
+writer reads it as ``CHECK = 2`` and nothing else is launched.
+
 Either way an illegal slot stops every store of the call, and the first one lands in the
 mailbox of :mod:`oracle.kernels._deferred`; :func:`finish` raises it at once when the caller asked
 for it (``validate="sync"``, ``KV_ORACLE_SYNC_ERRORS=1``) or on the CPU interpreter, where the
@@ -111,14 +114,20 @@ def mailbox_only(placeholder: torch.Tensor, validate, device: torch.device, inte
 
 
 def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, argument: str, validate,
-         device: torch.device, interpreting: bool, pdl_capable: bool, pdl: bool) -> Check:
+         device: torch.device, interpreting: bool, pdl_capable: bool, pdl: bool,
+         verdict: torch.Tensor | None = None) -> Check:
     """The device check of a validating call (``validate`` True or "sync") outside CUDA-graph
     capture; launches the check grid where the index is longer than FUSED_CHECK_MAX.
-    ``launch(kernel, grid, device, *args, **meta)`` launches a Triton kernel as the writers do."""
+    ``launch(kernel, grid, device, *args, **meta)`` launches a Triton kernel as the writers do.
+    ``verdict``: the int64[1] verdict of an index checked beforehand (oracle.kernels.check_index),
+    which the writer reads as it reads a check grid's (``CHECK = 2``), with nothing launched here."""
     sync, box, device_index = _begin(validate, device, interpreting)
     pad_code = _deferred.PADDINGS.index(padding.kind)  # the writer passes the reserved slot itself
     negative = 1 if padding.kind == "negative" else 0
     code = _deferred.ARGUMENTS.index(argument)
+    if verdict is not None:
+        return Check((verdict, 1, box, code, pad_code), _meta(2, negative, 16, interpreting), sync=sync,
+                     device_index=device_index)
     if n <= FUSED_CHECK_MAX:  # one step covers the index
         meta = _meta(1, negative, max(16, _pow2(n)), interpreting)
         return Check((index, 0, box, code, pad_code), meta, sync=sync, device_index=device_index)

@@ -268,7 +268,8 @@ def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache,
     contiguous) with its scales in the scale caches: "linear" (uint8 ``[num_blocks, block_size, H,
     nb]``, any strides, last dimension contiguous) or "swizzled" (uint8 ``[num_blocks, >=
     page_bytes]``, :func:`swizzled_page_bytes`; bytes no scale maps to are never written), told
-    apart by rank. ``slot_mapping``: int32/int64, 1-D, any stride; slots
+    apart by rank. ``slot_mapping``: int32/int64, 1-D, any stride, or an
+    :class:`oracle.kernels.CheckedIndex` of one; slots
     < 0 are padding (nothing written), slots >= num_blocks * block_size are rejected.
     ``k_global_scale``, ``v_global_scale``: float32 ``[1]`` (NVFP4; ignored by MXFP8)."""
     fmt_code, block, per_byte = _format(fmt)
@@ -276,6 +277,7 @@ def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache,
     _source("value", value)
     if value.dtype != key.dtype:
         raise TypeError(f"value has dtype {value.dtype} but key has dtype {key.dtype}")
+    slot_mapping, checked = _host.index_arg(slot_mapping)
     _tensor("slot_mapping", slot_mapping)
     if slot_mapping.dtype not in INDEX_DTYPES:
         raise TypeError(f"slot_mapping has dtype {slot_mapping.dtype}; expected torch.int32 or torch.int64")
@@ -329,7 +331,7 @@ def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache,
         return
     pdl = _host.launch_pdl(pdl, device)
     check = _host.begin_check("slot_mapping", slot_mapping, n, num_slots, _host.parse_padding("negative"),
-                               validate, device, key_cache, pdl)
+                               validate, device, key_cache, pdl, checked)
     sides = [(src, (cache,) + tuple(cache.stride()[:3]),
               (sc, sc.stride(0), 0, 0) if swizzled else (sc,) + tuple(sc.stride()[:3]), gs if nvfp4 else None)
              for src, cache, sc, gs in ((key, key_cache, key_scale_cache, k_global_scale),

@@ -28,7 +28,9 @@ an out-of-range slot is skipped, not written.
 
 The host work of a call depends only on its signature, so the writers replay it from a launch
 plan after the first call of each signature (:mod:`._plans`; ``KV_ORACLE_TRITON_PLANS=0`` turns
-that off). Argument checks live in :mod:`._host`, tiles and prefetch defaults in :mod:`.tiles`,
+that off). Each writer takes an :class:`oracle.kernels.CheckedIndex` wherever it takes an index
+(checked once for many writes: :mod:`oracle.kernels.checked_index`); it then reads the checked copy
+and its verdict word instead of checking the index itself. Argument checks live in :mod:`._host`, tiles and prefetch defaults in :mod:`.tiles`,
 launching in :mod:`._runtime`.
 """
 
@@ -82,6 +84,7 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, p
     """``k_cache[loc] = k; v_cache[loc] = v``, rows ``[H, D]`` copied bitwise (any dtype; fp8
     pools as uint8), every stride honoured. ``padding`` (default "none": every slot in range)."""
     pad = _host.parse_padding(padding)
+    loc, checked = _host.index_arg(loc)
     _host.check_index("loc", loc)
     check_rows("k", k, "k_cache", k_cache, loc.shape[0])
     check_rows("v", v, "v_cache", v_cache, loc.shape[0])
@@ -94,7 +97,7 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, p
     num_slots = k_cache.shape[0]
     n = loc.shape[0]
     pdl = _host.launch_pdl(pdl, device)
-    check = _host.begin_check("loc", loc, n, num_slots, pad, validate, device, k_cache, pdl)
+    check = _host.begin_check("loc", loc, n, num_slots, pad, validate, device, k_cache, pdl, checked)
     if _host.one_launch(((k, v),), ((k_cache, v_cache),)):  # the usual case
         _, strides = _host.rows3("cache", k_cache)
         _paged_rows(_host.as_bits(k), (_host.as_bits(k_cache), strides[0], 0, strides[1], strides[2]), loc, n,
@@ -113,6 +116,7 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)``, bitwise; elements past nope + rope
     untouched. ``padding`` (default "none")."""
     pad = _host.parse_padding(padding)
+    loc, checked = _host.index_arg(loc)
     _host.check_index("loc", loc)
     if kv_buffer.dim() != 2:
         raise ValueError(f"kv_buffer must be 2-D [S, W], got shape {tuple(kv_buffer.shape)}")
@@ -127,7 +131,7 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
     device = _host.device_of(kv_buffer, loc, cache_k_nope, cache_k_rope)
     n = loc.shape[0]
     pdl = _host.launch_pdl(pdl, device)
-    check = _host.begin_check("loc", loc, n, kv_buffer.shape[0], pad, validate, device, kv_buffer, pdl)
+    check = _host.begin_check("loc", loc, n, kv_buffer.shape[0], pad, validate, device, kv_buffer, pdl, checked)
     if n == 0 or width == 0:
         return
     _mla_rows(_host.as_bits(cache_k_nope), _host.as_bits(cache_k_rope),
@@ -166,6 +170,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     (IEEE division in float32, then Triton's conversion). ``padding`` (default "negative":
     slots < 0 skipped, as in vLLM)."""
     pad = _host.parse_padding(padding)
+    slot_mapping, checked = _host.index_arg(slot_mapping)
     fmt = check_concat_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, KV_CACHE_DTYPES)
     num_blocks, block_size, width = kv_cache.shape
     num_slots = num_blocks * block_size
@@ -179,7 +184,8 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     if num_tokens == 0 or width == 0:
         return
     pdl = _host.launch_pdl(pdl, device)
-    check = _host.begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, kv_cache, pdl)
+    check = _host.begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, kv_cache, pdl,
+                              checked)
     s0, s1, s2 = kv_cache.stride()
     if code:
         _mla_rows(kv_c, k_pe, (kv_cache, s0, s1, s2), slot_mapping, num_tokens, block_size,
@@ -199,6 +205,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     dim contiguous, as the op requires), bitwise under "auto", else as fp8 codes of ``x / scale``
     (scale [1] or [H]). ``padding`` (default "negative": slots < 0 skipped, as in vLLM)."""
     pad = _host.parse_padding(padding)
+    slot_mapping, checked = _host.index_arg(slot_mapping)
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not one of {sorted(KV_CACHE_DTYPES)}")
     fmt = check_paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -210,7 +217,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     num_slots = num_blocks * block_size
     code = _host.kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
     pdl = _host.launch_pdl(pdl, device)
-    check = _host.begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, key_cache, pdl)
+    check = _host.begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, key_cache, pdl,
+                              checked)
     c0, c1, c2, c3 = key_cache.stride()
     if _host.one_launch(((key, value),) + (((k_scale, v_scale),) if code else ()),
                         ((key_cache, value_cache),)):  # the usual case

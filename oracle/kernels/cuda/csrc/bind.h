@@ -40,8 +40,8 @@ void check_launch(const char* op, cudaError_t err);
 
 void set_error_mailbox(const Tensor& mailbox, int64_t device);
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
-                               bool negative_ok, int32_t arg_code, int32_t& pdl,
-                               cudaStream_t stream, bool in_grid = false);
+                               bool negative_ok, int32_t arg_code, int32_t& pdl, cudaStream_t stream,
+                               const std::optional<Tensor>& verdict, bool in_grid = false);
 
 // ---------------------------------------------------------------- widths, addresses, rows
 
@@ -68,17 +68,18 @@ void finish_chunks(PagedArgs& a, const int64_t head_bytes[2], int64_t chunk_byte
 // ---------------------------------------------------------------- the ops
 
 void store_cache(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache, const Tensor& loc,
-                 int64_t max_vec, bool pdl, int64_t validate);
+                 int64_t max_vec, bool pdl, int64_t validate, const std::optional<Tensor>& verdict);
 std::string store_plan(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
                        const Tensor& loc, int64_t max_vec);
 void set_mla_kv_buffer(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope, const Tensor& rope,
-                       c10::string_view path, int64_t max_vec, bool pdl, int64_t validate);
+                       c10::string_view path, int64_t max_vec, bool pdl, int64_t validate,
+                       const std::optional<Tensor>& verdict);
 std::string mla_plan(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope, const Tensor& rope,
                      c10::string_view path, int64_t max_vec);
 void reshape_and_cache_flash(const Tensor& key, const Tensor& value, const Tensor& key_cache,
                              const Tensor& value_cache, const Tensor& slot_mapping, c10::string_view kv_cache_dtype,
                              const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale,
-                             int64_t max_vec, bool pdl, int64_t validate);
+                             int64_t max_vec, bool pdl, int64_t validate, const std::optional<Tensor>& verdict);
 std::string paged_plan(const Tensor& key, const Tensor& value, const Tensor& key_cache, const Tensor& value_cache,
                        const Tensor& slot_mapping, c10::string_view kv_cache_dtype,
                        const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale, int64_t max_vec);

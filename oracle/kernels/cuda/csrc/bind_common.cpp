@@ -96,16 +96,24 @@ uint64_t* barrier_buffer(const Tensor& like, cudaStream_t stream) {
   }));
 }
 
-// Plans the device-side slot check of a validating call (validate != 0) and, for an index longer
-// than kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it, unless
+// Plans the device-side slot check of a validating call (validate != 0): with `verdict` (an index
+// checked beforehand) the writer reads that word (mode 2); else, for an index longer than
+// kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it, unless
 // `in_grid`: then the writer checks inside its own grid (mode 3, launch_mla_checked). When the
 // check grid lets the writer launch, and so whether the writer may load before its own wait, is
 // LaunchTuning::check_early (check.cu).
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
                                bool negative_ok, int32_t arg_code, int32_t& pdl, cudaStream_t stream,
-                               bool in_grid) {
+                               const std::optional<Tensor>& verdict, bool in_grid) {
   kvo_cuda::SlotCheck c{};
   TORCH_CHECK_VALUE(validate == 0 || validate == 1, "validate=", validate, " must be 0 or 1");
+  if (verdict.has_value()) {
+    const Tensor& v = *verdict;
+    TORCH_CHECK_VALUE(v.scalar_type() == at::kLong && v.numel() == 1 && v.device() == index.device(),
+                      "verdict must be the int64[1] verdict of an index checked on ", index.device().str(),
+                      " (oracle.kernels.check_index), got ", dtype_name(v.scalar_type()), " ",
+                      shape_str(v.sizes()), " on ", v.device().str());
+  }
   // Not while a CUDA graph is being captured: the replayed writer then costs what it did before
   // the check existed (a decode graph's slots are its engine's); the kernels still drop any slot
   // outside the cache.
@@ -117,6 +125,13 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
   c.negative_ok = negative_ok ? 1 : 0;
   c.arg_code = arg_code;
   c.pad_code = negative_ok ? 1 : 0;
+  if (verdict.has_value()) {  // checked beforehand: read its verdict, as a check grid's, nothing launched
+    c.mode = 2;
+    c.late = 0;  // the launch is left as it is: the kernels before may still run when it starts
+    c.verdict = verdict->data_ptr<int64_t>();
+    c.verdict_count = 1;
+    return c;
+  }
   if (n <= kFusedCheckMax) {
     c.mode = 1;
     return c;
@@ -129,14 +144,14 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
   const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;
   const int blocks = static_cast<int>(want < kMaxCheckBlocks ? want : kMaxCheckBlocks);
   const int64_t chunk = (n + blocks - 1) / blocks;
-  int64_t* verdict = verdict_buffer(index, stream);
+  int64_t* words = verdict_buffer(index, stream);
   const bool early = kvo_cuda::launch_tuning().check_early != 0;
   check_launch("slot check", kvo_cuda::launch_slot_check(
       index.data_ptr(), index.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32,
-      index.stride(0), n, num_slots, c.negative_ok, verdict, blocks, chunk, pdl != 0, early, stream));
+      index.stride(0), n, num_slots, c.negative_ok, words, blocks, chunk, pdl != 0, early, stream));
   c.mode = 2;
   c.late = early ? 0 : 1;
-  c.verdict = verdict;
+  c.verdict = words;
   c.verdict_count = blocks;
   pdl = 1;  // the writer waits for the check grid (griddepcontrol.wait) before it reads the verdict
   return c;

@@ -86,19 +86,22 @@ MlaPlan plan_mla(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope,
 }
 
 void set_mla_kv_buffer(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope, const Tensor& rope,
-                       c10::string_view path, int64_t max_vec, bool pdl, int64_t validate) {
+                       c10::string_view path, int64_t max_vec, bool pdl, int64_t validate,
+                       const std::optional<Tensor>& verdict) {
   MlaPlan plan = plan_mla(kv_buffer, loc, nope, rope, std::string(path), max_vec);
   plan.args.pdl = pdl;
   c10::cuda::CUDAGuard guard(kv_buffer.device());
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(kv_buffer);
   // The direct path with 16-byte vectors checks an index that one pass of a resident grid holds
-  // inside its own grid (mla_checked.cu); a longer one with a check grid first.
+  // inside its own grid (mla_checked.cu); a longer one with a check grid first; an index checked
+  // beforehand not at all (its verdict is read).
   const int64_t row_bytes = plan.args.nope_bytes + plan.args.rope_bytes;
-  const bool in_grid = !plan.tma && plan.width == 16 && kvo_cuda::launch_tuning().mla_check_in_grid != 0 &&
+  const bool in_grid = !verdict.has_value() && !plan.tma && plan.width == 16 &&
+                       kvo_cuda::launch_tuning().mla_check_in_grid != 0 &&
                        plan.args.n <= kvo_cuda::mla_checked_rows(row_bytes);
   plan.args.check =
-      plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream, in_grid);
+      plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream, verdict, in_grid);
   cudaError_t err;
   if (plan.args.check.mode == 3) err = kvo_cuda::launch_mla_checked(plan.args, stream);
   else if (plan.tma) err = kvo_cuda::launch_mla_tma(plan.args, plan.width, stream);

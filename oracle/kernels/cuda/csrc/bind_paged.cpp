@@ -159,14 +159,15 @@ PagedPlan plan_paged(const Tensor& key, const Tensor& value, const Tensor& key_c
 void reshape_and_cache_flash(const Tensor& key, const Tensor& value, const Tensor& key_cache,
                              const Tensor& value_cache, const Tensor& slot_mapping, c10::string_view kv_cache_dtype,
                              const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale,
-                             int64_t max_vec, bool pdl, int64_t validate) {
+                             int64_t max_vec, bool pdl, int64_t validate, const std::optional<Tensor>& verdict) {
   PagedPlan plan = plan_paged(key, value, key_cache, value_cache, slot_mapping, std::string(kv_cache_dtype), k_scale,
                               v_scale, max_vec);
   plan.args.pdl = pdl;
   c10::cuda::CUDAGuard guard(key_cache.device());
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(key_cache);
-  plan.args.check = plan_check(validate, slot_mapping, plan.args.n, plan.args.num_slots, true, 1, plan.args.pdl, stream);
+  plan.args.check =
+      plan_check(validate, slot_mapping, plan.args.n, plan.args.num_slots, true, 1, plan.args.pdl, stream, verdict);
   if (plan.fmt == kvo_cuda::kFp8None) {
     check_launch("reshape_and_cache_flash", kvo_cuda::launch_paged_copy(plan.args, plan.width, stream));
   } else {

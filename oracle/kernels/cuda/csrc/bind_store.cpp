@@ -77,13 +77,13 @@ StorePlan plan_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, co
 }
 
 void store_cache(const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache, const Tensor& loc,
-                 int64_t max_vec, bool pdl, int64_t validate) {
+                 int64_t max_vec, bool pdl, int64_t validate, const std::optional<Tensor>& verdict) {
   StorePlan plan = plan_store(k, v, k_cache, v_cache, loc, max_vec);
   plan.args.pdl = pdl;
   c10::cuda::CUDAGuard guard(k_cache.device());
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(k_cache);
-  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream);
+  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream, verdict);
   check_launch("store_cache", kvo_cuda::launch_paged_copy(plan.args, plan.vec, stream));
 }
 

@@ -11,16 +11,18 @@
 // skip any slot outside the cache in any case, so nothing is ever written outside a cache.
 //
 // Ops (all return nothing and write their caches in place):
-//   store_cache(k, v, k_cache, v_cache, loc, max_vec=16, pdl=False, validate=1)
+//   store_cache(k, v, k_cache, v_cache, loc, max_vec=16, pdl=False, validate=1, verdict=None)
 //   set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, path="auto", max_vec=16, pdl=False,
-//                     validate=1)
+//                     validate=1, verdict=None)
 //   reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-//                           k_scale, v_scale, max_vec=16, pdl=False, validate=1)
+//                           k_scale, v_scale, max_vec=16, pdl=False, validate=1, verdict=None)
 //   set_error_mailbox(mailbox, device): the pinned int64[8] validating calls on `device` report to.
 //   mla_plan(...) / store_plan(...) / paged_plan(...) -> str: the path and width a call would take.
 //   mla_checked_rows(row_bytes) -> int: the longest index set_mla_kv_buffer checks in its own grid.
 //   tune(knob, value) -> int: sets a launch-tuning knob (LaunchTuning), returns the old value.
-// max_vec (16, 8, 4, 2 or 1) caps the vector width, so tests can run the narrow paths on aligned
+// verdict: the int64[1] first-illegal-entry word of an index checked beforehand (a CheckedIndex of
+// oracle.kernels.check_index, whose copy is then the index): a validating call reads it in place of
+// checking the index. max_vec (16, 8, 4, 2 or 1) caps the vector width, so tests can run the narrow paths on aligned
 // data; path forces "tma" or "direct" for set_mla_kv_buffer; pdl launches the kernel with
 // programmatic dependent launch (kv_cuda.h says what that overlaps).
 //
@@ -75,12 +77,12 @@ int64_t mla_checked_rows(int64_t row_bytes) {
 TORCH_LIBRARY(kv_oracle_cuda, m) {
   m.set_python_module("oracle.kernels.cuda._fake");
   m.def("store_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor loc, int max_vec=16, "
-        "bool pdl=False, int validate=1) -> ()");
+        "bool pdl=False, int validate=1, Tensor? verdict=None) -> ()");
   m.def("set_mla_kv_buffer(Tensor(a!) kv_buffer, Tensor loc, Tensor cache_k_nope, Tensor cache_k_rope, "
-        "str path=\"auto\", int max_vec=16, bool pdl=False, int validate=1) -> ()");
+        "str path=\"auto\", int max_vec=16, bool pdl=False, int validate=1, Tensor? verdict=None) -> ()");
   m.def("reshape_and_cache_flash(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
         "Tensor slot_mapping, str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale, int max_vec=16, "
-        "bool pdl=False, int validate=1) -> ()");
+        "bool pdl=False, int validate=1, Tensor? verdict=None) -> ()");
   m.def("set_error_mailbox(Tensor mailbox, int device) -> ()", &kvo_bind::set_error_mailbox);
   m.def("store_plan(Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor loc, int max_vec=16) -> str");
   m.def("mla_plan(Tensor kv_buffer, Tensor loc, Tensor cache_k_nope, Tensor cache_k_rope, str path=\"auto\", "

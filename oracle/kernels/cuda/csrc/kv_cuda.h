@@ -28,7 +28,8 @@ enum Fp8Format : int32_t { kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 constexpr int64_t kNoEntry = INT64_MAX;
 
 struct SlotCheck {
-  const int64_t* verdict;    // mode 2: one word per check block
+  const int64_t* verdict;    // mode 2: one word per check block, or the one word of an index
+                             // checked beforehand (oracle.kernels.check_index)
   uint64_t* barrier;         // mode 3: the stream's four grid-barrier words (grid_verdict, common.cuh)
   int64_t* mailbox;          // int64[8] the host reads
   int32_t mode;

@@ -145,11 +145,13 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   };
   // A call that scans a short index itself (SlotCheck mode 1) loads its first row right after the
   // PDL wait, beside the scan's loads, so the row's memory round trip overlaps the scan; only the
-  // stores wait for the verdict. After a check grid (mode 2) nothing is loaded before the wait, as
-  // the check grid let this grid launch while the kernels before it may still run (check.cu),
-  // unless it let it launch only once they had completed (SlotCheck::late): then before the wait.
+  // stores wait for the verdict. A call that reads a verdict (mode 2) loads it right after the wait
+  // too, beside the verdict's read, and nothing before the wait, as a check grid may have let this
+  // grid launch while the kernels before it still run (check.cu) and an index checked beforehand
+  // leaves the launch as it is; unless the check grid let it launch only once they had completed
+  // (SlotCheck::late): then before the wait.
   const bool before = a.check.mode == 2 && a.check.late;
-  const bool early = (a.check.mode == 1 || before) && first < a.n && chunks <= 32 * kUnroll;
+  const bool early = (a.check.mode == 1 || a.check.mode == 2) && first < a.n && chunks <= 32 * kUnroll;
   int64_t early_slot = -1;
   V early_r[kUnroll];
   auto load_early = [&] {

@@ -59,10 +59,11 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   };
   // A call that scans a short index itself (SlotCheck mode 1) loads a dense row that fits one round
   // of loads right after the PDL wait, beside the scan's loads, so the row's memory round trip
-  // overlaps the scan; only the stores wait for the verdict. After a check grid (mode 2) nothing is
-  // loaded before the wait, as the check grid let this grid launch while the kernels before it may
-  // still run (check.cu), unless it let it launch only once they had completed (SlotCheck::late):
-  // then before the wait.
+  // overlaps the scan; only the stores wait for the verdict. A call that reads a verdict (mode 2)
+  // loads it right after the wait too, beside the verdict's read, and nothing before the wait, as
+  // a check grid may have let this grid launch while the kernels before it still run (check.cu)
+  // and an index checked beforehand leaves the launch as it is; unless the check grid let it launch
+  // only once they had completed (SlotCheck::late): then before the wait.
   bool early = false;
   int64_t early_slot = -1;
   In early_r[kRowUnroll];
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   const bool before = a.check.mode == 2 && a.check.late;
   if (before) load_early();
   pdl_prologue(a.pdl);
-  if (a.check.mode == 1) load_early();
+  if (a.check.mode == 1 || (a.check.mode == 2 && !a.check.late)) load_early();
   if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
   for (int64_t item = first; item < items; item += step) {
     const int s = item >= a.n ? 1 : 0;

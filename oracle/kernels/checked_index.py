@@ -1,0 +1,145 @@
+"""A slot index checked once on the device and written through many times: :func:`check_index`.
+
+A validating GPU writer checks its index on every call, on the device, before its first store
+(:mod:`oracle.kernels._deferred`). For a long index that check is a grid of its own that must
+complete before the writer stores anything: eagerly, on the H100, about 2 us of a 14 us MLA write
+at N = 16384 (docs/benchmarks.md). A serving engine writes every layer of one forward step with the
+same slot index, so it can check the index once per step instead:
+
+    checked = oracle.kernels.check_index(loc, num_slots=kv_buffer.shape[0])
+    for layer in layers:
+        set_mla_kv_buffer(layer.kv_buffer, checked, nope, rope)   # any writer that takes one
+
+:func:`check_index` copies the index into private memory and computes, on the device, the first
+entry that is illegal under the padding policy (or ``len(index)`` when none is), without
+synchronizing. The writers read the private copy and that verdict word: a call with an illegal
+entry still writes nothing and reports it to the mailbox, as a per-call check does, so the
+contract of a validating call is unchanged; only the scan is shared. Changing the caller's index
+after the check changes nothing that is written: the writers use the copy that was checked.
+
+Legality is the reference's (:mod:`oracle.reference.slots`): an entry is legal when it lies in
+``[0, num_slots)``, or, under ``padding="negative"``, when it is negative (a skipped slot). Under
+``"reserved:K"`` the reserved slot is legal only inside the range, so legality is the same as
+under ``"none"``; a writer still refuses an index checked under another policy than its own, and a
+cache with another number of slots than the one checked, with a ValueError naming both.
+
+The Triton and CUDA writers of ``store_cache``, ``set_mla_kv_buffer``, ``concat_and_cache_mla``,
+``reshape_and_cache_flash`` and ``reshape_and_cache_block`` take a :class:`CheckedIndex` wherever
+they take an index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..reference.slots import Padding
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class CheckedIndex:
+    """An index checked on the device by :func:`check_index` (build one with it, not by hand).
+
+    ``index``: the private copy the writers read (1-D, contiguous, the caller's dtype);
+    ``verdict``: int64[1] on the same device, the first illegal entry or ``len(index)``;
+    ``num_slots`` and ``padding``: what it was checked against."""
+
+    index: torch.Tensor
+    verdict: torch.Tensor
+    num_slots: int
+    padding: str
+
+    def __len__(self) -> int:
+        return self.index.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.index.device
+
+    def __repr__(self) -> str:
+        return (f"CheckedIndex({len(self)} entries, {self.index.dtype}, {self.device}, "
+                f"num_slots={self.num_slots}, padding={self.padding!r})")
+
+
+def check_index(index: torch.Tensor, num_slots: int, *, padding: str = "none") -> CheckedIndex:
+    """Copy ``index`` and check it on its device against ``num_slots`` under ``padding`` ("none",
+    "negative" or "reserved:K"), without synchronizing; see the module docstring. Raises a
+    TypeError or ValueError naming the argument for a bad index, ``num_slots`` or ``padding``."""
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"index must be a torch.Tensor, got {type(index).__name__}")
+    if index.dtype not in INDEX_DTYPES:
+        raise TypeError(f"index has dtype {index.dtype}; expected torch.int32 or torch.int64")
+    if index.dim() != 1:
+        raise ValueError(f"index must be 1-D, got shape {tuple(index.shape)}")
+    if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 0:
+        raise ValueError(f"num_slots={num_slots!r} must be an int >= 0")
+    policy = Padding.parse(padding)
+    copy = torch.clone(index, memory_format=torch.contiguous_format)
+    n = copy.shape[0]
+    illegal = copy >= num_slots
+    if policy.kind != "negative":
+        illegal |= copy < 0
+    position = torch.arange(n, dtype=torch.int64, device=copy.device)
+    verdict = torch.where(illegal, position, n).amin(dim=0, keepdim=True) if n else \
+        torch.zeros(1, dtype=torch.int64, device=copy.device)
+    return CheckedIndex(copy, verdict, int(num_slots), str(policy))
+
+
+def resolve(argument: str, index, num_slots: int, padding: str):
+    """A writer's ``argument`` as (the index tensor to read, the verdict tensor or None): a plain
+    tensor as it is, a :class:`CheckedIndex` as its copy and verdict once it is known to have been
+    checked against ``num_slots`` under ``padding`` (else a ValueError naming both)."""
+    if type(index) is not CheckedIndex:
+        return index, None
+    if index.num_slots != num_slots:
+        raise ValueError(f"{argument} was checked against num_slots={index.num_slots}, but the cache has "
+                         f"{num_slots} slots; check it against the cache it writes")
+    if index.padding != str(Padding.parse(padding)):
+        raise ValueError(f"{argument} was checked under padding={index.padding!r}, but this writer's "
+                         f"padding is {str(Padding.parse(padding))!r}")
+    return index.index, index.verdict
+
+
+# op -> (position of its index argument, position of the cache that bounds it, the cache's leading
+# dims that count slots): the positional conventions of oracle.kernels.torch_native
+INDEX_ARGUMENTS = {"store_cache": (4, 2, 1), "set_mla_kv_buffer": (1, 0, 1), "concat_and_cache_mla": (3, 2, 2),
+                   "reshape_and_cache_flash": (4, 2, 2), "reshape_and_cache_block": (6, 2, 2)}
+
+
+CHECKED_NOTE = ("the index checked by oracle.kernels.check_index before the call (a step checks it once for all "
+                "its layers): the writer reads the checked copy and its verdict word instead of checking the index")
+
+
+class CheckedIndexWriter:
+    """A writer called with its index checked by :func:`check_index` first: what
+    ``<name>.checked_index`` registers, so the conformance suite runs every case through the path a
+    step that checks its index once takes. :meth:`prepare` does the check (once per step: the
+    benchmarks call it outside the timed calls); calling the writer prepares its arguments first,
+    unless the index is a CheckedIndex already. An index or cache the check cannot take (not a 1-D
+    integer tensor, a cache of the wrong rank) goes to the writer as it is, which refuses it in its
+    own words."""
+
+    def __init__(self, fn, op: str, padding: str):
+        if op not in INDEX_ARGUMENTS:
+            raise ValueError(f"op={op!r} has no index argument; expected one of {sorted(INDEX_ARGUMENTS)}")
+        self.fn, self.op, self.padding = fn, op, padding
+        self.__name__ = getattr(fn, "__name__", op)
+
+    def prepare(self, args: tuple) -> tuple:
+        """``args`` with the index replaced by its CheckedIndex."""
+        position, cache_at, lead = INDEX_ARGUMENTS[self.op]
+        index, cache = args[position], args[cache_at]
+        if not (type(index) is torch.Tensor and index.dtype in INDEX_DTYPES and index.dim() == 1
+                and isinstance(cache, torch.Tensor) and cache.dim() >= lead):
+            return args
+        num_slots = cache.shape[0] * (cache.shape[1] if lead == 2 else 1)
+        return args[:position] + (check_index(index, num_slots, padding=self.padding),) + args[position + 1:]
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*self.prepare(args), **kwargs)
+
+
+__all__ = ["CHECKED_NOTE", "CheckedIndex", "CheckedIndexWriter", "INDEX_ARGUMENTS", "check_index", "resolve"]

@@ -1,0 +1,325 @@
+"""An index checked once for many writes (oracle.kernels.check_index, CheckedIndex).
+
+The verdict is tested against a plain loop over the entries (hypothesis draws the indices); the
+writers that take a CheckedIndex run on Triton's CPU interpreter (in a subprocess) and, on a GPU,
+the Triton and CUDA writers under sync debug mode "error". Every write is compared, whole cache,
+with an index_put_ of the same rows into the same poisoned cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import oracle.kernels
+from oracle.kernels.checked_index import INDEX_ARGUMENTS, CheckedIndex, CheckedIndexWriter, check_index, resolve
+
+from test_triton_kernels import run as run_interpreted
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+has_triton = importlib.util.find_spec("triton") is not None
+
+
+def first_illegal_by_loop(values: list, num_slots: int, negative_ok: bool) -> int:
+    """The reference's legality, one entry at a time: the first entry outside [0, num_slots) that
+    is not a negative entry under padding="negative", else len(values)."""
+    for i, v in enumerate(values):
+        if v >= num_slots or (v < 0 and not negative_ok):
+            return i
+    return len(values)
+
+
+# ================================================================ the check
+
+@settings(max_examples=150, deadline=None)
+@given(values=st.lists(st.integers(-3, 40), max_size=70), num_slots=st.integers(0, 40),
+       padding=st.sampled_from(["none", "negative", "reserved:0", "reserved:7"]),
+       dtype=st.sampled_from([torch.int32, torch.int64]), step=st.sampled_from([1, 2]))
+def test_verdict_is_the_first_illegal_entry(values, num_slots, padding, dtype, step):
+    spread = torch.full((max(1, len(values) * step),), 12345, dtype=dtype)
+    spread[::step][:len(values)] = torch.tensor(values, dtype=dtype)
+    index = spread[::step][:len(values)]  # a strided view when step is 2
+    checked = check_index(index, num_slots, padding=padding)
+    assert checked.verdict.dtype == torch.int64 and tuple(checked.verdict.shape) == (1,)
+    assert int(checked.verdict) == first_illegal_by_loop(values, num_slots, padding == "negative")
+    assert checked.index.is_contiguous() and checked.index.dtype == dtype
+    assert checked.index.tolist() == values and len(checked) == len(values)
+    assert checked.num_slots == num_slots and checked.padding == padding
+
+
+def test_the_copy_is_private():
+    index = torch.tensor([3, 1, 2])
+    checked = check_index(index, 4)
+    index[0] = 99  # the caller's tensor changes after the check
+    assert checked.index.tolist() == [3, 1, 2] and int(checked.verdict) == 3
+    assert checked.index.data_ptr() != index.data_ptr()
+
+
+@pytest.mark.parametrize("index, num_slots, padding, error, words", [
+    ([1, 2], 4, "none", TypeError, "index must be a torch.Tensor, got list"),
+    (torch.tensor([1.0]), 4, "none", TypeError, "index has dtype torch.float32"),
+    (torch.zeros(2, 2, dtype=torch.int64), 4, "none", ValueError, "index must be 1-D, got shape (2, 2)"),
+    (torch.zeros(2, dtype=torch.int64), -1, "none", ValueError, "num_slots=-1 must be an int >= 0"),
+    (torch.zeros(2, dtype=torch.int64), True, "none", ValueError, "num_slots=True must be an int >= 0"),
+    (torch.zeros(2, dtype=torch.int64), 4.0, "none", ValueError, "num_slots=4.0 must be an int >= 0"),
+    (torch.zeros(2, dtype=torch.int64), 4, "skip", ValueError, "padding='skip' is not a padding policy"),
+])
+def test_bad_arguments_are_named(index, num_slots, padding, error, words):
+    with pytest.raises(error) as info:
+        check_index(index, num_slots, padding=padding)
+    assert words in str(info.value)
+
+
+def test_resolve_refuses_another_cache_or_policy_and_passes_tensors_through():
+    index = torch.tensor([0, 5])
+    assert resolve("loc", index, 8, "none") == (index, None)
+    checked = check_index(index, 8, padding="negative")
+    tensor, verdict = resolve("slot_mapping", checked, 8, "negative")
+    assert tensor is checked.index and verdict is checked.verdict
+    with pytest.raises(ValueError, match=r"slot_mapping was checked against num_slots=8, but the cache has 16 slots"):
+        resolve("slot_mapping", checked, 16, "negative")
+    with pytest.raises(ValueError, match=r"loc was checked under padding='negative', but this writer's padding "
+                                         r"is 'none'"):
+        resolve("loc", checked, 8, "none")
+    assert "num_slots=8" in repr(checked) and "padding='negative'" in repr(checked)
+
+
+def test_the_public_names():
+    assert oracle.kernels.CheckedIndex is CheckedIndex
+    assert isinstance(oracle.kernels.check_index(torch.tensor([1]), 2), CheckedIndex)
+
+
+def _op_args(op: str, n: int, num_slots: int):
+    """Arguments of ``op`` in the baseline's positional convention (CPU tensors), slots legal."""
+    loc = torch.randperm(num_slots)[:n]
+    rows = torch.randn(n, 2, 8)
+    if op == "store_cache":
+        return (rows, rows, torch.zeros(num_slots, 2, 8), torch.zeros(num_slots, 2, 8), loc)
+    if op == "set_mla_kv_buffer":
+        return (torch.zeros(num_slots, 12), loc, torch.randn(n, 8), torch.randn(n, 4))
+    if op == "concat_and_cache_mla":
+        return (torch.randn(n, 8), torch.randn(n, 4), torch.zeros(num_slots // 4, 4, 12), loc, "auto",
+                torch.ones(1))
+    if op == "reshape_and_cache_flash":
+        caches = [torch.zeros(num_slots // 4, 4, 2, 8) for _ in range(2)]
+        return (rows, rows, *caches, loc, "auto", torch.ones(1), torch.ones(1))
+    caches = [torch.zeros(num_slots // 4, 4, 2, 32, dtype=torch.uint8) for _ in range(4)]
+    return (torch.randn(n, 2, 32), torch.randn(n, 2, 32), *caches, loc, "mxfp8_e4m3fn")
+
+
+@pytest.mark.parametrize("op", sorted(INDEX_ARGUMENTS))
+def test_prepare_checks_against_the_cache_the_op_writes(op):
+    calls = []
+    writer = CheckedIndexWriter(lambda *a, **k: calls.append((a, k)), op, "none")
+    args = _op_args(op, 5, 16)
+    position, _, _ = INDEX_ARGUMENTS[op]
+    prepared = writer.prepare(args)
+    checked = prepared[position]
+    assert isinstance(checked, CheckedIndex) and checked.num_slots == 16
+    assert torch.equal(checked.index, args[position]) and int(checked.verdict) == 5
+    assert all(a is b for i, (a, b) in enumerate(zip(args, prepared)) if i != position)
+    assert writer.prepare(prepared) == prepared  # already checked: left as it is
+    writer(*args, validate="sync")
+    assert isinstance(calls[0][0][position], CheckedIndex) and calls[0][1] == {"validate": "sync"}
+    float_index = args[:position] + (torch.zeros(5),) + args[position + 1:]
+    assert writer.prepare(float_index)[position] is float_index[position]  # the writer refuses it itself
+
+
+def test_prepare_refuses_an_op_without_an_index():
+    with pytest.raises(ValueError, match=r"op='quantize_fp8' has no index argument"):
+        CheckedIndexWriter(print, "quantize_fp8", "none")
+
+
+# ================================================================ the Triton writers, interpreted
+
+@pytest.mark.skipif(not has_triton, reason="triton is not importable")
+def test_triton_writers_take_a_checked_index():
+    """Every Triton writer that takes an index, on the interpreter: a checked index writes what a
+    plain one does (whole poisoned caches against index_put_); an illegal entry writes nothing and
+    names the argument, entry and value; the caller's index changed after the check changes
+    nothing; another cache size or policy is refused before anything is written; calls replay
+    from their launch plans."""
+    out = run_interpreted("""
+    from oracle.kernels import check_index, DeferredSlotError
+    from oracle.kernels.triton import block_ops, _plans
+    torch.manual_seed(0)
+    S, n = 128, 300   # 300 > the fused-check limit: a plain index would take the check grid
+    results = {}
+
+    def poisoned(*shape, dtype=torch.float32):
+        return torch.full(shape, 77, dtype=dtype)
+
+    def mla(index, buf):
+        ops.set_mla_kv_buffer(buf, index, nope, rope)
+
+    nope, rope = torch.randn(n, 8), torch.randn(n, 4)
+    S4 = 4 * S
+    loc = torch.randperm(S4)[:n]
+    checked = check_index(loc, S4)
+    want = poisoned(S4, 16); want[loc, :12] = torch.cat([nope, rope], 1)
+    got = poisoned(S4, 16); mla(checked, got)
+    results["mla"] = torch.equal(got, want)
+    loc_after = loc.clone(); checked_after = check_index(loc_after, S4); loc_after[:] = 0
+    got = poisoned(S4, 16); mla(checked_after, got)
+    results["private"] = torch.equal(got, want)
+    bad = loc.clone(); bad[123] = S4 + 9
+    got = poisoned(S4, 16)
+    try:
+        mla(check_index(bad, S4), got); results["bad"] = None
+    except DeferredSlotError as exc:
+        results["bad"] = str(exc)
+    results["bad_unchanged"] = bool(got.eq(77).all())
+    refused = []
+    for other in (check_index(loc, S4 + 16), check_index(loc, S4, padding="negative")):
+        got = poisoned(S4, 16)
+        try:
+            mla(other, got)
+        except ValueError as exc:
+            refused.append([str(exc), bool(got.eq(77).all())])
+    results["refused"] = refused
+
+    rows = torch.randn(n, 2, 8)
+    kc, vc = poisoned(S4, 2, 8), poisoned(S4, 2, 8)
+    ops.store_cache(rows, rows * 2, kc, vc, check_index(loc, S4))
+    wk, wv = poisoned(S4, 2, 8), poisoned(S4, 2, 8); wk[loc] = rows; wv[loc] = rows * 2
+    results["store"] = torch.equal(kc, wk) and torch.equal(vc, wv)
+
+    sm = loc.clone(); sm[::7] = -1  # padding entries, skipped
+    kc, vc = poisoned(S, 4, 2, 8), poisoned(S, 4, 2, 8)
+    ops.reshape_and_cache_flash(rows, rows * 2, kc, vc, check_index(sm, S4, padding="negative"), "auto",
+                                torch.ones(1), torch.ones(1))
+    wk, wv = poisoned(S4, 2, 8), poisoned(S4, 2, 8)
+    keep = sm >= 0
+    wk[sm[keep]] = rows[keep]; wv[sm[keep]] = rows[keep] * 2
+    results["paged"] = torch.equal(kc.view(S4, 2, 8), wk) and torch.equal(vc.view(S4, 2, 8), wv)
+
+    kv = poisoned(S, 4, 12)
+    ops.concat_and_cache_mla(nope, rope, kv, check_index(sm, S4, padding="negative"), "auto", torch.ones(1))
+    want = poisoned(S4, 12); want[sm[keep]] = torch.cat([nope, rope], 1)[keep]
+    results["concat"] = torch.equal(kv.view(S4, 12), want)
+
+    x = torch.randn(n, 2, 32)
+    caches = [torch.full((S, 4, 2, w), 0xA5, dtype=torch.uint8) for w in (32, 32, 1, 1)]
+    plain = [c.clone() for c in caches]
+    block_ops.reshape_and_cache_block(x, x, *caches, check_index(sm, S4, padding="negative"), "mxfp8_e4m3fn")
+    block_ops.reshape_and_cache_block(x, x, *plain, sm, "mxfp8_e4m3fn")
+    results["block"] = all(torch.equal(a, b) for a, b in zip(caches, plain))
+    results["block_wrote"] = not torch.equal(caches[0], torch.full_like(caches[0], 0xA5))
+
+    before = dict(_plans.stats)
+    for seed in range(3):  # new CheckedIndex objects, one signature: replayed
+        other = torch.randperm(S4)[:n]
+        got = poisoned(S4, 16); mla(check_index(other, S4), got)
+        want = poisoned(S4, 16); want[other, :12] = torch.cat([nope, rope], 1)
+        results.setdefault("replays", []).append(torch.equal(got, want))
+    results["replayed"] = _plans.stats["replayed"] - before["replayed"]
+    emit(results)
+    """)
+    for key in ("mla", "private", "store", "paged", "concat", "block", "block_wrote", "bad_unchanged"):
+        assert out[key] is True, key
+    assert out["bad"].startswith("loc[123] = 521 is out of range [0, 512) under padding='none'"), out["bad"]
+    assert out["refused"][0] == ["loc was checked against num_slots=528, but the cache has 512 slots; check it "
+                                 "against the cache it writes", True]
+    assert out["refused"][1] == ["loc was checked under padding='negative', but this writer's padding is 'none'",
+                                 True]
+    assert out["replays"] == [True, True, True] and out["replayed"] >= 2
+
+
+# ================================================================ on a GPU
+
+def _gpu_writers(kinds=("store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash")):
+    from oracle.registry import Registry
+    import oracle.kernels.cuda as cuda_kernels
+    import oracle.kernels.triton as triton_kernels
+    registry = Registry()
+    for plugin in (cuda_kernels.register, triton_kernels.register):
+        registry.load_plugin(plugin.__module__, plugin)
+    return [k for _, k in sorted(registry.kernels.items())
+            if k.contract.op in kinds and k.contract.validates and k.unavailable() is None
+            and isinstance(k.fn, CheckedIndexWriter)]
+
+
+def _gpu_args(op: str, n: int, num_slots: int, gen: torch.Generator):
+    dev = "cuda"
+    slots = torch.randperm(num_slots, generator=gen)[:n].to(dev)
+    if op == "store_cache":
+        k = torch.randn(n, 4, 64, generator=gen).to(dev, torch.bfloat16)
+        caches = [torch.full((num_slots, 4, 64), 3.0, dtype=torch.bfloat16, device=dev) for _ in range(2)]
+        return (k, k * 2, *caches, slots), caches, [k, k * 2]
+    if op == "set_mla_kv_buffer":
+        nope = torch.randn(n, 512, generator=gen).to(dev, torch.bfloat16)
+        rope = torch.randn(n, 64, generator=gen).to(dev, torch.bfloat16)
+        buf = torch.full((num_slots, 576), 3.0, dtype=torch.bfloat16, device=dev)
+        return (buf, slots, nope, rope), [buf], [torch.cat([nope, rope], 1)]
+    key = torch.randn(n, 4, 64, generator=gen).to(dev, torch.bfloat16)
+    caches = [torch.full((num_slots // 16, 16, 4, 64), 3.0, dtype=torch.bfloat16, device=dev) for _ in range(2)]
+    one = torch.ones(1, device=dev)
+    return (key, key * 2, *caches, slots, "auto", one, one), caches, [key, key * 2]
+
+
+@gpu
+@pytest.mark.parametrize("n", [8, 3000, 20000])
+def test_gpu_writers_reuse_one_check_for_many_writes_without_synchronizing(n):
+    """Every CUDA and Triton writer that takes a CheckedIndex, at a fused-check, a mid and a long
+    index: one check, then several writes (a step's layers) under sync debug mode "error", each
+    into its own poisoned caches, each equal to index_put_; an illegal entry makes every write of
+    the step write nothing, and the error names the entry and its value."""
+    num_slots = 16 * ((2 * n + 64) // 16)
+    for kernel in _gpu_writers():
+        op = kernel.contract.op
+        position = INDEX_ARGUMENTS[op][0]
+        layers = []
+        for layer in range(3):
+            args, caches, rows = _gpu_args(op, n, num_slots, torch.Generator().manual_seed(layer))
+            layers.append((args, caches, rows))
+        slots = layers[0][0][position]
+        checked = kernel.fn.prepare(layers[0][0])[position]
+        kernel.fn(*layers[0][0])  # compile and warm up outside the debug mode
+        torch.cuda.synchronize()
+        for _, caches, _ in layers:
+            for cache in caches:
+                cache.fill_(3.0)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for args, _, _ in layers:
+                kernel.fn(*(args[:position] + (checked,) + args[position + 1:]))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        oracle.kernels.raise_deferred_errors()
+        for args, caches, rows in layers:
+            for cache, row in zip(caches, rows):
+                want = torch.full_like(cache, 3.0).view(num_slots, -1)
+                want[slots] = row.reshape(n, -1)
+                assert torch.equal(cache.view(num_slots, -1).view(torch.uint8), want.view(torch.uint8)), kernel.name
+        illegal = slots.clone()
+        illegal[n // 3] = num_slots + 5
+        bad = kernel.fn.prepare(layers[0][0][:position] + (illegal,) + layers[0][0][position + 1:])[position]
+        for args, caches, _ in layers:
+            for cache in caches:
+                cache.fill_(3.0)
+            kernel.fn(*(args[:position] + (bad,) + args[position + 1:]))
+        with pytest.raises(oracle.kernels.DeferredSlotError,
+                           match=rf"\[{n // 3}\] = {num_slots + 5} is out of range \[0, {num_slots}\)"):
+            oracle.kernels.raise_deferred_errors()
+        for _, caches, _ in layers:
+            assert all(bool(cache.eq(3.0).all()) for cache in caches), kernel.name
+
+
+@gpu
+def test_cuda_binding_refuses_a_verdict_that_is_not_one_int64_word():
+    import oracle.kernels.cuda as cuda_kernels
+    if cuda_kernels.available() is not None:
+        pytest.skip(cuda_kernels.available())
+    args, caches, _ = _gpu_args("set_mla_kv_buffer", 8, 64, torch.Generator().manual_seed(3))
+    buf, loc, nope, rope = args
+    for verdict, words in ((torch.zeros(1, dtype=torch.int32, device="cuda"), "Int"),
+                           (torch.zeros(2, dtype=torch.int64, device="cuda"), "[2]"),
+                           (torch.zeros(1, dtype=torch.int64), "cpu")):
+        with pytest.raises(ValueError, match=r"verdict must be the int64\[1\] verdict of an index checked on cuda"):
+            cuda_kernels.ops().set_mla_kv_buffer(buf, loc, nope, rope, verdict=verdict)
+    torch.cuda.synchronize()
+    assert bool(buf.eq(3.0).all())
