@@ -176,6 +176,19 @@ def test_bench_goals_judges_the_report_as_a_markdown_table(tmp_path, capsys):
     assert f"{met} of {len(lines)} goals met" in out
 
 
+def test_bench_goals_judge_a_checked_index_writer_against_the_unchecked_twin(tmp_path, capsys):
+    report = goal_report(3.0)
+    report["rows"].append(row("cuda.set_mla_kv_buffer.checked_index", 16384, 2.4, "eager"))
+    assert main(["report", "bench-goals", write(tmp_path, report)]) == 0
+    lines = goal_lines(capsys.readouterr().out)
+    assert lines["MLA N=16384 eager: cuda.set_mla_kv_buffer.checked_index / cuda.set_mla_kv_buffer.unchecked"] == [
+        "1.20x", "<= 1.1x", "**no**"]
+    assert lines["MLA N=16384 eager: cuda.set_mla_kv_buffer / cuda.set_mla_kv_buffer.unchecked"] == [
+        "1.50x", "<= 1.1x", "**no**"]
+    assert lines["MLA N=16384 eager: cuda.set_mla_kv_buffer.checked_index vs the copy ceiling"] == [
+        "2.4 us, 42%", ">= 85%", "**no**"]
+
+
 def test_bench_goals_judge_the_block_scaled_triton_writer_against_the_ceiling(tmp_path, capsys):
     report = goal_report(2.0)
     for kernel, us in (("triton.reshape_and_cache_block", 1.2), ("triton.reshape_and_cache_block.unchecked", 1.1),

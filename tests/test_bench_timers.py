@@ -73,3 +73,36 @@ def test_alternated_runs_every_variant_each_round_after_its_setup():
     assert set(times) == {"fast", "slow"} and all(len(v) == 3 for v in times.values())
     assert calls["fast"] > 0 and calls["slow"] > 0
     assert statistics.median(times["slow"]) > statistics.median(times["fast"]) > 0
+
+
+def test_alternated_times_a_variant_on_its_own_inputs():
+    seen = {"shared": set(), "own": set()}
+
+    def record(label):
+        return lambda x: seen[label].add(x)
+
+    variants = {"shared": (lambda: None, record("shared")), "own": (lambda: None, record("own"), (7,), ())}
+    alternated(variants, (3,), "cpu", rounds=1, samples=1)
+    assert seen == {"shared": {3}, "own": {7}}
+
+
+def test_a_checked_index_writer_is_timed_on_sets_prepared_once():
+    """The bench prepares each input set of a ``.checked_index`` writer once, outside the timed
+    calls (a step checks its index once for all its layers); other kernels get their sets as they
+    are."""
+    import torch
+    from types import SimpleNamespace
+
+    from oracle.bench.runner import _prepared
+    from oracle.kernels.checked_index import CheckedIndex, CheckedIndexWriter
+
+    def sets(seed):
+        return (torch.zeros(8, 4), torch.tensor([seed, 2]), torch.ones(2, 3), torch.ones(2, 1))
+
+    writer = SimpleNamespace(fn=CheckedIndexWriter(lambda *a: None, "set_mla_kv_buffer", "none"))
+    args, rotation = _prepared(writer, sets(0), (sets(1), sets(3)))
+    assert [type(s[1]) for s in (args, *rotation)] == [CheckedIndex] * 3
+    assert [s[1].index.tolist() for s in (args, *rotation)] == [[0, 2], [1, 2], [3, 2]]
+    plain = SimpleNamespace(fn=lambda *a: None)
+    first, rest = sets(0), (sets(1),)
+    assert _prepared(plain, first, rest) == (first, rest)

@@ -220,15 +220,17 @@ def make_timer(fn, args, device: str, sample_seconds: float = SAMPLE_SECONDS, ro
 
 def alternated(variants: dict, args: tuple, device: str, rotation: tuple = (), rounds: int = 7,
                samples: int = 3) -> dict:
-    """A/B timing in one process: ``variants`` maps a label to ``(setup, fn)``; each round runs
-    every variant in turn, calling its ``setup()`` (a knob to set) and timing ``fn(*args)`` eagerly
-    (``make_timer(..., graph=False)``, inputs rotated through ``rotation``), so a host's drift hits
-    them alike. Returns each label's per-round medians of ``samples`` samples, in microseconds."""
+    """A/B timing in one process: ``variants`` maps a label to ``(setup, fn)`` or ``(setup, fn,
+    its_args, its_rotation)``; each round runs every variant in turn, calling its ``setup()`` (a knob
+    to set) and timing ``fn(*args)`` eagerly (``make_timer(..., graph=False)``, inputs rotated
+    through ``rotation``; a variant's own, where it has them), so a host's drift hits them alike.
+    Returns each label's per-round medians of ``samples`` samples, in microseconds."""
     times = {label: [] for label in variants}
     for _ in range(rounds):
-        for label, (setup, fn) in variants.items():
+        for label, (setup, fn, *own) in variants.items():
             setup()
-            timer = make_timer(fn, args, device, rotation=rotation, graph=False)
+            first, sets = own if own else (args, rotation)
+            timer = make_timer(fn, first, device, rotation=sets, graph=False)
             times[label].append(statistics.median(timer.sample() for _ in range(samples)) * 1e6)
     return times
 
