@@ -47,7 +47,14 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     _need(key.dim() == 3 and value.dim() == 3, "key and value must be 3-D [T, H, D]")
 
 
-FAKES = {f.__name__: f for f in (store_cache, set_mla_kv_buffer, reshape_and_cache_flash)}
+def check_index(index, num_slots, negative_ok):
+    _need(index.dtype in _INDEX, f"index has dtype {index.dtype}; expected torch.int32 or torch.int64", TypeError)
+    _need(index.dim() == 1, f"index must be 1-D, got shape {tuple(index.shape)}")
+    blocks = min(64, max(1, -(-index.shape[0] // 1024)))  # bind_common.cpp: kCheckChunk, kMaxCheckBlocks
+    return index.new_empty(index.shape), index.new_empty((blocks,), dtype=torch.int64)
+
+
+FAKES = {f.__name__: f for f in (store_cache, set_mla_kv_buffer, reshape_and_cache_flash, check_index)}
 
 
 def register_fakes() -> None:

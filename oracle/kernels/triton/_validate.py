@@ -119,15 +119,16 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
     """The device check of a validating call (``validate`` True or "sync") outside CUDA-graph
     capture; launches the check grid where the index is longer than FUSED_CHECK_MAX.
     ``launch(kernel, grid, device, *args, **meta)`` launches a Triton kernel as the writers do.
-    ``verdict``: the int64[1] verdict of an index checked beforehand (oracle.kernels.check_index),
+    ``verdict``: the int64[1..64] verdict of an index checked beforehand (oracle.kernels.check_index),
     which the writer reads as it reads a check grid's (``CHECK = 2``), with nothing launched here."""
     sync, box, device_index = _begin(validate, device, interpreting)
     pad_code = _deferred.PADDINGS.index(padding.kind)  # the writer passes the reserved slot itself
     negative = 1 if padding.kind == "negative" else 0
     code = _deferred.ARGUMENTS.index(argument)
     if verdict is not None:
-        return Check((verdict, 1, box, code, pad_code), _meta(2, negative, 16, interpreting), sync=sync,
-                     device_index=device_index)
+        words = verdict.shape[0]
+        return Check((verdict, words, box, code, pad_code), _meta(2, negative, max(16, _pow2(words)), interpreting),
+                     sync=sync, device_index=device_index)
     if n <= FUSED_CHECK_MAX:  # one step covers the index
         meta = _meta(1, negative, max(16, _pow2(n)), interpreting)
         return Check((index, 0, box, code, pad_code), meta, sync=sync, device_index=device_index)

@@ -3,10 +3,12 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "bind.h"
 
@@ -109,8 +111,10 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
   TORCH_CHECK_VALUE(validate == 0 || validate == 1, "validate=", validate, " must be 0 or 1");
   if (verdict.has_value()) {
     const Tensor& v = *verdict;
-    TORCH_CHECK_VALUE(v.scalar_type() == at::kLong && v.numel() == 1 && v.device() == index.device(),
-                      "verdict must be the int64[1] verdict of an index checked on ", index.device().str(),
+    TORCH_CHECK_VALUE(v.scalar_type() == at::kLong && v.dim() == 1 && v.numel() >= 1 &&
+                          v.numel() <= kMaxCheckBlocks && v.is_contiguous() && v.device() == index.device(),
+                      "verdict must be the int64[1..", kMaxCheckBlocks, "] verdict of an index checked on ",
+                      index.device().str(),
                       " (oracle.kernels.check_index), got ", dtype_name(v.scalar_type()), " ",
                       shape_str(v.sizes()), " on ", v.device().str());
   }
@@ -129,7 +133,7 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
     c.mode = 2;
     c.late = 0;  // the launch is left as it is: the kernels before may still run when it starts
     c.verdict = verdict->data_ptr<int64_t>();
-    c.verdict_count = 1;
+    c.verdict_count = static_cast<int32_t>(verdict->numel());
     return c;
   }
   if (n <= kFusedCheckMax) {
@@ -157,6 +161,31 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
   return c;
 }
 
+
+// oracle.kernels.check_index on a CUDA index: (a contiguous copy of `index`, its verdict words), in
+// one launch on the current stream; the verdict has one word per chunk of kCheckChunk entries or
+// more (kMaxCheckBlocks at most), as a check grid's.
+std::tuple<Tensor, Tensor> copy_and_check_index(const Tensor& index, int64_t num_slots, bool negative_ok) {
+  check_index("index", index);
+  TORCH_CHECK_VALUE(index.is_cuda(), "index is on ", index.device().str(), "; expected a CUDA tensor");
+  TORCH_CHECK_VALUE(num_slots >= 0, "num_slots=", num_slots, " must be >= 0");
+  c10::cuda::CUDAGuard guard(index.device());
+  const int64_t n = index.size(0);
+  Tensor copy = at::empty({n}, index.options());
+  const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;
+  const int blocks = static_cast<int>(want < 1 ? 1 : (want < kMaxCheckBlocks ? want : kMaxCheckBlocks));
+  Tensor verdict = at::empty({blocks}, index.options().dtype(at::kLong));
+  if (n == 0) {
+    verdict.zero_();
+    return {copy, verdict};
+  }
+  const int64_t chunk = (n + blocks - 1) / blocks;
+  check_launch("check_index", kvo_cuda::launch_copy_check(
+      index.data_ptr(), index.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32,
+      index.stride(0), n, num_slots, negative_ok ? 1 : 0, copy.data_ptr(), verdict.data_ptr<int64_t>(), blocks, chunk,
+      stream_of(index)));
+  return {copy, verdict};
+}
 
 int check_max_vec(int64_t max_vec) {
   TORCH_CHECK_VALUE(max_vec == 16 || max_vec == 8 || max_vec == 4 || max_vec == 2 || max_vec == 1,

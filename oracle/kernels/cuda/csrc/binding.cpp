@@ -17,6 +17,8 @@
 //   reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
 //                           k_scale, v_scale, max_vec=16, pdl=False, validate=1, verdict=None)
 //   set_error_mailbox(mailbox, device): the pinned int64[8] validating calls on `device` report to.
+//   check_index(index, num_slots, negative_ok) -> (copy, verdict): oracle.kernels.check_index's
+//                           copy and check of a CUDA index in one launch.
 //   mla_plan(...) / store_plan(...) / paged_plan(...) -> str: the path and width a call would take.
 //   mla_checked_rows(row_bytes) -> int: the longest index set_mla_kv_buffer checks in its own grid.
 //   tune(knob, value) -> int: sets a launch-tuning knob (LaunchTuning), returns the old value.
@@ -90,6 +92,7 @@ TORCH_LIBRARY(kv_oracle_cuda, m) {
   m.def("paged_plan(Tensor key, Tensor value, Tensor key_cache, Tensor value_cache, Tensor slot_mapping, "
         "str kv_cache_dtype, Tensor? k_scale, Tensor? v_scale, int max_vec=16) -> str");
   m.def("tune(str knob, int value) -> int", &kvo_bind::tune);
+  m.def("check_index(Tensor index, int num_slots, bool negative_ok) -> (Tensor, Tensor)");
   m.def("mla_checked_rows(int row_bytes) -> int", &kvo_bind::mla_checked_rows);
 }
 
@@ -100,6 +103,7 @@ TORCH_LIBRARY_IMPL(kv_oracle_cuda, CUDA, m) {
   m.impl("store_plan", &kvo_bind::store_plan);
   m.impl("mla_plan", &kvo_bind::mla_plan);
   m.impl("paged_plan", &kvo_bind::paged_plan);
+  m.impl("check_index", &kvo_bind::copy_and_check_index);
 }
 
 // The writers are not differentiable: an explicit Autograd kernel (torch's not-implemented

@@ -40,7 +40,38 @@ __global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index,
   if (threadIdx.x == 0) verdict[blockIdx.x] = first < n ? first : n;
 }
 
+// oracle.kernels.check_index on a CUDA index: block b copies entries [b * chunk, (b + 1) * chunk)
+// into `copy` (contiguous) and leaves the first illegal one among them in verdict[b] (or n), in one
+// plain launch; the writers given the copy read these words as they read a check grid's.
+template <typename IdxT>
+__global__ void __launch_bounds__(kThreads) copy_check_kernel(const IdxT* index, int64_t stride, int64_t n,
+                                                              int64_t num_slots, int32_t negative_ok, int64_t chunk,
+                                                              IdxT* copy, int64_t* verdict) {
+  const int64_t start = static_cast<int64_t>(blockIdx.x) * chunk;
+  const int64_t end = start + chunk < n ? start + chunk : n;
+  int64_t first = kNoEntry;
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
+    const IdxT v = index[i * stride];
+    copy[i] = v;
+    const int64_t s = static_cast<int64_t>(v);
+    if ((s >= num_slots || (!negative_ok && s < 0)) && i < first) first = i;
+  }
+  first = block_min(first);
+  if (threadIdx.x == 0) verdict[blockIdx.x] = first < n ? first : n;
+}
+
 }  // namespace
+
+cudaError_t launch_copy_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
+                              int64_t num_slots, int32_t negative_ok, void* copy, int64_t* verdict, int blocks,
+                              int64_t chunk, cudaStream_t stream) {
+  return with_index(index_type, [&](auto idx) {
+    using IdxT = decltype(idx);
+    return launch_kernel(copy_check_kernel<IdxT>, static_cast<unsigned>(blocks), kThreads, 0, stream, false,
+                         static_cast<const IdxT*>(index), index_stride, n, num_slots, negative_ok, chunk,
+                         static_cast<IdxT*>(copy), verdict);
+  });
+}
 
 cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
                               int64_t num_slots, int32_t negative_ok, int64_t* verdict, int blocks, int64_t chunk,

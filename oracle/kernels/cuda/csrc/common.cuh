@@ -274,6 +274,14 @@ __device__ __forceinline__ void prefetch_slot(const void* index, int64_t row, in
   prefetch_l2(reinterpret_cast<const unsigned char*>(static_cast<const IdxT*>(index) + row * stride), sizeof(IdxT), 0);
 }
 
+// Ask the L2 for a verdict-reading call's (SlotCheck mode 2) verdict words before the PDL wait, from
+// the block's first warp: an index checked beforehand (oracle.kernels.check_index) left them long
+// ago, and they may be back in DRAM by now.
+__device__ __forceinline__ void prefetch_verdict(const SlotCheck& c) {
+  if (c.mode == 2 && threadIdx.x < 32)
+    prefetch_l2(reinterpret_cast<const unsigned char*>(c.verdict), c.verdict_count * 8, static_cast<int>(threadIdx.x));
+}
+
 // Whether a launch prefetches its sources into the L2 first, by a LaunchTuning *_prefetch mode.
 inline int prefetch_for(int mode, bool pdl) { return mode == 2 || (mode == 1 && pdl) ? 1 : 0; }
 

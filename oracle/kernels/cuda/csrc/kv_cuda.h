@@ -45,6 +45,11 @@ struct SlotCheck {
 // verdict[b] = the first illegal entry (see SlotCheck) among entries [b * chunk, (b + 1) * chunk)
 // of the index, or n, for b < blocks. With `pdl` it waits for the previous grid first; it lets the
 // next PDL launch be scheduled at once (that launch waits for this grid to complete).
+// copy[i] = index[i * index_stride] for i < n, and verdict[b] as launch_slot_check's, in one plain
+// launch (oracle.kernels.check_index).
+cudaError_t launch_copy_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
+                              int64_t num_slots, int32_t negative_ok, void* copy, int64_t* verdict, int blocks,
+                              int64_t chunk, cudaStream_t stream);
 cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
                               int64_t num_slots, int32_t negative_ok, int64_t* verdict, int blocks, int64_t chunk,
                               bool pdl, bool early, cudaStream_t stream);

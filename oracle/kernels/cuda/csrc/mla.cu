@@ -133,6 +133,7 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   const int64_t nope_chunks = a.nope_bytes / Vec;
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
   if (prefetch && first < a.n) prefetch_row<IdxT>(a, first, lane);
+  prefetch_verdict(a.check);
   // Chunks [base, base + 32 * kUnroll) of a row, one per lane and unrolled step.
   auto load_chunks = [&](int64_t row, int64_t base, V (&r)[kUnroll]) {
     const unsigned char* nope = a.nope + row * a.nope_row;

@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
     }
   };
   const bool before = a.check.mode == 2 && a.check.late;
+  prefetch_verdict(a.check);
   if (before) load_early();
   pdl_prologue(a.pdl);
   if (a.check.mode == 1 || (a.check.mode == 2 && !a.check.late)) load_early();
