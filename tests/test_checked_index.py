@@ -307,10 +307,11 @@ def test_gpu_writers_reuse_one_check_for_many_writes_without_synchronizing(n):
                 kernel.fn(*(args[:position] + (bad,) + args[position + 1:]))
             except oracle.kernels.DeferredSlotError as exc:
                 messages.append(str(exc))
-        with pytest.raises(oracle.kernels.DeferredSlotError) as info:
+        try:  # what is still pending (two calls' reports may have been raised by one take already)
             oracle.kernels.raise_deferred_errors()
-        messages.append(str(info.value))
-        assert all(f"[{n // 3}] = {num_slots + 5} is out of range [0, {num_slots})" in m for m in messages), messages
+        except oracle.kernels.DeferredSlotError as exc:
+            messages.append(str(exc))
+        assert messages and all(f"[{n // 3}] = {num_slots + 5} is out of range [0, {num_slots})" in m for m in messages), messages
         for _, caches, _ in layers:
             assert all(bool(cache.eq(3.0).all()) for cache in caches), kernel.name
 
