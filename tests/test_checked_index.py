@@ -173,6 +173,17 @@ def test_triton_writers_take_a_checked_index():
     except DeferredSlotError as exc:
         results["bad"] = str(exc)
     results["bad_unchanged"] = bool(got.eq(77).all())
+    short = loc[:40].clone(); short[17] = -3  # a short index: every program scans the copy itself
+    got = poisoned(S4, 16)
+    try:
+        ops.set_mla_kv_buffer(got, check_index(short, S4), nope[:40], rope[:40]); results["short"] = None
+    except DeferredSlotError as exc:
+        results["short"] = str(exc)
+    results["short_unchanged"] = bool(got.eq(77).all())
+    got = poisoned(S4, 16)
+    ops.set_mla_kv_buffer(got, check_index(loc[:40], S4), nope[:40], rope[:40])
+    want = poisoned(S4, 16); want[loc[:40], :12] = torch.cat([nope[:40], rope[:40]], 1)
+    results["short_legal"] = torch.equal(got, want)
     refused = []
     for other in (check_index(loc, S4 + 16), check_index(loc, S4, padding="negative")):
         got = poisoned(S4, 16)
@@ -219,9 +230,11 @@ def test_triton_writers_take_a_checked_index():
     results["replayed"] = _plans.stats["replayed"] - before["replayed"]
     emit(results)
     """)
-    for key in ("mla", "private", "store", "paged", "concat", "block", "block_wrote", "bad_unchanged"):
+    for key in ("mla", "private", "store", "paged", "concat", "block", "block_wrote", "bad_unchanged", "short_unchanged",
+                "short_legal"):
         assert out[key] is True, key
     assert out["bad"].startswith("loc[123] = 521 is out of range [0, 512) under padding='none'"), out["bad"]
+    assert out["short"].startswith("loc[17] = -3 is out of range [0, 512) under padding='none'"), out["short"]
     assert out["refused"][0] == ["loc was checked against num_slots=528, but the cache has 512 slots; check it "
                                  "against the cache it writes", True]
     assert out["refused"][1] == ["loc was checked under padding='negative', but this writer's padding is 'none'",

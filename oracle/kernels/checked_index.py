@@ -113,6 +113,8 @@ def resolve(argument: str, index, num_slots: int, padding: str):
     checked against ``num_slots`` under ``padding`` (else a ValueError naming both)."""
     if type(index) is not CheckedIndex:
         return index, None
+    if index.num_slots == num_slots and index.padding == padding:  # every call of a step: keep it short
+        return index.index, index.verdict
     if index.num_slots != num_slots:
         raise ValueError(f"{argument} was checked against num_slots={index.num_slots}, but the cache has "
                          f"{num_slots} slots; check it against the cache it writes")
@@ -145,6 +147,7 @@ class CheckedIndexWriter:
         if op not in INDEX_ARGUMENTS:
             raise ValueError(f"op={op!r} has no index argument; expected one of {sorted(INDEX_ARGUMENTS)}")
         self.fn, self.op, self.padding = fn, op, padding
+        self.position = INDEX_ARGUMENTS[op][0]
         self.__name__ = getattr(fn, "__name__", op)
 
     def prepare(self, args: tuple) -> tuple:
@@ -158,6 +161,8 @@ class CheckedIndexWriter:
         return args[:position] + (check_index(index, num_slots, padding=self.padding),) + args[position + 1:]
 
     def __call__(self, *args, **kwargs):
+        if type(args[self.position]) is CheckedIndex:  # checked once already: the usual case
+            return self.fn(*args, **kwargs)
         return self.fn(*self.prepare(args), **kwargs)
 
 

@@ -10,8 +10,10 @@ it and returns the writer's extra arguments and constexprs:
   illegal entry in a small verdict buffer; the writer, launched with programmatic dependent launch
   on sm_90+ (its L2 prefetch overlaps the check), reads the verdict after ``griddepcontrol.wait``.
 
-An index checked beforehand (:func:`oracle.kernels.check_index`) brings its own verdict word: the
-writer reads it as ``CHECK = 2`` and nothing else is launched.
+An index checked beforehand (:func:`oracle.kernels.check_index`) longer than FUSED_CHECK_MAX brings
+its own verdict words: the writer reads them as ``CHECK = 2`` and nothing else is launched (a shorter
+one is scanned by every program as usual: a few L2 reads, where the verdict, written long before,
+may take a trip to DRAM).
 
 Either way an illegal slot stops every store of the call, and the first one lands in the
 mailbox of :mod:`oracle.kernels._deferred`; :func:`finish` raises it at once when the caller asked
@@ -125,7 +127,7 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
     pad_code = _deferred.PADDINGS.index(padding.kind)  # the writer passes the reserved slot itself
     negative = 1 if padding.kind == "negative" else 0
     code = _deferred.ARGUMENTS.index(argument)
-    if verdict is not None:
+    if verdict is not None and n > FUSED_CHECK_MAX:  # a short index is scanned by every program all the same
         words = verdict.shape[0]
         return Check((verdict, words, box, code, pad_code), _meta(2, negative, max(16, _pow2(words)), interpreting),
                      sync=sync, device_index=device_index)

@@ -129,7 +129,10 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
   c.negative_ok = negative_ok ? 1 : 0;
   c.arg_code = arg_code;
   c.pad_code = negative_ok ? 1 : 0;
-  if (verdict.has_value()) {  // checked beforehand: read its verdict, as a check grid's, nothing launched
+  // Checked beforehand: read its verdict, as a check grid's, with nothing launched; a short index is
+  // scanned by every block (mode 1) all the same, a few L2 reads beside the block's own slot load,
+  // where the verdict words, written long before, may take a trip to DRAM.
+  if (verdict.has_value() && n > kFusedCheckMax) {
     c.mode = 2;
     c.late = 0;  // the launch is left as it is: the kernels before may still run when it starts
     c.verdict = verdict->data_ptr<int64_t>();
