@@ -202,16 +202,18 @@ __device__ void report_illegal(const SlotCheck& c, const void* index, int64_t st
 
 // Whether every slot of the call is legal (uniform over the grid), for SlotCheck modes 1 and 2.
 // Every thread of the block must call it, before the block's first store; where a slot is illegal,
-// block 0 records it.
+// block 0 records it. Mode 2 reduces the verdict words within each warp (every warp reads them
+// all, at most 64, two per lane), so the block's warps go on without waiting for one another.
 template <typename IdxT>
 __device__ bool call_is_legal(const SlotCheck& c, const void* index, int64_t stride, int64_t n, int64_t num_slots) {
-  int64_t mine = kNoEntry;
+  int64_t first;
   if (c.mode == 1) {
-    mine = first_illegal<IdxT>(index, stride, 0, n, threadIdx.x, blockDim.x, num_slots, c.negative_ok);
+    first = block_min(first_illegal<IdxT>(index, stride, 0, n, threadIdx.x, blockDim.x, num_slots, c.negative_ok));
   } else {
-    for (int i = threadIdx.x; i < c.verdict_count; i += blockDim.x) mine = min(mine, c.verdict[i]);
+    first = kNoEntry;
+    for (int i = threadIdx.x & 31; i < c.verdict_count; i += 32) first = min(first, c.verdict[i]);
+    for (int o = 16; o > 0; o >>= 1) first = min(first, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, first, o)));
   }
-  const int64_t first = block_min(mine);
   if (first >= n) return true;
   if (blockIdx.x == 0 && threadIdx.x == 0) report_illegal<IdxT>(c, index, stride, first, num_slots);
   return false;
