@@ -48,7 +48,7 @@ def _variants(name: str, op: str, first: tuple, rotation: tuple) -> dict:
 
     nothing = lambda: None  # noqa: E731  (no knob to set)
     return {"per_call": (nothing, kernels[name].fn),
-            "checked": (nothing, checked, prepared, tuple(checked.prepare(r) for r in rotation)),
+            "checked": (nothing, checked.fn, prepared, tuple(checked.prepare(r) for r in rotation)),
             "unchecked": (nothing, kernels[f"{name}.unchecked"].fn),
             "check": (nothing, check)}
 

@@ -99,10 +99,14 @@ def test_a_checked_index_writer_is_timed_on_sets_prepared_once():
     def sets(seed):
         return (torch.zeros(8, 4), torch.tensor([seed, 2]), torch.ones(2, 3), torch.ones(2, 1))
 
-    writer = SimpleNamespace(fn=CheckedIndexWriter(lambda *a: None, "set_mla_kv_buffer", "none"))
-    args, rotation = _prepared(writer, sets(0), (sets(1), sets(3)))
+    def inner(*a):
+        return None
+
+    writer = SimpleNamespace(fn=CheckedIndexWriter(inner, "set_mla_kv_buffer", "none"))
+    fn, args, rotation = _prepared(writer, sets(0), (sets(1), sets(3)))
+    assert fn is inner  # the writer itself, as each layer of a step calls it
     assert [type(s[1]) for s in (args, *rotation)] == [CheckedIndex] * 3
     assert [s[1].index.tolist() for s in (args, *rotation)] == [[0, 2], [1, 2], [3, 2]]
     plain = SimpleNamespace(fn=lambda *a: None)
     first, rest = sets(0), (sets(1),)
-    assert _prepared(plain, first, rest) == (first, rest)
+    assert _prepared(plain, first, rest) == (plain.fn, first, rest)

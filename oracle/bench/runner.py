@@ -129,13 +129,14 @@ def _check(kernel, baseline, workload: Workload) -> str:
 
 
 def _prepared(kernel, args: tuple, rotation: tuple) -> tuple:
-    """(args, rotation) as ``kernel`` is timed: for a kernel whose function has ``prepare`` (a
-    ``<name>.checked_index`` writer: oracle.kernels.checked_index.CheckedIndexWriter), each input set
-    prepared once, outside the timed calls, as a step checks its index once for all its layers."""
+    """(function, args, rotation) as ``kernel`` is timed: for a kernel whose function has
+    ``prepare`` (a ``<name>.checked_index`` writer: oracle.kernels.checked_index.CheckedIndexWriter),
+    each input set prepared once, outside the timed calls, as a step checks its index once for all
+    its layers, and the writer it wraps called on them, as each layer calls it."""
     prepare = getattr(kernel.fn, "prepare", None)
     if prepare is None:
-        return args, rotation
-    return prepare(args), tuple(prepare(r) for r in rotation)
+        return kernel.fn, args, rotation
+    return kernel.fn.fn, prepare(args), tuple(prepare(r) for r in rotation)
 
 
 def _device_of(kernel) -> str:
@@ -217,8 +218,8 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
                     workloads = [workloads_all[i] for i in picked]
                     timers = []
                     for k, w in zip(kernels_here, workloads):
-                        args, sets = _prepared(k, w.args, rotation if l2 == "cold" else ())
-                        timers.append(make_timer(k.fn, args, _device_of(k), sample_seconds, sets,
+                        fn, args, sets = _prepared(k, w.args, rotation if l2 == "cold" else ())
+                        timers.append(make_timer(fn, args, _device_of(k), sample_seconds, sets,
                                                  graph=mode == "graph"))
                     timers += [same_size_copy_timer(workloads[0].bytes, d, sample_seconds, cold=l2 == "cold",
                                                     graph=mode == "graph") for d in devices]

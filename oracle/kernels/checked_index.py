@@ -31,7 +31,7 @@ they take an index.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,6 +54,17 @@ class CheckedIndex:
     verdict: torch.Tensor
     num_slots: int
     padding: str
+    # (key, tensors, data pointers, device index) as the Triton launch plans read a call's
+    # arguments (oracle/kernels/triton/_plans.py), computed once: the copy and the verdict are
+    # private, so none of it changes while the CheckedIndex lives
+    signature: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        parts = (self.index, self.verdict)
+        pointers = tuple(t.data_ptr() for t in parts)
+        key = (("checked", self.num_slots, self.padding),) + tuple(
+            (t.dtype, t.shape, t.stride(), t.get_device(), p & 15) for t, p in zip(parts, pointers))
+        object.__setattr__(self, "signature", (key, parts, pointers, self.index.get_device()))
 
     def __len__(self) -> int:
         return self.index.shape[0]

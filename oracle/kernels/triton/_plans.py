@@ -107,9 +107,14 @@ def _signature(args: tuple, kwargs: dict):
     on = -2  # the first tensor's device index (-1: the CPU)
     for a in args:
         if type(a) is _Checked:  # a checked index: its copy and verdict are tensors of the call
-            add(("checked", a.num_slots, a.padding))
-            parts = (a.index, a.verdict)
-        elif type(a) is _Tensor:
+            part_key, parts, part_pointers, d = a.signature
+            key.extend(part_key)
+            tensors.extend(parts)
+            pointers.extend(part_pointers)
+            if on == -2:
+                on = d
+            continue
+        if type(a) is _Tensor:
             parts = (a,)
         elif isinstance(a, _Tensor):
             return None  # a subclass (a parameter, a fake tensor): not planned
