@@ -13,9 +13,10 @@ same slot index, so it can check the index once per step instead:
 :func:`check_index` copies the index into private memory and computes, on the device, the first
 entry that is illegal under the padding policy (or ``len(index)`` when none is), without
 synchronizing: in one launch where the CUDA library of :mod:`oracle.kernels.cuda` is loaded, else
-with torch ops. The writers read the private copy and that verdict word: a call with an illegal
-entry still writes nothing and reports it to the mailbox, as a per-call check does, so the
-contract of a validating call is unchanged; only the scan is shared. Changing the caller's index
+with torch ops. The writers read the private copy and those verdict words (an index of 256 entries
+or fewer is scanned by every block or program as a plain one is: that costs a few L2 reads): a
+call with an illegal entry still writes nothing and reports it to the mailbox, as a per-call check
+does, so the contract of a validating call is unchanged; only the scan is shared. Changing the caller's index
 after the check changes nothing that is written: the writers use the copy that was checked.
 
 Legality is the reference's (:mod:`oracle.reference.slots`): an entry is legal when it lies in
@@ -24,9 +25,10 @@ Legality is the reference's (:mod:`oracle.reference.slots`): an entry is legal w
 under ``"none"``; a writer still refuses an index checked under another policy than its own, and a
 cache with another number of slots than the one checked, with a ValueError naming both.
 
-The Triton and CUDA writers of ``store_cache``, ``set_mla_kv_buffer``, ``concat_and_cache_mla``,
-``reshape_and_cache_flash`` and ``reshape_and_cache_block`` take a :class:`CheckedIndex` wherever
-they take an index.
+The Triton writers of ``store_cache``, ``set_mla_kv_buffer``, ``concat_and_cache_mla``,
+``reshape_and_cache_flash`` and ``reshape_and_cache_block``, and the CUDA writers of the first, the
+second and the fourth, take a :class:`CheckedIndex` wherever they take an index;
+:class:`CheckedIndexWriter` registers each as ``<name>.checked_index``.
 """
 
 from __future__ import annotations
