@@ -17,7 +17,9 @@ with torch ops. The writers read the private copy and those verdict words (an in
 or fewer is scanned by every block or program as a plain one is: that costs a few L2 reads): a
 call with an illegal entry still writes nothing and reports it to the mailbox, as a per-call check
 does, so the contract of a validating call is unchanged; only the scan is shared. Changing the caller's index
-after the check changes nothing that is written: the writers use the copy that was checked.
+after the check changes nothing that is written: the writers use the copy that was checked. The
+copy and the verdict are made on the current stream, like any tensor: a writer on another stream
+needs that stream to wait for it first (an event, or ``torch.cuda.Stream.wait_stream``).
 
 Legality is the reference's (:mod:`oracle.reference.slots`): an entry is legal when it lies in
 ``[0, num_slots)``, or, under ``padding="negative"``, when it is negative (a skipped slot). Under
