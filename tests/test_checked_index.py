@@ -364,3 +364,57 @@ def test_cuda_binding_refuses_a_verdict_that_is_not_int64_words_on_the_device():
             cuda_kernels.ops().set_mla_kv_buffer(buf, loc, nope, rope, verdict=verdict)
     torch.cuda.synchronize()
     assert bool(buf.eq(3.0).all())
+
+
+# ================================================================ the suite judges the checked path
+
+def _honours_the_verdict(k, v, k_cache, v_cache, loc):
+    """A store_cache that takes a CheckedIndex and does what the writers do: nothing written and an
+    error naming the entry when the verdict says an entry is illegal."""
+    first = int(loc.verdict.min())
+    if first < len(loc):
+        raise ValueError(f"loc[{first}] = {int(loc.index[first])} is out of range [0, {loc.num_slots})")
+    k_cache[loc.index] = k
+    v_cache[loc.index] = v
+
+
+def _ignores_the_verdict(k, v, k_cache, v_cache, loc):
+    """Writes the legal rows of a checked index and never looks at the verdict."""
+    keep = (loc.index >= 0) & (loc.index < k_cache.shape[0])
+    k_cache[loc.index[keep]] = k[keep]
+    v_cache[loc.index[keep]] = v[keep]
+
+
+def _writes_then_checks(k, v, k_cache, v_cache, loc):
+    """Stores the legal rows first, then reads the verdict and raises: memory changed before the error."""
+    _ignores_the_verdict(k, v, k_cache, v_cache, loc)
+    if int(loc.verdict.min()) < len(loc):
+        raise ValueError("loc holds an illegal entry")
+
+
+def _checked_kernel(fn):
+    from oracle.contract import Contract
+    from oracle.registry import Kernel
+
+    contract = Contract(op="store_cache", name=fn.__name__, backend="test", validates=True,
+                        dtypes=("float32", "bfloat16"))
+    return Kernel(contract, CheckedIndexWriter(fn, "store_cache", "none"), "test")
+
+
+@pytest.mark.parametrize("fn, verdict", [(_honours_the_verdict, "pass"), (_ignores_the_verdict, "fail"),
+                                         (_writes_then_checks, "fail")])
+def test_the_suite_runs_bad_input_through_a_checked_index_and_catches_what_ignores_it(fn, verdict):
+    """Meta-test: a ``<name>.checked_index`` registration gets its bad-input cases through
+    check_index, so a writer that ignores the verdict, or stores before it reads it, fails them; the
+    in-contract cases pass for all three."""
+    from oracle.ops.base import Case
+    from oracle.runner import run_case
+
+    kernel = _checked_kernel(fn)
+    bad = run_case(kernel, Case.make("store_cache", "bad_input", bad="out_of_range", dtype="float32",
+                                     index="int64", n=33))
+    assert bad.status == verdict, bad.message
+    if verdict == "fail":
+        assert "accepted bad input" in bad.message or "memory changed first" in bad.message
+    legal = run_case(kernel, Case.make("store_cache", "dtypes", dtype="bfloat16", index="int32", n=40))
+    assert legal.status == "pass", legal.message
