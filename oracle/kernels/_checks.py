@@ -13,6 +13,16 @@ KV_CACHE_DTYPES = {"auto": None, "fp8": "e4m3fn", "fp8_e4m3": "e4m3fn", "fp8_e5m
                    **{name: name for name in FP8_FORMATS}}  # format names and vLLM's spellings
 
 
+def require_index(name: str, index) -> None:
+    """``index`` is a 1-D int32/int64 torch tensor, else a TypeError or ValueError naming ``name``."""
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(index).__name__}")
+    if index.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} has dtype {index.dtype}; expected torch.int32 or torch.int64")
+    if index.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(index.shape)}")
+
+
 def check_rows(name: str, src: torch.Tensor, cache_name: str, cache: torch.Tensor, n: int) -> None:
     if src.dtype != cache.dtype:
         raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")

@@ -40,8 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..reference.slots import Padding
-
-INDEX_DTYPES = (torch.int32, torch.int64)
+from ._checks import INDEX_DTYPES, require_index
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,12 +85,7 @@ def check_index(index: torch.Tensor, num_slots: int, *, padding: str = "none") -
     """Copy ``index`` and check it on its device against ``num_slots`` under ``padding`` ("none",
     "negative" or "reserved:K"), without synchronizing; see the module docstring. Raises a
     TypeError or ValueError naming the argument for a bad index, ``num_slots`` or ``padding``."""
-    if not isinstance(index, torch.Tensor):
-        raise TypeError(f"index must be a torch.Tensor, got {type(index).__name__}")
-    if index.dtype not in INDEX_DTYPES:
-        raise TypeError(f"index has dtype {index.dtype}; expected torch.int32 or torch.int64")
-    if index.dim() != 1:
-        raise ValueError(f"index must be 1-D, got shape {tuple(index.shape)}")
+    require_index("index", index)
     if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 0:
         raise ValueError(f"num_slots={num_slots!r} must be an int >= 0")
     policy = Padding.parse(padding)
@@ -120,6 +114,18 @@ def _fused_check(index: torch.Tensor):
 
     lib = cuda._LIB.loaded
     return None if lib is None else lib.check_index
+
+
+def slots_of(cache, lead: int) -> int | None:
+    """The slots of ``cache``: its first dim (``lead`` 1) or its first two (``lead`` 2, blocks x
+    tokens); None where it is not a tensor of that rank (the writer then refuses it itself)."""
+    if not isinstance(cache, torch.Tensor):
+        return None
+    shape = cache.shape  # cheaper than size(0): this runs on every call of a step
+    try:
+        return shape[0] if lead == 1 else shape[0] * shape[1]
+    except IndexError:
+        return None
 
 
 def resolve(argument: str, index, num_slots: int, padding: str):
@@ -168,11 +174,10 @@ class CheckedIndexWriter:
     def prepare(self, args: tuple) -> tuple:
         """``args`` with the index replaced by its CheckedIndex."""
         position, cache_at, lead = INDEX_ARGUMENTS[self.op]
-        index, cache = args[position], args[cache_at]
+        index, num_slots = args[position], slots_of(args[cache_at], lead)
         if not (type(index) is torch.Tensor and index.dtype in INDEX_DTYPES and index.dim() == 1
-                and isinstance(cache, torch.Tensor) and cache.dim() >= lead):
+                and num_slots is not None):
             return args
-        num_slots = cache.shape[0] * (cache.shape[1] if lead == 2 else 1)
         return args[:position] + (check_index(index, num_slots, padding=self.padding),) + args[position + 1:]
 
     def __call__(self, *args, **kwargs):
@@ -181,4 +186,5 @@ class CheckedIndexWriter:
         return self.fn(*self.prepare(args), **kwargs)
 
 
-__all__ = ["CHECKED_NOTE", "CheckedIndex", "CheckedIndexWriter", "INDEX_ARGUMENTS", "check_index", "resolve"]
+__all__ = ["CHECKED_NOTE", "CheckedIndex", "CheckedIndexWriter", "INDEX_ARGUMENTS", "check_index", "resolve",
+           "slots_of"]

@@ -51,7 +51,7 @@ import torch
 import oracle
 
 from .. import _deferred, _jit
-from ..checked_index import CHECKED_NOTE, CheckedIndex, CheckedIndexWriter, resolve
+from ..checked_index import CHECKED_NOTE, CheckedIndex, CheckedIndexWriter, resolve, slots_of
 from . import _build
 
 NAMESPACE = _build.MAIN.namespace
@@ -98,10 +98,8 @@ def _index(argument: str, index, cache, lead: int, padding: str) -> tuple:
     against the slots of ``cache`` (the product of its first ``lead`` dims) under ``padding``."""
     if type(index) is not CheckedIndex:
         return index, None
-    try:
-        shape = cache.shape  # cheaper than size(0), a few tenths of a microsecond a call
-        num_slots = shape[0] if lead == 1 else shape[0] * shape[1]
-    except (AttributeError, IndexError, RuntimeError, TypeError):
+    num_slots = slots_of(cache, lead)
+    if num_slots is None:
         return index.index, None  # not a cache of that rank: the op refuses it before it reads anything
     return resolve(argument, index, num_slots, padding)
 

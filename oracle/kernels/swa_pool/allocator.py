@@ -23,7 +23,7 @@ import operator
 import numpy as np
 import torch
 
-from .._checks import INDEX_DTYPES
+from .._checks import INDEX_DTYPES, require_index
 from .translate import SENTINEL
 
 # the mutating methods, each of which must invalidate the translation cache
@@ -103,12 +103,7 @@ class PageAllocator:
 
     def _require_slots(self, name: str, slots) -> torch.Tensor:
         """A 1-D int32/int64 tensor on the pool's device, returned as int64."""
-        if not isinstance(slots, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(slots).__name__}")
-        if slots.dtype not in INDEX_DTYPES:
-            raise TypeError(f"{name} has dtype {slots.dtype}; expected torch.int32 or torch.int64")
-        if slots.dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(slots.shape)}")
+        require_index(name, slots)
         if slots.device != self.device:
             raise ValueError(f"{name} is on {slots.device}; the pool is on {self.device}")
         return slots.to(torch.int64)
