@@ -22,12 +22,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import statistics
 
-import torch
-
-from oracle.bench.timers import alternated, cold_sets
+from oracle.bench.timers import alternated, cold_sets, medians, save_alternated
 from oracle.bench.workloads import make_workload
 from oracle.registry import default_registry
 
@@ -75,16 +71,13 @@ def main() -> int:
                             "unchecked": (functools.partial(set_order, backend, True), twin.fn)}
                 times = alternated(variants, first.args, "cuda", rotation, args.rounds)
                 set_order(backend, True)
-                med = {label: statistics.median(v) for label, v in times.items()}
+                med = medians(times)
                 rows.append({"kernel": name, "variant": variant, "n": n, "median_us": med, "samples_us": times})
                 print(f"{name:34s} {variant:13s} {n:6d} {med['early']:7.2f} {med['late']:7.2f} "
                       f"{med['unchecked']:9.2f}", flush=True)
     if in_grid is not None:
         cuda.ops().tune("mla_check_in_grid", in_grid)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": args.rounds,
-                       "rows": rows}, f, indent=1)
+    save_alternated(args.json, args.rounds, rows)
     return 0
 
 

@@ -21,12 +21,8 @@ A step of L layers then costs ``check + L * checked`` against ``L * per_call``; 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 
-import torch
-
-from oracle.bench.timers import alternated, cold_sets
+from oracle.bench.timers import alternated, cold_sets, medians, save_alternated
 from oracle.bench.workloads import make_workload
 from oracle.kernels.checked_index import INDEX_ARGUMENTS, check_index
 from oracle.registry import default_registry
@@ -76,16 +72,13 @@ def main() -> int:
                 rotation = cold_sets(op, variant, n, first)
                 times = alternated(_variants(name, op, first.args, rotation), first.args, "cuda", rotation,
                                    args.rounds)
-                med = {label: statistics.median(v) for label, v in times.items()}
+                med = medians(times)
                 per_layer = med["checked"] + med["check"] / LAYERS
                 rows.append({"kernel": name, "op": op, "variant": variant, "n": n, "bytes": first.bytes,
                              "median_us": med, "per_layer_us": per_layer, "samples_us": times})
                 print(f"{name + ' [' + variant + ']':44s} {n:6d} {med['per_call']:9.2f} {med['checked']:8.2f} "
                       f"{med['unchecked']:9.2f} {med['check']:7.2f} {per_layer:20.2f}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": args.rounds,
-                       "layers": LAYERS, "rows": rows}, f, indent=1)
+    save_alternated(args.json, args.rounds, rows, layers=LAYERS)
     return 0
 
 

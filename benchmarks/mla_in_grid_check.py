@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import statistics
 
-import torch
-
-from oracle.bench.timers import alternated, cold_sets
+from oracle.bench.timers import alternated, cold_sets, medians, save_alternated
 from oracle.bench.workloads import make_workload
 from oracle.kernels import cuda
 
@@ -47,15 +43,12 @@ def main() -> int:
                                 functools.partial(cuda.set_mla_kv_buffer, validate=label != "unchecked"))
                         for label in LABELS}
             times = alternated(variants, first.args, "cuda", rotation, args.rounds)
-            med = {label: statistics.median(v) for label, v in times.items()}
+            med = medians(times)
             rows.append({"n": n, "median_us": med, "samples_us": times})
             print(f"{n:6d} {med['in_grid']:8.2f} {med['check_grid']:10.2f} {med['unchecked']:9.2f}", flush=True)
     finally:
         tune("mla_check_in_grid", default)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": args.rounds,
-                       "rows": rows}, f, indent=1)
+    save_alternated(args.json, args.rounds, rows)
     return 0
 
 

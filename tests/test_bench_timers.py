@@ -110,3 +110,12 @@ def test_a_checked_index_writer_is_timed_on_sets_prepared_once():
     plain = SimpleNamespace(fn=lambda *a: None)
     first, rest = sets(0), (sets(1),)
     assert _prepared(plain, first, rest) == (plain.fn, first, rest)
+
+
+def test_medians_and_an_empty_path_write_nothing(tmp_path, monkeypatch):
+    from oracle.bench.timers import medians, save_alternated
+
+    assert medians({"a": [3.0, 1.0, 2.0], "b": [5.0]}) == {"a": 2.0, "b": 5.0}
+    monkeypatch.chdir(tmp_path)
+    save_alternated("", 7, [{"n": 1}])  # no --json: no file, and no device queried
+    assert list(tmp_path.iterdir()) == []

@@ -3,6 +3,7 @@ inputs rotated past the L2), the sampler that interleaves them, and the copy ref
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -233,6 +234,21 @@ def alternated(variants: dict, args: tuple, device: str, rotation: tuple = (), r
             timer = make_timer(fn, first, device, rotation=sets, graph=False)
             times[label].append(statistics.median(timer.sample() for _ in range(samples)) * 1e6)
     return times
+
+
+def medians(times: dict) -> dict:
+    """Each label's median over the rounds of :func:`alternated`."""
+    return {label: statistics.median(v) for label, v in times.items()}
+
+
+def save_alternated(path: str, rounds: int, rows: list, **extra) -> None:
+    """Write an A/B script's rows (each with its :func:`alternated` samples) as JSON, with the
+    device, torch version and rounds, and any ``extra`` fields (nothing where ``path`` is empty)."""
+    if not path:
+        return
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": rounds, **extra,
+                   "rows": rows}, f, indent=1)
 
 
 class Sampler:
