@@ -16,7 +16,8 @@
 # run --timeout).
 #
 # - tests: the GPU tests (Triton launch plans, deferred slot errors, CUDA and Triton kernels, the
-#   block-scaled writers compiled against the reference and their hardware fp8 conversion) and
+#   block-scaled writers compiled against the reference and their hardware fp8 conversion, the
+#   index checked once per step, the CUDA MLA writer's in-grid check) and
 #   benchmarks/host_cost.py (where a Triton call's host time goes);
 # - conformance: the conformance matrix of every GPU backend (full profile);
 # - graphs: the CUDA-graph replay lane of the Triton and the CUDA kernels, each registered variant;
@@ -39,7 +40,8 @@ stages=("$@")
 stage_tests() {
   time timeout 420 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_triton_plans.py \
       tests/test_deferred_errors.py tests/test_cuda_kernels.py tests/test_triton_kernels.py \
-      tests/test_triton_block_kernels.py tests/test_triton_block_plans.py | tail -30
+      tests/test_triton_block_kernels.py tests/test_triton_block_plans.py tests/test_checked_index.py \
+      tests/test_cuda_in_grid_check.py | tail -30
   python3 benchmarks/host_cost.py --calls 2000 --json "$OUT/host-cost.json"
 }
 
