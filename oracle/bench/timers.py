@@ -220,18 +220,19 @@ def make_timer(fn, args, device: str, sample_seconds: float = SAMPLE_SECONDS, ro
 
 
 def alternated(variants: dict, args: tuple, device: str, rotation: tuple = (), rounds: int = 7,
-               samples: int = 3) -> dict:
+               samples: int = 3, graph: bool = False) -> dict:
     """A/B timing in one process: ``variants`` maps a label to ``(setup, fn)`` or ``(setup, fn,
     its_args, its_rotation)``; each round runs every variant in turn, calling its ``setup()`` (a knob
-    to set) and timing ``fn(*args)`` eagerly (``make_timer(..., graph=False)``, inputs rotated
-    through ``rotation``; a variant's own, where it has them), so a host's drift hits them alike.
-    Returns each label's per-round medians of ``samples`` samples, in microseconds."""
+    to set) and timing ``fn(*args)`` eagerly (``make_timer(..., graph=False)``) or replayed from a
+    CUDA graph captured after ``setup()`` (``graph``), inputs rotated through ``rotation`` (a
+    variant's own, where it has them), so a host's drift hits them alike. Returns each label's
+    per-round medians of ``samples`` samples, in microseconds."""
     times = {label: [] for label in variants}
     for _ in range(rounds):
         for label, (setup, fn, *own) in variants.items():
             setup()
             first, sets = own if own else (args, rotation)
-            timer = make_timer(fn, first, device, rotation=sets, graph=False)
+            timer = make_timer(fn, first, device, rotation=sets, graph=graph)
             times[label].append(statistics.median(timer.sample() for _ in range(samples)) * 1e6)
     return times
 
