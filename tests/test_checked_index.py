@@ -274,13 +274,30 @@ def _gpu_args(op: str, n: int, num_slots: int, gen: torch.Generator):
     return (key, key * 2, *caches, slots, "auto", one, one), caches, [key, key * 2]
 
 
+@pytest.fixture(params=[3, 0], ids=["verdict-build", "full-build"])
+def cuda_verdict_build(request):
+    """The CUDA writers reading a verdict in their verdict-only build (lean_verdict 3, the default)
+    or in their full build (0); nothing to set where the CUDA kernels are unavailable."""
+    import oracle.kernels.cuda as cuda_kernels
+    if cuda_kernels.available() is not None:
+        yield
+        return
+    tune = cuda_kernels.ops().tune
+    default = tune("lean_verdict", request.param)
+    try:
+        yield
+    finally:
+        tune("lean_verdict", default)
+
+
 @gpu
 @pytest.mark.parametrize("n", [8, 3000, 20000])
-def test_gpu_writers_reuse_one_check_for_many_writes_without_synchronizing(n):
+def test_gpu_writers_reuse_one_check_for_many_writes_without_synchronizing(n, cuda_verdict_build):
     """Every CUDA and Triton writer that takes a CheckedIndex, at a fused-check, a mid and a long
     index: one check, then several writes (a step's layers) under sync debug mode "error", each
     into its own poisoned caches, each equal to index_put_; an illegal entry makes every write of
-    the step write nothing, and the error names the entry and its value."""
+    the step write nothing, and the error names the entry and its value. The CUDA writers both in
+    the build that reads the verdict alone and in the full one."""
     num_slots = 16 * ((2 * n + 64) // 16)
     for kernel in _gpu_writers():
         op = kernel.contract.op

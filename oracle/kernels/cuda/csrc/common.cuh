@@ -284,6 +284,18 @@ __device__ __forceinline__ void prefetch_verdict(const SlotCheck& c) {
     prefetch_l2(reinterpret_cast<const unsigned char*>(c.verdict), c.verdict_count * 8, static_cast<int>(threadIdx.x));
 }
 
+// Which build of a writer kernel a launch takes: none of the slot check's code (a launch that checks
+// nothing), the verdict's read alone (an index checked beforehand: SlotCheck mode 2, not late), or
+// the full check (modes 1 and 2, with the loads it moves before the check). `family` is the
+// LaunchTuning::lean_unchecked / lean_verdict bit of the kernel.
+enum CheckCode { kCheckNone = 0, kCheckVerdict = 1, kCheckFull = 2 };
+
+inline int check_code(const SlotCheck& c, int family) {
+  if (c.mode == 0) return (launch_tuning().lean_unchecked & family) ? kCheckNone : kCheckFull;
+  if (c.mode == 2 && !c.late && (launch_tuning().lean_verdict & family)) return kCheckVerdict;
+  return kCheckFull;
+}
+
 // Whether a launch prefetches its sources into the L2 first, by a LaunchTuning *_prefetch mode.
 inline int prefetch_for(int mode, bool pdl) { return mode == 2 || (mode == 1 && pdl) ? 1 : 0; }
 
@@ -389,6 +401,16 @@ inline cudaError_t with_vec(int bytes, F&& f) {
     case 2: return f(std::integral_constant<int, 2>{});
     case 1: return f(std::integral_constant<int, 1>{});
     default: return cudaErrorInvalidValue;
+  }
+}
+
+// f(std::integral_constant<int, code>{}) for a CheckCode.
+template <typename F>
+inline cudaError_t with_check(int code, F&& f) {
+  switch (code) {
+    case kCheckNone: return f(std::integral_constant<int, kCheckNone>{});
+    case kCheckVerdict: return f(std::integral_constant<int, kCheckVerdict>{});
+    default: return f(std::integral_constant<int, kCheckFull>{});
   }
 }
 

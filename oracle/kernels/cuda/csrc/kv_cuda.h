@@ -179,13 +179,19 @@ struct LaunchTuning {
   // The validating MLA direct path (16-byte vectors) checks an index of kFusedCheckMax < n <=
   // mla_checked_rows entries inside its own grid (1, SlotCheck mode 3) or with a check grid (0).
   int mla_check_in_grid = 1;
-  // A launch that checks no slots (validate=False, or replayed from a CUDA graph, where the check is
-  // left out) takes the kernel instantiated without the check's code (bit set) or the checking
-  // kernel with its check switched off (bit clear): bit 0 the paged-row kernels (store_cache, the
-  // paged copy and fp8 writes), bit 1 the MLA direct kernel. The check's code keeps registers
-  // (80 against 56-60 a thread for the dense 16-byte paged kernels, 64 against 37-39 for MLA
-  // direct), so the lean kernels fit more blocks per SM (benchmarks/lean_unchecked.py).
+  // Which build of a writer kernel a launch takes (CheckCode, common.cuh), per family: bit 0 the
+  // paged-row kernels (store_cache, the paged copy and fp8 writes), bit 1 the MLA direct kernel.
+  // The full check's code (the scan of a short index, the loads moved before the check) keeps
+  // registers: 80 against 56-64 a thread for the dense 16-byte paged kernels, 64 against 37-39 for
+  // MLA direct, so the lean builds fit more blocks per SM (benchmarks/lean_kernels.py).
+  // lean_unchecked: a launch that checks no slots (validate=False, or replayed from a CUDA graph,
+  // where the check is left out) takes the build without any check code (bit set) or the full one
+  // with its check off (bit clear).
   int lean_unchecked = 3;
+  // lean_verdict: a launch that reads the verdict of an index checked beforehand
+  // (oracle.kernels.check_index: SlotCheck mode 2, not late) takes the build that reads the verdict
+  // and nothing more (bit set) or the full one, which loads its first row beside the verdict's read.
+  int lean_verdict = 3;
 };
 LaunchTuning& launch_tuning();
 

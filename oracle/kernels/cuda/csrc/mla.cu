@@ -124,9 +124,8 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   __syncwarp();
 }
 
-// Checked: whether the kernel holds the slot check's code (as paged_rows_kernel's Checked;
-// LaunchTuning::lean_unchecked).
-template <typename IdxT, int Vec, bool Checked>
+// Check: the build's CheckCode (common.cuh; check_code picks it per launch).
+template <typename IdxT, int Vec, int Check>
 __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a, int prefetch) {
   using V = typename VecOf<Vec>::type;
   const int lane = threadIdx.x & 31;
@@ -135,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   const int64_t nope_chunks = a.nope_bytes / Vec;
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
   if (prefetch && first < a.n) prefetch_row<IdxT>(a, first, lane);
-  if constexpr (Checked) prefetch_verdict(a.check);
+  if constexpr (Check != kCheckNone) prefetch_verdict(a.check);
   // Chunks [base, base + 32 * kUnroll) of a row, one per lane and unrolled step.
   auto load_chunks = [&](int64_t row, int64_t base, V (&r)[kUnroll]) {
     const unsigned char* nope = a.nope + row * a.nope_row;
@@ -153,8 +152,9 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   // grid launch while the kernels before it still run (check.cu) and an index checked beforehand
   // leaves the launch as it is; unless the check grid let it launch only once they had completed
   // (SlotCheck::late): then before the wait.
-  const bool before = Checked && a.check.mode == 2 && a.check.late;
-  const bool early = Checked && (a.check.mode == 1 || a.check.mode == 2) && first < a.n && chunks <= 32 * kUnroll;
+  constexpr bool kFull = Check == kCheckFull;
+  const bool before = kFull && a.check.mode == 2 && a.check.late;
+  const bool early = kFull && (a.check.mode == 1 || a.check.mode == 2) && first < a.n && chunks <= 32 * kUnroll;
   int64_t early_slot = -1;
   V early_r[kUnroll];
   auto load_early = [&] {
@@ -164,7 +164,8 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   if (early && before) load_early();
   pdl_prologue(a.pdl);
   if (early && !before) load_early();
-  if (Checked && a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots))
+  if (Check != kCheckNone && a.check.mode != 0 &&
+      !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots))
     return;
   for (int64_t row = first; row < a.n; row += step) {
     const bool preloaded = early && row == first;  // then the row is one round of chunks, base 0
@@ -213,12 +214,13 @@ cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t
 
 template <typename IdxT, int Vec>
 cudaError_t launch_direct_typed(const MlaArgs& a, cudaStream_t stream) {
-  const bool checked = a.check.mode != 0 || !(launch_tuning().lean_unchecked & 2);
-  auto kernel = checked ? mla_direct_kernel<IdxT, Vec, true> : mla_direct_kernel<IdxT, Vec, false>;
-  const int threads = 32 * launch_tuning().mla_warps;
-  const unsigned grid = grid_for(kernel, a.n, 0, threads, launch_tuning().mla_grid);
-  return launch_kernel(kernel, grid, threads, 0, stream, a.pdl != 0, a,
-                       prefetch_for(launch_tuning().mla_prefetch, a.pdl != 0));
+  return with_check(check_code(a.check, 2), [&](auto check) {
+    auto kernel = mla_direct_kernel<IdxT, Vec, decltype(check)::value>;
+    const int threads = 32 * launch_tuning().mla_warps;
+    const unsigned grid = grid_for(kernel, a.n, 0, threads, launch_tuning().mla_grid);
+    return launch_kernel(kernel, grid, threads, 0, stream, a.pdl != 0, a,
+                         prefetch_for(launch_tuning().mla_prefetch, a.pdl != 0));
+  });
 }
 
 }  // namespace

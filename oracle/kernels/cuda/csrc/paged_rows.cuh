@@ -43,10 +43,8 @@ __device__ __forceinline__ void prefetch_item(const PagedArgs& a, int64_t item, 
   if (lane == 0 && s == 0) prefetch_slot<IdxT>(a.index, row, a.index_stride);
 }
 
-// Checked: whether the kernel holds the slot check's code (SlotCheck modes 1 and 2, and the loads
-// they move before the check). A launch that checks nothing takes the instantiation without it
-// (LaunchTuning::lean_unchecked).
-template <typename IdxT, typename Chunk, bool Dense, bool Checked>
+// Check: the build's CheckCode (common.cuh; check_code picks it per launch).
+template <typename IdxT, typename Chunk, bool Dense, int Check>
 __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_constant__ PagedArgs a, int prefetch) {
   using In = typename VecOf<Chunk::kIn>::type;
   const int lane = threadIdx.x & 31;
@@ -85,12 +83,16 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
       }
     }
   };
-  if constexpr (Checked) {
+  if constexpr (Check == kCheckFull) {
     prefetch_verdict(a.check);
     if (a.check.mode == 2 && a.check.late) load_early();
     pdl_prologue(a.pdl);
     if (a.check.mode == 1 || (a.check.mode == 2 && !a.check.late)) load_early();
     if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
+  } else if constexpr (Check == kCheckVerdict) {
+    prefetch_verdict(a.check);
+    pdl_prologue(a.pdl);
+    if (!call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
   } else {
     pdl_prologue(a.pdl);
   }
@@ -159,13 +161,12 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
 // (LaunchTuning::copy_prefetch or fp8_prefetch).
 template <typename IdxT, typename Chunk>
 cudaError_t launch_paged_rows(const PagedArgs& a, int per_sm, int prefetch, cudaStream_t stream) {
-  const bool checked = a.check.mode != 0 || !(launch_tuning().lean_unchecked & 1);
-  auto kernel = checked ? (a.dense ? paged_rows_kernel<IdxT, Chunk, true, true>
-                                   : paged_rows_kernel<IdxT, Chunk, false, true>)
-                          : (a.dense ? paged_rows_kernel<IdxT, Chunk, true, false>
-                                     : paged_rows_kernel<IdxT, Chunk, false, false>);
-  const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, per_sm);
-  return launch_kernel(kernel, grid, kThreads, 0, stream, a.pdl != 0, a, prefetch_for(prefetch, a.pdl != 0));
+  return with_check(check_code(a.check, 1), [&](auto check) {
+    constexpr int Check = decltype(check)::value;
+    auto kernel = a.dense ? paged_rows_kernel<IdxT, Chunk, true, Check> : paged_rows_kernel<IdxT, Chunk, false, Check>;
+    const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, per_sm);
+    return launch_kernel(kernel, grid, kThreads, 0, stream, a.pdl != 0, a, prefetch_for(prefetch, a.pdl != 0));
+  });
 }
 
 }  // namespace kvo_cuda
