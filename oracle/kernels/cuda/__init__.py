@@ -56,6 +56,7 @@ from . import _build
 
 NAMESPACE = _build.MAIN.namespace
 FP8_FORMATS = ("e4m3fn", "e5m2")
+SCANNED_INDEX_MAX = 256  # the library's kFusedCheckMax: every block of a writer scans an index this short
 
 def _load() -> str | None:
     """Build or load the library, then give it every visible device's error mailbox (so a direct
@@ -95,13 +96,16 @@ def _begin(cache: torch.Tensor, validate) -> tuple:
 def _index(argument: str, index, cache, lead: int, padding: str) -> tuple:
     """(the index tensor the op reads, the verdict it reads or None): a CheckedIndex
     (oracle.kernels.check_index) as its copy and verdict, once it is known to have been checked
-    against the slots of ``cache`` (the product of its first ``lead`` dims) under ``padding``."""
+    against the slots of ``cache`` (the product of its first ``lead`` dims) under ``padding``; the
+    copy alone where it is short enough for every block to scan it (SCANNED_INDEX_MAX), which the
+    op does then in place of reading a verdict (the verdict left out saves its argument checks)."""
     if type(index) is not CheckedIndex:
         return index, None
     num_slots = slots_of(cache, lead)
     if num_slots is None:
         return index.index, None  # not a cache of that rank: the op refuses it before it reads anything
-    return resolve(argument, index, num_slots, padding)
+    copy, verdict = resolve(argument, index, num_slots, padding)
+    return copy, (verdict if copy.shape[0] > SCANNED_INDEX_MAX else None)
 
 
 def _finish(cache: torch.Tensor, validate) -> None:
