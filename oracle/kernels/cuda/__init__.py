@@ -15,9 +15,9 @@ torch custom ops ``torch.ops.kv_oracle_cuda.*`` and, through :func:`register`, a
   launch); the MLA direct path checks one of up to ``ops().mla_checked_rows(row_bytes)`` entries
   in its own grid, which loads its rows, scans the index and meets at a grid barrier before its
   first store (one launch); a longer one is checked by a small check grid first, which lets the
-  writer launch only once the kernels before it have completed, so the writer loads its first row
-  before its PDL wait and only its stores wait for the verdict (the ``check_early`` tuning knob
-  lets the writer launch at once instead).
+  writer launch at once, so the writer asks the L2 for its sources while the kernels before the
+  check still run and reads the verdict after its PDL wait (the ``check_early`` tuning knob 0 lets
+  it launch only once those kernels have completed, loading its first row before its wait).
 - ``store_cache``: sglang's flat K/V scatter, one warp per row, 16-byte vector copies where every
   pointer and stride allows (else the widest width that does).
 - ``reshape_and_cache_flash``: vLLM's paged K/V write on any cache view (NHD, HND, padded blocks):
@@ -158,8 +158,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
 # ---- registration -------------------------------------------------------------------------------
 
 CHECKS = ("devices, dtypes, shapes and strides checked on the host before anything is launched; slots checked "
-          "on the device (a long index by a check grid whose verdict the writer reads after its PDL wait, having "
-          "loaded its first row meanwhile, or for set_mla_kv_buffer's direct path up to one pass by the writer's "
+          "on the device (a long index by a check grid whose verdict the writer reads after its PDL wait, or for "
+          "set_mla_kv_buffer's direct path up to one pass by the writer's "
           "own grid at a grid barrier), never read on the host (not while a CUDA graph is captured: the replay then drops any "
           "slot outside the cache, as the unchecked path does): a call with an illegal slot writes "
           "nothing and its error is raised by the next validating call or oracle.kernels.raise_deferred_errors() "

@@ -2,14 +2,14 @@
 // illegal entry of its chunk and leaves it in verdict[b]; the writer that follows, launched with
 // programmatic dependent launch, reads the few verdict words after griddepcontrol.wait. Launched
 // with PDL itself, the check asks the L2 for its share of the index before it waits for the kernel
-// before it. It lets the writer launch either after that wait (`early` = 0, the default), once the
-// kernels before the check have completed, so the writer may load its first row before its own
-// wait (SlotCheck::late), or at once (`early` = 1), so the writer is scheduled and asks the L2 for
-// its sources while the kernels before the check still run, as an unchecked writer does after the
-// writer before it, and loads nothing before its wait (LaunchTuning::check_early). These writers
-// are no faster (MLA) or slower (fp8) with the early order (benchmarks/check_order.py): it gains
-// where 12-16 writer blocks fit on an SM, and the MLA writer's registers fit 8, which makes its
-// unchecked write faster (benchmarks/ingrid_check_probe.cu; docs/benchmarks.md).
+// before it. It lets the writer launch either at once (`early` = 1, the default), so the writer is
+// scheduled and asks the L2 for its sources while the kernels before the check still run, as an
+// unchecked writer does after the writer before it, and loads nothing before its wait; or after
+// that wait (`early` = 0), once the kernels before the check have completed, so the writer may load
+// its first row before its own wait (SlotCheck::late) (LaunchTuning::check_early). The early order
+// gains where many writer blocks fit on an SM: the verdict-only builds the writers take after an
+// early check (CheckCode, common.cuh) keep 40-64 registers a thread against the full build's 64-80,
+// and are 2.0-2.3 us faster eagerly (benchmarks/check_order.py; docs/benchmarks.md).
 #include "common.cuh"
 
 namespace kvo_cuda {

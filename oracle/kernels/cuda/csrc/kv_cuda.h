@@ -172,10 +172,12 @@ struct LaunchTuning {
   int copy_prefetch = 2;
   int fp8_prefetch = 1;
   // When a check grid (SlotCheck mode 2) lets its writer launch: 0 after the check's own PDL wait,
-  // once the kernels before the check have completed (the writer then loads its first row before
-  // its wait); 1 at once (the writer then prefetches into the L2 before its wait and loads after
-  // it). Eagerly, 0 is as fast for MLA and 0.4-1.1 us faster for fp8 (benchmarks/check_order.py).
-  int check_early = 0;
+  // once the kernels before the check have completed (the writer, in its full build, then loads its
+  // first row before its wait); 1 at once (the writer, in its verdict-only build under
+  // lean_verdict, then prefetches into the L2 before its wait and loads after it). Eagerly on the
+  // H100, 1 is 2.0-2.3 us faster for fp8 and MLA at N = 4096 and as fast for MLA at 16384
+  // (benchmarks/check_order.py).
+  int check_early = 1;
   // The validating MLA direct path (16-byte vectors) checks an index of kFusedCheckMax < n <=
   // mla_checked_rows entries inside its own grid (1, SlotCheck mode 3) or with a check grid (0).
   int mla_check_in_grid = 1;
