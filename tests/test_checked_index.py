@@ -368,6 +368,73 @@ def test_cuda_check_is_one_launch_with_a_word_per_chunk():
         assert int(negative.verdict.min()) == n
 
 
+def test_triton_copy_and_check_matches_a_plain_loop_per_chunk():
+    """The Triton kernel of check_index (on GPUs without the CUDA library), on the interpreter:
+    a contiguous copy of the caller's entries as they are (int32 or int64, strided or not), and a
+    verdict word per chunk of 1024 entries or more (64 at most), each the first illegal entry of
+    its chunk by a plain loop, at chunk edges and past 64 chunks."""
+    cases = [(0, None), (1, 0), (5, 3), (1023, 1022), (1025, 1024), (3000, 2047), (3000, None),
+             (70000, 69999), (70000, 1093)]
+    out = run_interpreted("""
+    from oracle.kernels.triton import _validate
+    rows = []
+    for n, bad_at, dtype, step, negative in CASES:
+        g = torch.Generator().manual_seed(n)
+        values = torch.randperm(4 * n + 1, generator=g)[:n] - (n // 3 if negative else 0)
+        spread = torch.full((max(1, n * step),), 12345, dtype=getattr(torch, dtype))
+        index = spread[::step][:n]
+        index.copy_(values)
+        if bad_at is not None:
+            index[bad_at] = 4 * n + 7
+        copy, verdict = _validate.copy_and_check(index, 4 * n + 1, negative)
+        rows.append({"copy_ok": copy.is_contiguous() and copy.dtype == index.dtype and torch.equal(copy, index),
+                     "private": n == 0 or copy.data_ptr() != index.data_ptr(),
+                     "words": verdict.tolist(), "values": index.tolist()})
+    emit(rows)
+    """.replace("CASES", repr([(n, bad, dtype, step, negative) for n, bad in cases
+                                for dtype, step, negative in (("int32", 2, True), ("int64", 1, False))])))
+    specs = [(n, bad, dtype, step, negative) for n, bad in cases
+             for dtype, step, negative in (("int32", 2, True), ("int64", 1, False))]
+    for (n, _, _, _, negative), row in zip(specs, out):
+        assert row["copy_ok"] and row["private"], n
+        chunks = min(64, max(1, -(-n // 1024)))
+        chunk = -(-n // chunks) if n else 0
+        want = []
+        for p in range(chunks):
+            part = row["values"][p * chunk:(p + 1) * chunk]
+            first = first_illegal_by_loop(part, 4 * n + 1, negative)
+            want.append(p * chunk + first if first < len(part) else n)  # n: none in this chunk
+        assert row["words"] == want, (n, negative)
+        assert min(row["words"]) == first_illegal_by_loop(row["values"], 4 * n + 1, negative)
+
+
+@gpu
+def test_triton_copy_and_check_compiled_matches_the_cuda_check():
+    """The Triton kernel of check_index compiled for the GPU: the same copy and verdict words as
+    the CUDA library's one-launch check (or, without that library, as a plain loop's minimum)."""
+    import oracle.kernels.cuda as cuda_kernels
+    from oracle.kernels.triton import _validate
+    for n, bad_at in ((5, 3), (3000, 2999), (200000, 70001), (200000, None)):
+        values = torch.randperm(4 * n)[:n].cuda()
+        strided = torch.empty(2 * n, dtype=torch.int32, device="cuda")[::2]
+        strided.copy_(values)
+        if bad_at is not None:
+            strided[bad_at] = -1
+        for negative in (False, True):
+            copy, verdict = _validate.copy_and_check(strided, 4 * n, negative)
+            assert torch.equal(copy, strided) and copy.is_contiguous() and copy.dtype == torch.int32
+            assert int(verdict.min()) == (n if bad_at is None or negative else bad_at)
+            if cuda_kernels.available() is None:
+                want_copy, want_verdict = cuda_kernels.ops().check_index(strided, 4 * n, negative)
+                assert torch.equal(verdict, want_verdict) and torch.equal(copy, want_copy)
+
+
+def test_check_index_launches_nothing_of_its_own_for_a_cpu_index():
+    """On the CPU the check is torch ops: no library is loaded or compiled for it."""
+    from oracle.kernels.checked_index import _fused_check
+    assert _fused_check(torch.arange(4)) is None
+
+
 @gpu
 def test_cuda_binding_refuses_a_verdict_that_is_not_int64_words_on_the_device():
     import oracle.kernels.cuda as cuda_kernels

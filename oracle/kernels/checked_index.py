@@ -12,8 +12,9 @@ same slot index, so it can check the index once per step instead:
 
 :func:`check_index` copies the index into private memory and computes, on the device, the first
 entry that is illegal under the padding policy (or ``len(index)`` when none is), without
-synchronizing: in one launch where the CUDA library of :mod:`oracle.kernels.cuda` is loaded, else
-with torch ops. The writers read the private copy and those verdict words (an index of 256 entries
+synchronizing: in one launch where the CUDA library of :mod:`oracle.kernels.cuda` is loaded, or
+else where the Triton writers have compiled for a GPU in this process (the ``copy_and_check``
+kernel), else with torch ops. The writers read the private copy and those verdict words (an index of 256 entries
 or fewer is scanned by every block or program as a plain one is: that costs a few L2 reads): a
 call with an illegal entry still writes nothing and reports it to the mailbox, as a per-call check
 does, so the contract of a validating call is unchanged; only the scan is shared. Changing the caller's index
@@ -50,7 +51,7 @@ class CheckedIndex:
     ``index``: the private copy the writers read (1-D, contiguous, the caller's dtype);
     ``verdict``: int64[k] on the same device (1 <= k <= 64), each word the first illegal entry of
     one chunk of the index or ``len(index)``, so its minimum is the first illegal entry or
-    ``len(index)`` (one word from torch ops, one per chunk from the CUDA library's check);
+    ``len(index)`` (one word from torch ops, one per chunk from the CUDA or the Triton kernel);
     ``num_slots`` and ``padding``: what it was checked against."""
 
     index: torch.Tensor
@@ -105,15 +106,26 @@ def check_index(index: torch.Tensor, num_slots: int, *, padding: str = "none") -
 
 
 def _fused_check(index: torch.Tensor):
-    """The CUDA library's one-launch copy and check (``torch.ops.kv_oracle_cuda.check_index``) for a
-    CUDA index where that library is loaded already (its writers are in use), else None: torch ops
-    then do it in about seven launches, tens of microseconds of host time once per step."""
+    """A one-launch copy and check for a CUDA index, ``(index, num_slots, negative_ok) -> (copy,
+    verdict)``: the CUDA library's (``torch.ops.kv_oracle_cuda.check_index``) where that library is
+    loaded already (its writers are in use), else the Triton kernel's where the Triton writers have
+    compiled for a GPU in this process (oracle.kernels.triton._validate.copy_and_check), else None:
+    torch ops then do it in about seven launches, tens of microseconds of host time once per step.
+    Neither library is loaded or compiled for the check alone."""
     if not index.is_cuda:
         return None
     from . import cuda
 
     lib = cuda._LIB.loaded
-    return None if lib is None else lib.check_index
+    if lib is not None:
+        return lib.check_index
+    from .triton import _runtime
+
+    if _runtime._kernels is None or _runtime.interpreting():
+        return None
+    from .triton import _validate
+
+    return _validate.copy_and_check
 
 
 def slots_of(cache, lead: int) -> int | None:

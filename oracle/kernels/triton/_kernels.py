@@ -59,16 +59,20 @@ def _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
 
 @triton.jit
 def _first_illegal(idx_ptr, idx_stride, start, end, sentinel, num_slots,
-                   NEGATIVE_OK: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+                   NEGATIVE_OK: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr,
+                   copy_ptr, COPY: tl.constexpr):
     """The first entry in ``[start, end)`` of the index whose slot is illegal (``>= num_slots``,
     or ``< 0`` unless ``NEGATIVE_OK``), as int64; ``sentinel`` if none is. ``STEPS * BLOCK``
     must reach ``end - start`` (a loop with a constant trip count: the CPU interpreter cannot
-    loop to a run-time bound)."""
+    loop to a run-time bound). ``COPY``: also store each entry, as loaded, at ``copy_ptr[r]``."""
     first = sentinel + tl.zeros([], tl.int64)
     for step in range(STEPS):
         r = start + step * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
         inside = r < end
-        slot = tl.load(idx_ptr + r * idx_stride, mask=inside, other=0).to(tl.int64)
+        loaded = tl.load(idx_ptr + r * idx_stride, mask=inside, other=0)
+        if COPY:
+            tl.store(copy_ptr + r, loaded, mask=inside)
+        slot = loaded.to(tl.int64)
         legal = slot < num_slots
         if not NEGATIVE_OK:
             legal = legal & (slot >= 0)
@@ -84,7 +88,7 @@ def _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count
     """Whether every slot of the call is legal (see the module docstring for ``CHECK``; under
     ``CHECK == 1``, ``CHECK_BLOCK >= n``); where one is not, ``is_first_program`` records the first illegal entry in the mailbox."""
     if CHECK == 1:
-        first = _first_illegal(idx_ptr, idx_stride, 0, n, n, num_slots, NEGATIVE_OK, CHECK_BLOCK, 1)
+        first = _first_illegal(idx_ptr, idx_stride, 0, n, n, num_slots, NEGATIVE_OK, CHECK_BLOCK, 1, idx_ptr, False)
     else:
         part = tl.arange(0, CHECK_BLOCK)
         first = tl.min(tl.load(verdict_ptr + part, mask=part < verdict_count, other=n).to(tl.int64), axis=0)
@@ -125,7 +129,18 @@ def check_slots(idx_ptr, idx_stride, n, num_slots, chunk, verdict_ptr,
     start = tl.program_id(0).to(tl.int64) * chunk
     end = tl.minimum(start + chunk, n)
     tl.store(verdict_ptr + tl.program_id(0), _first_illegal(idx_ptr, idx_stride, start, end, n, num_slots,
-                                                            NEGATIVE_OK, BLOCK, STEPS))
+                                                            NEGATIVE_OK, BLOCK, STEPS, idx_ptr, False))
+
+
+@triton.jit
+def copy_and_check(idx_ptr, idx_stride, n, num_slots, chunk, copy_ptr, verdict_ptr,
+                   NEGATIVE_OK: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+    """oracle.kernels.check_index in one plain launch: ``copy[i] = index[i]`` (contiguous) and
+    ``verdict[p]`` as :func:`check_slots` leaves it, for entries ``[p * chunk, (p + 1) * chunk)``."""
+    start = tl.program_id(0).to(tl.int64) * chunk
+    end = tl.minimum(start + chunk, n)
+    tl.store(verdict_ptr + tl.program_id(0), _first_illegal(idx_ptr, idx_stride, start, end, n, num_slots,
+                                                            NEGATIVE_OK, BLOCK, STEPS, copy_ptr, True))
 
 
 @triton.jit

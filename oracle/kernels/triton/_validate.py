@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _deferred
-from . import _plans
+from . import _plans, _runtime
 
 FUSED_CHECK_MAX = 256  # entries every program scans itself; above, a separate check grid
 CHUNK = 1024  # entries per check program at least: one step of CHECK_SCAN loads
@@ -144,6 +144,24 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
            PDL=bool(pdl and overlap), TRIGGER=(2 if CHECK_EARLY else 1) if overlap else 0)
     meta["CHECK_BLOCK"] = max(16, _pow2(chunks))
     return Check((verdict, chunks, box, code, pad_code), meta, pdl=overlap, sync=sync, device_index=device_index)
+
+
+def copy_and_check(index: torch.Tensor, num_slots: int, negative_ok: bool) -> tuple:
+    """(a contiguous copy of ``index``, its verdict words) in one launch of ``copy_and_check`` on
+    the current stream, a word per chunk of CHUNK entries or more (MAX_CHUNKS at most), as the
+    check grid leaves them: oracle.kernels.check_index on a GPU where the Triton kernels are in use
+    and the CUDA library is not loaded. The caller has checked ``index`` (1-D, int32 or int64)."""
+    n = index.shape[0]
+    copy = torch.empty(n, dtype=index.dtype, device=index.device)
+    if n == 0:
+        return copy, torch.zeros(1, dtype=torch.int64, device=index.device)
+    chunks = min(MAX_CHUNKS, _cdiv(n, CHUNK))
+    chunk = _cdiv(n, chunks)
+    verdict = torch.empty(chunks, dtype=torch.int64, device=index.device)
+    _runtime.launch(_runtime.kernels().copy_and_check, (chunks,), index.device, index, index.stride(0), n,
+                    num_slots, chunk, copy, verdict, NEGATIVE_OK=1 if negative_ok else 0, BLOCK=CHECK_SCAN,
+                    STEPS=_pow2(_cdiv(chunk, CHECK_SCAN)))
+    return copy, verdict
 
 
 def finish(check: Check) -> None:
