@@ -289,6 +289,7 @@ __device__ __forceinline__ void prefetch_verdict(const SlotCheck& c) {
 // the full check (modes 1 and 2, with the loads it moves before the check). `family` is the
 // LaunchTuning::lean_unchecked / lean_verdict bit of the kernel.
 enum CheckCode { kCheckNone = 0, kCheckVerdict = 1, kCheckFull = 2 };
+enum KernelFamily { kPagedRowsFamily = 1, kMlaDirectFamily = 2 };  // the knobs' bits
 
 inline int check_code(const SlotCheck& c, int family) {
   if (c.mode == 0) return (launch_tuning().lean_unchecked & family) ? kCheckNone : kCheckFull;

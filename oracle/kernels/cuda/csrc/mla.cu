@@ -145,13 +145,14 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
       if (c < chunks) r[u] = load_ro<Vec>(part_chunk(nope, rope, c, nope_chunks, Vec));
     }
   };
-  // A call that scans a short index itself (SlotCheck mode 1) loads its first row right after the
-  // PDL wait, beside the scan's loads, so the row's memory round trip overlaps the scan; only the
-  // stores wait for the verdict. A call that reads a verdict (mode 2) loads it right after the wait
-  // too, beside the verdict's read, and nothing before the wait, as a check grid may have let this
-  // grid launch while the kernels before it still run (check.cu) and an index checked beforehand
-  // leaves the launch as it is; unless the check grid let it launch only once they had completed
-  // (SlotCheck::late): then before the wait.
+  // In the full build (CheckCode), a call that scans a short index itself (SlotCheck mode 1) loads
+  // its first row right after the PDL wait, beside the scan's loads, so the row's memory round trip
+  // overlaps the scan; only the stores wait for the verdict. A call that reads a verdict (mode 2)
+  // loads it right after the wait too, beside the verdict's read, and nothing before the wait, as a
+  // check grid may have let this grid launch while the kernels before it still run (check.cu) and an
+  // index checked beforehand leaves the launch as it is; unless the check grid let it launch only
+  // once they had completed (SlotCheck::late): then before the wait. The verdict-only build loads
+  // nothing early: it keeps fewer registers, so more of its blocks fit on an SM.
   constexpr bool kFull = Check == kCheckFull;
   const bool before = kFull && a.check.mode == 2 && a.check.late;
   const bool early = kFull && (a.check.mode == 1 || a.check.mode == 2) && first < a.n && chunks <= 32 * kUnroll;
@@ -214,7 +215,7 @@ cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t
 
 template <typename IdxT, int Vec>
 cudaError_t launch_direct_typed(const MlaArgs& a, cudaStream_t stream) {
-  return with_check(check_code(a.check, 2), [&](auto check) {
+  return with_check(check_code(a.check, kMlaDirectFamily), [&](auto check) {
     auto kernel = mla_direct_kernel<IdxT, Vec, decltype(check)::value>;
     const int threads = 32 * launch_tuning().mla_warps;
     const unsigned grid = grid_for(kernel, a.n, 0, threads, launch_tuning().mla_grid);

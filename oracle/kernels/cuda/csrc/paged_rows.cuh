@@ -58,13 +58,15 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
     for (int u = 0; u < kRowUnroll; ++u)
       if (base + u * 32 < chunks) r[u] = load_ro<Chunk::kIn>(src + (base + u * 32) * Chunk::kIn);
   };
-  // A call that scans a short index itself (SlotCheck mode 1) loads a dense row that fits one round
-  // of loads right after the PDL wait, beside the scan's loads, so the row's memory round trip
-  // overlaps the scan; only the stores wait for the verdict. A call that reads a verdict (mode 2)
-  // loads it right after the wait too, beside the verdict's read, and nothing before the wait, as
-  // a check grid may have let this grid launch while the kernels before it still run (check.cu)
-  // and an index checked beforehand leaves the launch as it is; unless the check grid let it launch
-  // only once they had completed (SlotCheck::late): then before the wait.
+  // In the full build (CheckCode), a call that scans a short index itself (SlotCheck mode 1) loads
+  // a dense row that fits one round of loads right after the PDL wait, beside the scan's loads, so
+  // the row's memory round trip overlaps the scan; only the stores wait for the verdict. A call
+  // that reads a verdict (mode 2) loads it right after the wait too, beside the verdict's read, and
+  // nothing before the wait, as a check grid may have let this grid launch while the kernels before
+  // it still run (check.cu) and an index checked beforehand leaves the launch as it is; unless the
+  // check grid let it launch only once they had completed (SlotCheck::late): then before the wait.
+  // The verdict-only build loads nothing early: it keeps fewer registers, so more of its blocks fit
+  // on an SM.
   bool early = false;
   int64_t early_slot = -1;
   In early_r[kRowUnroll];
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
 // (LaunchTuning::copy_prefetch or fp8_prefetch).
 template <typename IdxT, typename Chunk>
 cudaError_t launch_paged_rows(const PagedArgs& a, int per_sm, int prefetch, cudaStream_t stream) {
-  return with_check(check_code(a.check, 1), [&](auto check) {
+  return with_check(check_code(a.check, kPagedRowsFamily), [&](auto check) {
     constexpr int Check = decltype(check)::value;
     auto kernel = a.dense ? paged_rows_kernel<IdxT, Chunk, true, Check> : paged_rows_kernel<IdxT, Chunk, false, Check>;
     const unsigned grid = grid_for(kernel, a.n * a.sides, 0, kThreads, per_sm);
