@@ -1,9 +1,10 @@
 """An index checked once for many writes (oracle.kernels.check_index, CheckedIndex).
 
-The verdict is tested against a plain loop over the entries (hypothesis draws the indices); the
-writers that take a CheckedIndex run on Triton's CPU interpreter (in a subprocess) and, on a GPU,
-the Triton and CUDA writers under sync debug mode "error". Every write is compared, whole cache,
-with an index_put_ of the same rows into the same poisoned cache.
+The verdict is tested against a plain loop over the entries (hypothesis draws the indices), the
+Triton kernel of the check chunk by chunk; the writers that take a CheckedIndex run on Triton's
+CPU interpreter (in a subprocess), each write compared, whole cache, with an index_put_ of the same
+rows into the same poisoned cache; the meta-tests give the suite writers that honour or ignore the
+verdict. On a GPU: tests/test_checked_index_gpu.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from oracle.kernels.checked_index import INDEX_ARGUMENTS, CheckedIndex, CheckedI
 
 from test_triton_kernels import run as run_interpreted
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 has_triton = importlib.util.find_spec("triton") is not None
 
 
@@ -134,6 +134,52 @@ def test_prepare_refuses_an_op_without_an_index():
         CheckedIndexWriter(print, "quantize_fp8", "none")
 
 
+def test_check_index_launches_nothing_of_its_own_for_a_cpu_index():
+    """On the CPU the check is torch ops: no library is loaded or compiled for it."""
+    from oracle.kernels.checked_index import _fused_check
+    assert _fused_check(torch.arange(4)) is None
+
+
+def test_triton_copy_and_check_matches_a_plain_loop_per_chunk():
+    """The Triton kernel of check_index (on GPUs without the CUDA library), on the interpreter:
+    a contiguous copy of the caller's entries as they are (int32 or int64, strided or not), and a
+    verdict word per chunk of 1024 entries or more (64 at most), each the first illegal entry of
+    its chunk by a plain loop, at chunk edges and past 64 chunks."""
+    cases = [(0, None), (1, 0), (5, 3), (1023, 1022), (1025, 1024), (3000, 2047), (3000, None),
+             (70000, 69999), (70000, 1093)]
+    out = run_interpreted("""
+    from oracle.kernels.triton import _validate
+    rows = []
+    for n, bad_at, dtype, step, negative in CASES:
+        g = torch.Generator().manual_seed(n)
+        values = torch.randperm(4 * n + 1, generator=g)[:n] - (n // 3 if negative else 0)
+        spread = torch.full((max(1, n * step),), 12345, dtype=getattr(torch, dtype))
+        index = spread[::step][:n]
+        index.copy_(values)
+        if bad_at is not None:
+            index[bad_at] = 4 * n + 7
+        copy, verdict = _validate.copy_and_check(index, 4 * n + 1, negative)
+        rows.append({"copy_ok": copy.is_contiguous() and copy.dtype == index.dtype and torch.equal(copy, index),
+                     "private": n == 0 or copy.data_ptr() != index.data_ptr(),
+                     "words": verdict.tolist(), "values": index.tolist()})
+    emit(rows)
+    """.replace("CASES", repr([(n, bad, dtype, step, negative) for n, bad in cases
+                                for dtype, step, negative in (("int32", 2, True), ("int64", 1, False))])))
+    specs = [(n, bad, dtype, step, negative) for n, bad in cases
+             for dtype, step, negative in (("int32", 2, True), ("int64", 1, False))]
+    for (n, _, _, _, negative), row in zip(specs, out):
+        assert row["copy_ok"] and row["private"], n
+        chunks = min(64, max(1, -(-n // 1024)))
+        chunk = -(-n // chunks) if n else 0
+        want = []
+        for p in range(chunks):
+            part = row["values"][p * chunk:(p + 1) * chunk]
+            first = first_illegal_by_loop(part, 4 * n + 1, negative)
+            want.append(p * chunk + first if first < len(part) else n)  # n: none in this chunk
+        assert row["words"] == want, (n, negative)
+        assert min(row["words"]) == first_illegal_by_loop(row["values"], 4 * n + 1, negative)
+
+
 # ================================================================ the Triton writers, interpreted
 
 @pytest.mark.skipif(not has_triton, reason="triton is not importable")
@@ -240,214 +286,6 @@ def test_triton_writers_take_a_checked_index():
     assert out["refused"][1] == ["loc was checked under padding='negative', but this writer's padding is 'none'",
                                  True]
     assert out["replays"] == [True, True, True] and out["replayed"] >= 2
-
-
-# ================================================================ on a GPU
-
-def _gpu_writers(kinds=("store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash")):
-    from oracle.registry import Registry
-    import oracle.kernels.cuda as cuda_kernels
-    import oracle.kernels.triton as triton_kernels
-    registry = Registry()
-    for plugin in (cuda_kernels.register, triton_kernels.register):
-        registry.load_plugin(plugin.__module__, plugin)
-    return [k for _, k in sorted(registry.kernels.items())
-            if k.contract.op in kinds and k.contract.validates and k.unavailable() is None
-            and isinstance(k.fn, CheckedIndexWriter)]
-
-
-def _gpu_args(op: str, n: int, num_slots: int, gen: torch.Generator):
-    dev = "cuda"
-    slots = torch.randperm(num_slots, generator=gen)[:n].to(dev)
-    if op == "store_cache":
-        k = torch.randn(n, 4, 64, generator=gen).to(dev, torch.bfloat16)
-        caches = [torch.full((num_slots, 4, 64), 3.0, dtype=torch.bfloat16, device=dev) for _ in range(2)]
-        return (k, k * 2, *caches, slots), caches, [k, k * 2]
-    if op == "set_mla_kv_buffer":
-        nope = torch.randn(n, 512, generator=gen).to(dev, torch.bfloat16)
-        rope = torch.randn(n, 64, generator=gen).to(dev, torch.bfloat16)
-        buf = torch.full((num_slots, 576), 3.0, dtype=torch.bfloat16, device=dev)
-        return (buf, slots, nope, rope), [buf], [torch.cat([nope, rope], 1)]
-    key = torch.randn(n, 4, 64, generator=gen).to(dev, torch.bfloat16)
-    caches = [torch.full((num_slots // 16, 16, 4, 64), 3.0, dtype=torch.bfloat16, device=dev) for _ in range(2)]
-    one = torch.ones(1, device=dev)
-    return (key, key * 2, *caches, slots, "auto", one, one), caches, [key, key * 2]
-
-
-@pytest.fixture(params=[3, 0], ids=["verdict-build", "full-build"])
-def cuda_verdict_build(request):
-    """The CUDA writers reading a verdict in their verdict-only build (lean_verdict 3, the default)
-    or in their full build (0); nothing to set where the CUDA kernels are unavailable."""
-    import oracle.kernels.cuda as cuda_kernels
-    if cuda_kernels.available() is not None:
-        yield
-        return
-    tune = cuda_kernels.ops().tune
-    default = tune("lean_verdict", request.param)
-    try:
-        yield
-    finally:
-        tune("lean_verdict", default)
-
-
-@gpu
-@pytest.mark.parametrize("n", [8, 3000, 20000])
-def test_gpu_writers_reuse_one_check_for_many_writes_without_synchronizing(n, cuda_verdict_build):
-    """Every CUDA and Triton writer that takes a CheckedIndex, at a fused-check, a mid and a long
-    index: one check, then several writes (a step's layers) under sync debug mode "error", each
-    into its own poisoned caches, each equal to index_put_; an illegal entry makes every write of
-    the step write nothing, and the error names the entry and its value. The CUDA writers both in
-    the build that reads the verdict alone and in the full one."""
-    num_slots = 16 * ((2 * n + 64) // 16)
-    for kernel in _gpu_writers():
-        op = kernel.contract.op
-        position = INDEX_ARGUMENTS[op][0]
-        layers = []
-        for layer in range(3):
-            args, caches, rows = _gpu_args(op, n, num_slots, torch.Generator().manual_seed(layer))
-            layers.append((args, caches, rows))
-        slots = layers[0][0][position]
-        checked = kernel.fn.prepare(layers[0][0])[position]
-        kernel.fn(*layers[0][0])  # compile and warm up outside the debug mode
-        torch.cuda.synchronize()
-        for _, caches, _ in layers:
-            for cache in caches:
-                cache.fill_(3.0)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for args, _, _ in layers:
-                kernel.fn(*(args[:position] + (checked,) + args[position + 1:]))
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        oracle.kernels.raise_deferred_errors()
-        for args, caches, rows in layers:
-            for cache, row in zip(caches, rows):
-                want = torch.full_like(cache, 3.0).view(num_slots, -1)
-                want[slots] = row.reshape(n, -1)
-                assert torch.equal(cache.view(num_slots, -1).view(torch.uint8), want.view(torch.uint8)), kernel.name
-        illegal = slots.clone()
-        illegal[n // 3] = num_slots + 5
-        bad = kernel.fn.prepare(layers[0][0][:position] + (illegal,) + layers[0][0][position + 1:])[position]
-        for _, caches, _ in layers:
-            for cache in caches:
-                cache.fill_(3.0)
-        messages = []
-        for args, _, _ in layers:  # a later call of the step may raise what an earlier one left
-            try:
-                kernel.fn(*(args[:position] + (bad,) + args[position + 1:]))
-            except oracle.kernels.DeferredSlotError as exc:
-                messages.append(str(exc))
-        try:  # what is still pending (two calls' reports may have been raised by one take already)
-            oracle.kernels.raise_deferred_errors()
-        except oracle.kernels.DeferredSlotError as exc:
-            messages.append(str(exc))
-        assert messages and all(f"[{n // 3}] = {num_slots + 5} is out of range [0, {num_slots})" in m for m in messages), messages
-        for _, caches, _ in layers:
-            assert all(bool(cache.eq(3.0).all()) for cache in caches), kernel.name
-
-
-@gpu
-def test_cuda_check_is_one_launch_with_a_word_per_chunk():
-    """Where the CUDA library is loaded, check_index copies and checks in one launch: a verdict word
-    per chunk of 1024 entries or more (64 at most), whose minimum is the first illegal entry."""
-    import oracle.kernels.cuda as cuda_kernels
-    if cuda_kernels.available() is not None:
-        pytest.skip(cuda_kernels.available())
-    for n, bad_at in ((5, 3), (3000, 2999), (200000, 70001), (200000, None)):
-        values = torch.randperm(4 * n)[:n].cuda()
-        strided = torch.empty(2 * n, dtype=torch.int32, device="cuda")[::2]
-        strided.copy_(values)
-        if bad_at is not None:
-            strided[bad_at] = -1
-        checked = check_index(strided, 4 * n)
-        want_words = min(64, max(1, -(-n // 1024)))
-        assert tuple(checked.verdict.shape) == (want_words,) and checked.index.is_contiguous()
-        assert torch.equal(checked.index, strided) and checked.index.dtype == torch.int32
-        assert int(checked.verdict.min()) == (n if bad_at is None else bad_at)
-        negative = check_index(strided, 4 * n, padding="negative")
-        assert int(negative.verdict.min()) == n
-
-
-def test_triton_copy_and_check_matches_a_plain_loop_per_chunk():
-    """The Triton kernel of check_index (on GPUs without the CUDA library), on the interpreter:
-    a contiguous copy of the caller's entries as they are (int32 or int64, strided or not), and a
-    verdict word per chunk of 1024 entries or more (64 at most), each the first illegal entry of
-    its chunk by a plain loop, at chunk edges and past 64 chunks."""
-    cases = [(0, None), (1, 0), (5, 3), (1023, 1022), (1025, 1024), (3000, 2047), (3000, None),
-             (70000, 69999), (70000, 1093)]
-    out = run_interpreted("""
-    from oracle.kernels.triton import _validate
-    rows = []
-    for n, bad_at, dtype, step, negative in CASES:
-        g = torch.Generator().manual_seed(n)
-        values = torch.randperm(4 * n + 1, generator=g)[:n] - (n // 3 if negative else 0)
-        spread = torch.full((max(1, n * step),), 12345, dtype=getattr(torch, dtype))
-        index = spread[::step][:n]
-        index.copy_(values)
-        if bad_at is not None:
-            index[bad_at] = 4 * n + 7
-        copy, verdict = _validate.copy_and_check(index, 4 * n + 1, negative)
-        rows.append({"copy_ok": copy.is_contiguous() and copy.dtype == index.dtype and torch.equal(copy, index),
-                     "private": n == 0 or copy.data_ptr() != index.data_ptr(),
-                     "words": verdict.tolist(), "values": index.tolist()})
-    emit(rows)
-    """.replace("CASES", repr([(n, bad, dtype, step, negative) for n, bad in cases
-                                for dtype, step, negative in (("int32", 2, True), ("int64", 1, False))])))
-    specs = [(n, bad, dtype, step, negative) for n, bad in cases
-             for dtype, step, negative in (("int32", 2, True), ("int64", 1, False))]
-    for (n, _, _, _, negative), row in zip(specs, out):
-        assert row["copy_ok"] and row["private"], n
-        chunks = min(64, max(1, -(-n // 1024)))
-        chunk = -(-n // chunks) if n else 0
-        want = []
-        for p in range(chunks):
-            part = row["values"][p * chunk:(p + 1) * chunk]
-            first = first_illegal_by_loop(part, 4 * n + 1, negative)
-            want.append(p * chunk + first if first < len(part) else n)  # n: none in this chunk
-        assert row["words"] == want, (n, negative)
-        assert min(row["words"]) == first_illegal_by_loop(row["values"], 4 * n + 1, negative)
-
-
-@gpu
-def test_triton_copy_and_check_compiled_matches_the_cuda_check():
-    """The Triton kernel of check_index compiled for the GPU: the same copy and verdict words as
-    the CUDA library's one-launch check (or, without that library, as a plain loop's minimum)."""
-    import oracle.kernels.cuda as cuda_kernels
-    from oracle.kernels.triton import _validate
-    for n, bad_at in ((5, 3), (3000, 2999), (200000, 70001), (200000, None)):
-        values = torch.randperm(4 * n)[:n].cuda()
-        strided = torch.empty(2 * n, dtype=torch.int32, device="cuda")[::2]
-        strided.copy_(values)
-        if bad_at is not None:
-            strided[bad_at] = -1
-        for negative in (False, True):
-            copy, verdict = _validate.copy_and_check(strided, 4 * n, negative)
-            assert torch.equal(copy, strided) and copy.is_contiguous() and copy.dtype == torch.int32
-            assert int(verdict.min()) == (n if bad_at is None or negative else bad_at)
-            if cuda_kernels.available() is None:
-                want_copy, want_verdict = cuda_kernels.ops().check_index(strided, 4 * n, negative)
-                assert torch.equal(verdict, want_verdict) and torch.equal(copy, want_copy)
-
-
-def test_check_index_launches_nothing_of_its_own_for_a_cpu_index():
-    """On the CPU the check is torch ops: no library is loaded or compiled for it."""
-    from oracle.kernels.checked_index import _fused_check
-    assert _fused_check(torch.arange(4)) is None
-
-
-@gpu
-def test_cuda_binding_refuses_a_verdict_that_is_not_int64_words_on_the_device():
-    import oracle.kernels.cuda as cuda_kernels
-    if cuda_kernels.available() is not None:
-        pytest.skip(cuda_kernels.available())
-    args, caches, _ = _gpu_args("set_mla_kv_buffer", 8, 64, torch.Generator().manual_seed(3))
-    buf, loc, nope, rope = args
-    for verdict in (torch.zeros(1, dtype=torch.int32, device="cuda"), torch.zeros(65, dtype=torch.int64, device="cuda"),
-                    torch.zeros(1, dtype=torch.int64)):
-        with pytest.raises(ValueError, match=r"verdict must be the int64\[1\.\.64\] verdict of an index checked"):
-            cuda_kernels.ops().set_mla_kv_buffer(buf, loc, nope, rope, verdict=verdict)
-    torch.cuda.synchronize()
-    assert bool(buf.eq(3.0).all())
 
 
 # ================================================================ the suite judges the checked path
