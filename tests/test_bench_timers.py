@@ -86,6 +86,33 @@ def test_alternated_times_a_variant_on_its_own_inputs():
     assert seen == {"shared": {3}, "own": {7}}
 
 
+def test_alternated_builds_each_rounds_timer_eager_or_graph_replayed(monkeypatch):
+    """``graph=True`` asks for graph-replayed timers (eager by default), built anew each round,
+    after the variant's setup, so a knob set there is what a captured graph holds."""
+    import oracle.bench.timers as timers
+    built = []
+
+    class Fixed:
+        def sample(self):
+            return 1e-6
+
+    def fake_make_timer(fn, args, device, rotation=(), graph=True, **_):
+        built.append((state["knob"], graph, args, rotation))
+        return Fixed()
+
+    state = {"knob": None}
+    monkeypatch.setattr(timers, "make_timer", fake_make_timer)
+    variants = {"a": (lambda: state.update(knob="a"), print), "b": (lambda: state.update(knob="b"), print)}
+    for graph in (True, False):
+        built.clear()
+        times = timers.alternated(variants, (3,), "cuda", ((4,),), rounds=2, samples=1, graph=graph)
+        assert built == [("a", graph, (3,), ((4,),)), ("b", graph, (3,), ((4,),))] * 2
+        assert times == {"a": [1.0, 1.0], "b": [1.0, 1.0]}
+    built.clear()
+    timers.alternated(variants, (3,), "cuda", rounds=1, samples=1)
+    assert [g for _, g, _, _ in built] == [False, False]  # eager unless asked
+
+
 def test_a_checked_index_writer_is_timed_on_sets_prepared_once():
     """The bench prepares each input set of a ``.checked_index`` writer once, outside the timed
     calls (a step checks its index once for all its layers); other kernels get their sets as they
