@@ -32,6 +32,7 @@ using kvo_messages::shape_str;
 // Every tensor on one CUDA device (the first one's).
 void check_device(const char* op, const std::vector<std::pair<const char*, const Tensor*>>& tensors);
 void check_index(const char* name, const Tensor& index);
+int32_t index_type_of(const Tensor& index);  // kvo_cuda::kIndexInt64 or kIndexInt32
 void check_writable(const char* name, const Tensor& cache);
 bool capturing();
 void check_launch(const char* op, cudaError_t err);

@@ -98,6 +98,24 @@ uint64_t* barrier_buffer(const Tensor& like, cudaStream_t stream) {
   }));
 }
 
+int32_t index_type_of(const Tensor& index) {
+  return index.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32;
+}
+
+// How a check over n entries splits them: blocks (kMaxCheckBlocks at most) of `chunk` entries,
+// kCheckChunk or more each; one block for an empty index. A check grid and check_index's copy
+// split alike, so a writer reads either's verdict words the same way.
+struct CheckBlocks {
+  int blocks;
+  int64_t chunk;
+};
+
+CheckBlocks check_blocks(int64_t n) {
+  const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;
+  const int blocks = static_cast<int>(want < 1 ? 1 : (want < kMaxCheckBlocks ? want : kMaxCheckBlocks));
+  return {blocks, (n + blocks - 1) / blocks};
+}
+
 // Plans the device-side slot check of a validating call (validate != 0): with `verdict` (an index
 // checked beforehand) the writer reads that word (mode 2); else, for an index longer than
 // kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it, unless
@@ -148,18 +166,16 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
     c.barrier = barrier_buffer(index, stream);
     return c;
   }
-  const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;
-  const int blocks = static_cast<int>(want < kMaxCheckBlocks ? want : kMaxCheckBlocks);
-  const int64_t chunk = (n + blocks - 1) / blocks;
+  const CheckBlocks split = check_blocks(n);
   int64_t* words = verdict_buffer(index, stream);
   const bool early = kvo_cuda::launch_tuning().check_early != 0;
-  check_launch("slot check", kvo_cuda::launch_slot_check(
-      index.data_ptr(), index.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32,
-      index.stride(0), n, num_slots, c.negative_ok, words, blocks, chunk, pdl != 0, early, stream));
+  check_launch("slot check", kvo_cuda::launch_slot_check(index.data_ptr(), index_type_of(index), index.stride(0), n,
+                                                         num_slots, c.negative_ok, words, split.blocks, split.chunk,
+                                                         pdl != 0, early, stream));
   c.mode = 2;
   c.late = early ? 0 : 1;
   c.verdict = words;
-  c.verdict_count = blocks;
+  c.verdict_count = split.blocks;
   pdl = 1;  // the writer waits for the check grid (griddepcontrol.wait) before it reads the verdict
   return c;
 }
@@ -175,18 +191,16 @@ std::tuple<Tensor, Tensor> copy_and_check_index(const Tensor& index, int64_t num
   c10::cuda::CUDAGuard guard(index.device());
   const int64_t n = index.size(0);
   Tensor copy = at::empty({n}, index.options());
-  const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;
-  const int blocks = static_cast<int>(want < 1 ? 1 : (want < kMaxCheckBlocks ? want : kMaxCheckBlocks));
-  Tensor verdict = at::empty({blocks}, index.options().dtype(at::kLong));
+  const CheckBlocks split = check_blocks(n);
+  Tensor verdict = at::empty({split.blocks}, index.options().dtype(at::kLong));
   if (n == 0) {
     verdict.zero_();
     return {copy, verdict};
   }
-  const int64_t chunk = (n + blocks - 1) / blocks;
-  check_launch("check_index", kvo_cuda::launch_copy_check(
-      index.data_ptr(), index.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32,
-      index.stride(0), n, num_slots, negative_ok ? 1 : 0, copy.data_ptr(), verdict.data_ptr<int64_t>(), blocks, chunk,
-      stream_of(index)));
+  check_launch("check_index", kvo_cuda::launch_copy_check(index.data_ptr(), index_type_of(index), index.stride(0), n,
+                                                          num_slots, negative_ok ? 1 : 0, copy.data_ptr(),
+                                                          verdict.data_ptr<int64_t>(), split.blocks, split.chunk,
+                                                          stream_of(index)));
   return {copy, verdict};
 }
 

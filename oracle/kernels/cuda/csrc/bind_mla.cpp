@@ -59,7 +59,7 @@ MlaPlan plan_mla(const Tensor& kv_buffer, const Tensor& loc, const Tensor& nope,
   a.dst = static_cast<unsigned char*>(kv_buffer.data_ptr());
   a.dst_row = dst_row * elem;
   a.index = loc.data_ptr();
-  a.index_type = loc.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32;
+  a.index_type = index_type_of(loc);
   a.index_stride = loc.stride(0);
   a.n = n;
   a.num_slots = kv_buffer.size(0);

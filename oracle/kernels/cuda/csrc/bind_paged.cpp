@@ -104,7 +104,7 @@ PagedPlan plan_paged(const Tensor& key, const Tensor& value, const Tensor& key_c
   PagedArgs& a = plan.args;
   a.sides = 2;
   a.index = slot_mapping.data_ptr();
-  a.index_type = slot_mapping.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32;
+  a.index_type = index_type_of(slot_mapping);
   a.index_stride = slot_mapping.stride(0);
   a.n = n;
   a.num_slots = num_blocks * block_size;

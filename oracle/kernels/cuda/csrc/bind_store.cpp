@@ -46,7 +46,7 @@ StorePlan plan_store(const Tensor& k, const Tensor& v, const Tensor& k_cache, co
   PagedArgs& a = plan.args;
   a.sides = 2;
   a.index = loc.data_ptr();
-  a.index_type = loc.scalar_type() == at::kLong ? kvo_cuda::kIndexInt64 : kvo_cuda::kIndexInt32;
+  a.index_type = index_type_of(loc);
   a.index_stride = loc.stride(0);
   a.n = n;
   a.num_slots = num_slots;

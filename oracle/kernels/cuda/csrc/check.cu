@@ -49,14 +49,8 @@ __global__ void __launch_bounds__(kThreads) copy_check_kernel(const IdxT* index,
                                                               IdxT* copy, int64_t* verdict) {
   const int64_t start = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = start + chunk < n ? start + chunk : n;
-  int64_t first = kNoEntry;
-  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
-    const IdxT v = index[i * stride];
-    copy[i] = v;
-    const int64_t s = static_cast<int64_t>(v);
-    if ((s >= num_slots || (!negative_ok && s < 0)) && i < first) first = i;
-  }
-  first = block_min(first);
+  const int64_t first = block_min(first_illegal<IdxT>(index, stride, start, end, threadIdx.x, blockDim.x, num_slots,
+                                                      negative_ok, copy));
   if (threadIdx.x == 0) verdict[blockIdx.x] = first < n ? first : n;
 }
 

@@ -164,11 +164,12 @@ __device__ __forceinline__ int64_t block_min(int64_t v) {
 
 // The first illegal entry (see SlotCheck) of [start, end) scanned by this thread at `step`
 // strides from start + offset, or kNoEntry. Four loads are issued before any is compared, so a
-// thread waits for one memory round trip per four entries, not one per entry.
+// thread waits for one memory round trip per four entries, not one per entry. With `copy`, each
+// entry scanned is also stored at copy[i] (oracle.kernels.check_index's private copy).
 template <typename IdxT>
 __device__ __forceinline__ int64_t first_illegal(const void* index, int64_t stride, int64_t start, int64_t end,
                                                  int64_t offset, int64_t step, int64_t num_slots,
-                                                 int32_t negative_ok) {
+                                                 int32_t negative_ok, IdxT* copy = nullptr) {
   constexpr int kLoads = 4;
   int64_t first = kNoEntry;
   for (int64_t i = start + offset; i < end; i += kLoads * step) {
@@ -177,7 +178,9 @@ __device__ __forceinline__ int64_t first_illegal(const void* index, int64_t stri
     for (int u = 0; u < kLoads; ++u) slot[u] = i + u * step < end ? load_slot<IdxT>(index, i + u * step, stride) : 0;
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      const bool bad = i + u * step < end && (slot[u] >= num_slots || (!negative_ok && slot[u] < 0));
+      const bool inside = i + u * step < end;
+      if (copy != nullptr && inside) copy[i + u * step] = static_cast<IdxT>(slot[u]);  // exact: it was an IdxT
+      const bool bad = inside && (slot[u] >= num_slots || (!negative_ok && slot[u] < 0));
       if (bad && i + u * step < first) first = i + u * step;
     }
   }
