@@ -61,6 +61,15 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _split(n: int) -> tuple:
+    """(programs, entries per program, the scan's STEPS) of a check over ``n > 0`` entries: the
+    check grid and check_index's copy split alike, so a writer reads either's verdict words the
+    same way."""
+    chunks = min(MAX_CHUNKS, _cdiv(n, CHUNK))
+    chunk = _cdiv(n, chunks)
+    return chunks, chunk, _pow2(_cdiv(chunk, CHECK_SCAN))
+
+
 def unchecked(placeholder: torch.Tensor) -> Check:
     """No device check (``validate=False``): placeholder pointers, ``CHECK = 0``."""
     return Check((placeholder, 0, placeholder, 0, 0),
@@ -135,12 +144,11 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
         meta = _meta(1, negative, max(16, _pow2(n)), interpreting)
         return Check((index, 0, box, code, pad_code), meta, sync=sync, device_index=device_index)
     meta = dict(_meta(2, negative, 16, interpreting))
-    chunks = min(MAX_CHUNKS, _cdiv(n, CHUNK))
-    chunk = _cdiv(n, chunks)
+    chunks, chunk, steps = _split(n)
     verdict = _verdict_buffer(device, interpreting)
     overlap = pdl_capable and not interpreting  # the writer waits for the check grid by PDL
     launch(kernels.check_slots, (chunks,), device, index, index.stride(0), n, num_slots, chunk, verdict,
-           NEGATIVE_OK=negative, BLOCK=CHECK_SCAN, STEPS=_pow2(_cdiv(chunk, CHECK_SCAN)),
+           NEGATIVE_OK=negative, BLOCK=CHECK_SCAN, STEPS=steps,
            PDL=bool(pdl and overlap), TRIGGER=(2 if CHECK_EARLY else 1) if overlap else 0)
     meta["CHECK_BLOCK"] = max(16, _pow2(chunks))
     return Check((verdict, chunks, box, code, pad_code), meta, pdl=overlap, sync=sync, device_index=device_index)
@@ -155,12 +163,11 @@ def copy_and_check(index: torch.Tensor, num_slots: int, negative_ok: bool) -> tu
     copy = torch.empty(n, dtype=index.dtype, device=index.device)
     if n == 0:
         return copy, torch.zeros(1, dtype=torch.int64, device=index.device)
-    chunks = min(MAX_CHUNKS, _cdiv(n, CHUNK))
-    chunk = _cdiv(n, chunks)
+    chunks, chunk, steps = _split(n)
     verdict = torch.empty(chunks, dtype=torch.int64, device=index.device)
     _runtime.launch(_runtime.kernels().copy_and_check, (chunks,), index.device, index, index.stride(0), n,
                     num_slots, chunk, copy, verdict, NEGATIVE_OK=1 if negative_ok else 0, BLOCK=CHECK_SCAN,
-                    STEPS=_pow2(_cdiv(chunk, CHECK_SCAN)))
+                    STEPS=steps)
     return copy, verdict
 
 
