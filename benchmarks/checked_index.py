@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 
+from oracle.bench.runner import prepared
 from oracle.bench.timers import alternated, cold_sets, medians, save_alternated
 from oracle.bench.workloads import make_workload
 from oracle.kernels.checked_index import INDEX_ARGUMENTS, check_index
@@ -34,17 +35,17 @@ LAYERS = 61
 
 def _variants(name: str, op: str, first: tuple, rotation: tuple) -> dict:
     kernels = default_registry.kernels
-    checked = kernels[f"{name}.checked_index"].fn
+    checked = kernels[f"{name}.checked_index"]
     position, _, _ = INDEX_ARGUMENTS[op]
-    prepared = checked.prepare(first)
-    bound, padding = prepared[position].num_slots, checked.padding
+    fn, checked_args, checked_sets = prepared(checked, first, rotation)
+    bound, padding = checked_args[position].num_slots, checked.fn.padding
 
     def check(*args):
         check_index(args[position], bound, padding=padding)
 
     nothing = lambda: None  # noqa: E731  (no knob to set)
     return {"per_call": (nothing, kernels[name].fn),
-            "checked": (nothing, checked.fn, prepared, tuple(checked.prepare(r) for r in rotation)),
+            "checked": (nothing, fn, checked_args, checked_sets),
             "unchecked": (nothing, kernels[f"{name}.unchecked"].fn),
             "check": (nothing, check)}
 

@@ -23,7 +23,8 @@ import statistics
 
 import torch
 
-from oracle.bench.timers import CudaTimer, cold_sets
+from oracle.bench.runner import prepared
+from oracle.bench.timers import CudaTimer, cold_sets, medians
 from oracle.bench.workloads import make_workload
 from oracle.kernels.checked_index import INDEX_ARGUMENTS
 from oracle.registry import default_registry
@@ -32,8 +33,8 @@ CELLS = (("reshape_and_cache_flash", "e4m3fn", 16384), ("reshape_and_cache_flash
          ("set_mla_kv_buffer", "bf16", 16384))
 
 
-def _on_copy(prepared: tuple, position: int) -> tuple:
-    return prepared[:position] + (prepared[position].index,) + prepared[position + 1:]
+def _on_copy(args: tuple, position: int) -> tuple:
+    return args[:position] + (args[position].index,) + args[position + 1:]
 
 
 def main() -> int:
@@ -51,15 +52,13 @@ def main() -> int:
         position = INDEX_ARGUMENTS[op][0]
         for backend in args.backends.split(","):
             name = f"{backend}.{op}"
-            checked = kernels[f"{name}.checked_index"].fn
-            prepared = checked.prepare(first.args)
-            prepared_sets = tuple(checked.prepare(r) for r in rotation)
+            checked_fn, checked_args, checked_sets = prepared(kernels[f"{name}.checked_index"], first.args, rotation)
             unchecked = kernels[f"{name}.unchecked"].fn
             variants = {
                 "unchecked": (unchecked, first.args, rotation),
-                "checked": (checked.fn, prepared, prepared_sets),
-                "unchecked_on_copy": (unchecked, _on_copy(prepared, position),
-                                      tuple(_on_copy(p, position) for p in prepared_sets)),
+                "checked": (checked_fn, checked_args, checked_sets),
+                "unchecked_on_copy": (unchecked, _on_copy(checked_args, position),
+                                      tuple(_on_copy(p, position) for p in checked_sets)),
                 "validating": (kernels[name].fn, first.args, rotation),
             }
             timers = {label: CudaTimer(fn, a, use_graph=True, rotation=sets) for label, (fn, a, sets) in variants.items()}
@@ -67,7 +66,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for label, timer in timers.items():
                     times[label].append(statistics.median(timer.sample() for _ in range(3)) * 1e6)
-            med = {label: statistics.median(v) for label, v in times.items()}
+            med = medians(times)
             shape = {label: (t.calls, t.sets, t.name) for label, t in timers.items()}
             rows.append({"kernel": name, "variant": variant, "n": n, "median_us": med, "timers": shape,
                          "samples_us": times})

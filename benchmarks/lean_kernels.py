@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 
+from oracle.bench.runner import prepared
 from oracle.bench.timers import alternated, cold_sets, medians, save_alternated
 from oracle.bench.workloads import make_workload
 from oracle.registry import default_registry
@@ -54,14 +55,11 @@ def main() -> int:
             for path, knob, modes in ((".unchecked", "lean_unchecked", ("eager", "graph")),
                                       (".checked_index", "lean_verdict", ("eager",))):
                 kernel = registry.kernels[name + path]
-                prepare = getattr(kernel.fn, "prepare", None)
-                fn = kernel.fn.fn if prepare else kernel.fn
                 for n in (int(s) for s in args.sizes.split(",")):
                     first = make_workload(kernel.contract.op, variant, n, "cuda")
-                    rotation = cold_sets(kernel.contract.op, variant, n, first)
-                    call_args, sets = first.args, rotation
-                    if prepare:  # the index checked once, outside the timed calls, as a step does
-                        call_args, sets = prepare(first.args), tuple(prepare(r) for r in rotation)
+                    # a .checked_index writer: its index checked once, outside the timed calls, as a step does
+                    fn, call_args, sets = prepared(kernel, first.args,
+                                                   cold_sets(kernel.contract.op, variant, n, first))
                     for mode in modes:
                         variants = {"lean": (setting(knob, bit, True), fn),
                                     "full": (setting(knob, bit, False), fn)}

@@ -120,7 +120,7 @@ def test_a_checked_index_writer_is_timed_on_sets_prepared_once():
     import torch
     from types import SimpleNamespace
 
-    from oracle.bench.runner import _prepared
+    from oracle.bench.runner import prepared
     from oracle.kernels.checked_index import CheckedIndex, CheckedIndexWriter
 
     def sets(seed):
@@ -130,13 +130,13 @@ def test_a_checked_index_writer_is_timed_on_sets_prepared_once():
         return None
 
     writer = SimpleNamespace(fn=CheckedIndexWriter(inner, "set_mla_kv_buffer", "none"))
-    fn, args, rotation = _prepared(writer, sets(0), (sets(1), sets(3)))
+    fn, args, rotation = prepared(writer, sets(0), (sets(1), sets(3)))
     assert fn is inner  # the writer itself, as each layer of a step calls it
     assert [type(s[1]) for s in (args, *rotation)] == [CheckedIndex] * 3
     assert [s[1].index.tolist() for s in (args, *rotation)] == [[0, 2], [1, 2], [3, 2]]
     plain = SimpleNamespace(fn=lambda *a: None)
     first, rest = sets(0), (sets(1),)
-    assert _prepared(plain, first, rest) == (plain.fn, first, rest)
+    assert prepared(plain, first, rest) == (plain.fn, first, rest)
 
 
 def test_medians_and_an_empty_path_write_nothing(tmp_path, monkeypatch):

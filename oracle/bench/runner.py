@@ -128,7 +128,7 @@ def _check(kernel, baseline, workload: Workload) -> str:
     return "ok" if differ == 0 else f"DIFF {differ} B"
 
 
-def _prepared(kernel, args: tuple, rotation: tuple) -> tuple:
+def prepared(kernel, args: tuple, rotation: tuple) -> tuple:
     """(function, args, rotation) as ``kernel`` is timed: for a kernel whose function has
     ``prepare`` (a ``<name>.checked_index`` writer: oracle.kernels.checked_index.CheckedIndexWriter),
     each input set prepared once, outside the timed calls, as a step checks its index once for all
@@ -218,7 +218,7 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
                     workloads = [workloads_all[i] for i in picked]
                     timers = []
                     for k, w in zip(kernels_here, workloads):
-                        fn, args, sets = _prepared(k, w.args, rotation if l2 == "cold" else ())
+                        fn, args, sets = prepared(k, w.args, rotation if l2 == "cold" else ())
                         timers.append(make_timer(fn, args, _device_of(k), sample_seconds, sets,
                                                  graph=mode == "graph"))
                     timers += [same_size_copy_timer(workloads[0].bytes, d, sample_seconds, cold=l2 == "cold",
