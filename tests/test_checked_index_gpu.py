@@ -118,6 +118,17 @@ def test_gpu_writers_reuse_one_check_for_many_writes_without_synchronizing(n, cu
             assert all(bool(cache.eq(3.0).all()) for cache in caches), kernel.name
 
 
+def _strided_indices():
+    """(n, the entry made -1 or None, a strided int32 CUDA index of n distinct slots in [0, 4n)):
+    a short index, a bad last entry, a bad entry past 64 chunks, and a legal long index."""
+    for n, bad_at in ((5, 3), (3000, 2999), (200000, 70001), (200000, None)):
+        strided = torch.empty(2 * n, dtype=torch.int32, device="cuda")[::2]
+        strided.copy_(torch.randperm(4 * n)[:n].cuda())
+        if bad_at is not None:
+            strided[bad_at] = -1
+        yield n, bad_at, strided
+
+
 @gpu
 def test_cuda_check_is_one_launch_with_a_word_per_chunk():
     """Where the CUDA library is loaded, check_index copies and checks in one launch: a verdict word
@@ -125,12 +136,7 @@ def test_cuda_check_is_one_launch_with_a_word_per_chunk():
     import oracle.kernels.cuda as cuda_kernels
     if cuda_kernels.available() is not None:
         pytest.skip(cuda_kernels.available())
-    for n, bad_at in ((5, 3), (3000, 2999), (200000, 70001), (200000, None)):
-        values = torch.randperm(4 * n)[:n].cuda()
-        strided = torch.empty(2 * n, dtype=torch.int32, device="cuda")[::2]
-        strided.copy_(values)
-        if bad_at is not None:
-            strided[bad_at] = -1
+    for n, bad_at, strided in _strided_indices():
         checked = check_index(strided, 4 * n)
         want_words = min(64, max(1, -(-n // 1024)))
         assert tuple(checked.verdict.shape) == (want_words,) and checked.index.is_contiguous()
@@ -146,12 +152,7 @@ def test_triton_copy_and_check_compiled_matches_the_cuda_check():
     the CUDA library's one-launch check (or, without that library, as a plain loop's minimum)."""
     import oracle.kernels.cuda as cuda_kernels
     from oracle.kernels.triton import _validate
-    for n, bad_at in ((5, 3), (3000, 2999), (200000, 70001), (200000, None)):
-        values = torch.randperm(4 * n)[:n].cuda()
-        strided = torch.empty(2 * n, dtype=torch.int32, device="cuda")[::2]
-        strided.copy_(values)
-        if bad_at is not None:
-            strided[bad_at] = -1
+    for n, bad_at, strided in _strided_indices():
         for negative in (False, True):
             copy, verdict = _validate.copy_and_check(strided, 4 * n, negative)
             assert torch.equal(copy, strided) and copy.is_contiguous() and copy.dtype == torch.int32
