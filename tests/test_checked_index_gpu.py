@@ -130,26 +130,59 @@ def _strided_indices():
 
 
 @gpu
-def test_cuda_check_is_one_launch_with_a_word_per_chunk():
-    """Where the CUDA library is loaded, check_index copies and checks in one launch: a verdict word
-    per chunk of 1024 entries or more (64 at most), whose minimum is the first illegal entry."""
+def test_cuda_check_is_one_launch_with_one_folded_word():
+    """Where the CUDA library is loaded, check_index copies and checks in one launch, and its
+    verdict is one word: the first illegal entry over every chunk of 1024 entries or more (64 at
+    most), folded on the device by the chunk's block that finishes last."""
     import oracle.kernels.cuda as cuda_kernels
     if cuda_kernels.available() is not None:
         pytest.skip(cuda_kernels.available())
     for n, bad_at, strided in _strided_indices():
         checked = check_index(strided, 4 * n)
-        want_words = min(64, max(1, -(-n // 1024)))
-        assert tuple(checked.verdict.shape) == (want_words,) and checked.index.is_contiguous()
+        assert tuple(checked.verdict.shape) == (1,) and checked.index.is_contiguous()
         assert torch.equal(checked.index, strided) and checked.index.dtype == torch.int32
-        assert int(checked.verdict.min()) == (n if bad_at is None else bad_at)
+        assert int(checked.verdict[0]) == (n if bad_at is None else bad_at)
         negative = check_index(strided, 4 * n, padding="negative")
-        assert int(negative.verdict.min()) == n
+        assert int(negative.verdict[0]) == n
+
+
+@gpu
+def test_cuda_fold_takes_the_least_chunk_and_resets_between_checks():
+    """The fold is the minimum over the chunks, whichever block finishes last, and each check
+    grid leaves the stream's arrivals count at 0 for the next: check_index and the per-call check
+    grid alternate on one stream, each with illegal entries in several of its 64 chunks, and
+    each names its own first illegal entry."""
+    import oracle.kernels.cuda as cuda_kernels
+    if cuda_kernels.available() is not None:
+        pytest.skip(cuda_kernels.available())
+    n, num_slots = 64 * 1024 - 7, 70000
+    gen = torch.Generator().manual_seed(11)
+    args, _, rows = _gpu_args("set_mla_kv_buffer", n, num_slots, gen)
+    buf, loc, nope, rope = args
+    for round_, firsts in enumerate(([50000, 700, 64000], [63000, 2047], [5, 5000], [None])):
+        index = loc.clone()
+        for at in filter(None, firsts):
+            index[at] = num_slots + at
+        want = min((at for at in firsts if at is not None), default=n)
+        assert int(check_index(index, num_slots).verdict[0]) == want, round_
+        buf.fill_(3.0)
+        if want == n:
+            cuda_kernels.set_mla_kv_buffer(buf, index, nope, rope)
+            oracle.kernels.raise_deferred_errors()
+            expected = torch.full_like(buf, 3.0)
+            expected[index] = rows[0]
+            assert torch.equal(buf, expected)
+            continue
+        with pytest.raises(oracle.kernels.DeferredSlotError, match=rf"loc\[{want}\] = {num_slots + want} "):
+            cuda_kernels.set_mla_kv_buffer(buf, index, nope, rope, validate="sync")
+        assert bool(buf.eq(3.0).all())
 
 
 @gpu
 def test_triton_copy_and_check_compiled_matches_the_cuda_check():
-    """The Triton kernel of check_index compiled for the GPU: the same copy and verdict words as
-    the CUDA library's one-launch check (or, without that library, as a plain loop's minimum)."""
+    """The Triton kernel of check_index compiled for the GPU: the same copy as the CUDA library's
+    one-launch check and the same first illegal entry (a word per chunk, where the CUDA verdict is
+    their fold), or, without that library, a plain loop's."""
     import oracle.kernels.cuda as cuda_kernels
     from oracle.kernels.triton import _validate
     for n, bad_at, strided in _strided_indices():
@@ -159,7 +192,7 @@ def test_triton_copy_and_check_compiled_matches_the_cuda_check():
             assert int(verdict.min()) == (n if bad_at is None or negative else bad_at)
             if cuda_kernels.available() is None:
                 want_copy, want_verdict = cuda_kernels.ops().check_index(strided, 4 * n, negative)
-                assert torch.equal(verdict, want_verdict) and torch.equal(copy, want_copy)
+                assert int(verdict.min()) == int(want_verdict[0]) and torch.equal(copy, want_copy)
 
 
 @gpu

@@ -14,7 +14,7 @@ same slot index, so it can check the index once per step instead:
 entry that is illegal under the padding policy (or ``len(index)`` when none is), without
 synchronizing: in one launch where the CUDA library of :mod:`oracle.kernels.cuda` is loaded, or
 else where the Triton writers have compiled for a GPU in this process (the ``copy_and_check``
-kernel), else with torch ops. The writers read the private copy and those verdict words (an index of 256 entries
+kernel), else with torch ops. The writers read the private copy and its verdict (an index of 256 entries
 or fewer is scanned by every block or program as a plain one is: that costs a few L2 reads): a
 call with an illegal entry still writes nothing and reports it to the mailbox, as a per-call check
 does, so the contract of a validating call is unchanged; only the scan is shared. Changing the caller's index
@@ -51,7 +51,8 @@ class CheckedIndex:
     ``index``: the private copy the writers read (1-D, contiguous, the caller's dtype);
     ``verdict``: int64[k] on the same device (1 <= k <= 64), each word the first illegal entry of
     one chunk of the index or ``len(index)``, so its minimum is the first illegal entry or
-    ``len(index)`` (one word from torch ops, one per chunk from the CUDA or the Triton kernel);
+    ``len(index)`` (one word from torch ops and from the CUDA kernel, which folds its chunks' words
+    on the device; one per chunk from the Triton kernel);
     ``num_slots`` and ``padding``: what it was checked against."""
 
     index: torch.Tensor

@@ -43,7 +43,7 @@ void set_error_mailbox(const Tensor& mailbox, int64_t device);
 std::tuple<Tensor, Tensor> copy_and_check_index(const Tensor& index, int64_t num_slots, bool negative_ok);
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
                                bool negative_ok, int32_t arg_code, int32_t& pdl, cudaStream_t stream,
-                               const std::optional<Tensor>& verdict, bool in_grid = false);
+                               const std::optional<Tensor>& verdict, int family, bool in_grid = false);
 
 // ---------------------------------------------------------------- widths, addresses, rows
 

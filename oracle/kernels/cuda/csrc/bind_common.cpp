@@ -80,10 +80,16 @@ int64_t* per_stream_buffer(const Tensor& like, cudaStream_t stream, Make make) {
   return found->second.data_ptr<int64_t>();
 }
 
-// The check grid's verdict words: a check grid writes them only after the writer before it has
-// completed (it is launched plainly after it, or with PDL and griddepcontrol.wait first).
-int64_t* verdict_buffer(const Tensor& like, cudaStream_t stream) {
-  return per_stream_buffer(like, stream, [](const at::TensorOptions& o) { return at::empty({kMaxCheckBlocks}, o); });
+// The check grid's verdict (kvo_cuda::VerdictWords) for calls on `stream`: [0] the fold, [1] the
+// arrivals (0; every check grid on the stream leaves it 0, check_index's too), then a word per
+// check block. Zeroed on the device, as barrier_buffer's words are filled. A check grid touches
+// them only after the kernel before it has completed (it is launched plainly after it, or with PDL
+// and griddepcontrol.wait first), so the grids of a stream never share them at once.
+kvo_cuda::VerdictWords verdict_buffer(const Tensor& like, cudaStream_t stream) {
+  int64_t* w = per_stream_buffer(like, stream, [](const at::TensorOptions& o) {
+    return at::zeros({kMaxCheckBlocks + 2}, o);
+  });
+  return {w + 2, w, reinterpret_cast<unsigned long long*>(w + 1)};
 }
 
 // The grid-barrier words (grid_verdict in common.cuh): [0] arrivals 0, [1] generation 0, [2] and
@@ -104,7 +110,7 @@ int32_t index_type_of(const Tensor& index) {
 
 // How a check over n entries splits them: blocks (kMaxCheckBlocks at most) of `chunk` entries,
 // kCheckChunk or more each; one block for an empty index. A check grid and check_index's copy
-// split alike, so a writer reads either's verdict words the same way.
+// split alike (and fold alike: fold_verdict).
 struct CheckBlocks {
   int blocks;
   int64_t chunk;
@@ -121,10 +127,11 @@ CheckBlocks check_blocks(int64_t n) {
 // kFusedCheckMax, launches the check grid and sets `pdl` so the writer waits for it, unless
 // `in_grid`: then the writer checks inside its own grid (mode 3, launch_mla_checked). When the
 // check grid lets the writer launch, and so whether the writer may load before its own wait, is
-// LaunchTuning::check_early (check.cu).
+// LaunchTuning::check_early (check.cu); whether it folds its verdict for the writer, check_fold's
+// bit of the writer's kernel `family` (kvo_cuda::KernelFamily).
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
                                bool negative_ok, int32_t arg_code, int32_t& pdl, cudaStream_t stream,
-                               const std::optional<Tensor>& verdict, bool in_grid) {
+                               const std::optional<Tensor>& verdict, int family, bool in_grid) {
   kvo_cuda::SlotCheck c{};
   TORCH_CHECK_VALUE(validate == 0 || validate == 1, "validate=", validate, " must be 0 or 1");
   if (verdict.has_value()) {
@@ -167,23 +174,26 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
     return c;
   }
   const CheckBlocks split = check_blocks(n);
-  int64_t* words = verdict_buffer(index, stream);
+  kvo_cuda::VerdictWords words = verdict_buffer(index, stream);
   const bool early = kvo_cuda::launch_tuning().check_early != 0;
+  const bool fold = (kvo_cuda::launch_tuning().check_fold & family) != 0;
+  if (!fold) words.fold = nullptr;
   check_launch("slot check", kvo_cuda::launch_slot_check(index.data_ptr(), index_type_of(index), index.stride(0), n,
                                                          num_slots, c.negative_ok, words, split.blocks, split.chunk,
                                                          pdl != 0, early, stream));
   c.mode = 2;
   c.late = early ? 0 : 1;
-  c.verdict = words;
-  c.verdict_count = split.blocks;
+  c.verdict = fold ? words.fold : words.words;
+  c.verdict_count = fold ? 1 : split.blocks;
   pdl = 1;  // the writer waits for the check grid (griddepcontrol.wait) before it reads the verdict
   return c;
 }
 
 
-// oracle.kernels.check_index on a CUDA index: (a contiguous copy of `index`, its verdict words), in
-// one launch on the current stream; the verdict has one word per chunk of kCheckChunk entries or
-// more (kMaxCheckBlocks at most), as a check grid's.
+// oracle.kernels.check_index on a CUDA index: (a contiguous copy of `index`, its verdict), in one
+// launch on the current stream. The verdict is one word, the fold of a word per chunk of
+// kCheckChunk entries or more (kMaxCheckBlocks at most), as a check grid's: a view of the private
+// [fold, chunk words...] it was folded from; the arrivals count is the stream's (verdict_buffer).
 std::tuple<Tensor, Tensor> copy_and_check_index(const Tensor& index, int64_t num_slots, bool negative_ok) {
   check_index("index", index);
   TORCH_CHECK_VALUE(index.is_cuda(), "index is on ", index.device().str(), "; expected a CUDA tensor");
@@ -191,17 +201,16 @@ std::tuple<Tensor, Tensor> copy_and_check_index(const Tensor& index, int64_t num
   c10::cuda::CUDAGuard guard(index.device());
   const int64_t n = index.size(0);
   Tensor copy = at::empty({n}, index.options());
+  if (n == 0) return {copy, at::zeros({1}, index.options().dtype(at::kLong))};
   const CheckBlocks split = check_blocks(n);
-  Tensor verdict = at::empty({split.blocks}, index.options().dtype(at::kLong));
-  if (n == 0) {
-    verdict.zero_();
-    return {copy, verdict};
-  }
+  Tensor words = at::empty({split.blocks + 1}, index.options().dtype(at::kLong));
+  const cudaStream_t stream = stream_of(index);
+  const kvo_cuda::VerdictWords verdict{words.data_ptr<int64_t>() + 1, words.data_ptr<int64_t>(),
+                                       verdict_buffer(index, stream).arrivals};
   check_launch("check_index", kvo_cuda::launch_copy_check(index.data_ptr(), index_type_of(index), index.stride(0), n,
-                                                          num_slots, negative_ok ? 1 : 0, copy.data_ptr(),
-                                                          verdict.data_ptr<int64_t>(), split.blocks, split.chunk,
-                                                          stream_of(index)));
-  return {copy, verdict};
+                                                          num_slots, negative_ok ? 1 : 0, copy.data_ptr(), verdict,
+                                                          split.blocks, split.chunk, stream));
+  return {copy, words.narrow(0, 0, 1)};
 }
 
 int check_max_vec(int64_t max_vec) {

@@ -101,7 +101,8 @@ void set_mla_kv_buffer(const Tensor& kv_buffer, const Tensor& loc, const Tensor&
                        kvo_cuda::launch_tuning().mla_check_in_grid != 0 &&
                        plan.args.n <= kvo_cuda::mla_checked_rows(row_bytes);
   plan.args.check =
-      plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream, verdict, in_grid);
+      plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream, verdict,
+                 kvo_cuda::kMlaDirectFamily, in_grid);
   cudaError_t err;
   if (plan.args.check.mode == 3) err = kvo_cuda::launch_mla_checked(plan.args, stream);
   else if (plan.tma) err = kvo_cuda::launch_mla_tma(plan.args, plan.width, stream);

@@ -167,7 +167,8 @@ void reshape_and_cache_flash(const Tensor& key, const Tensor& value, const Tenso
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(key_cache);
   plan.args.check =
-      plan_check(validate, slot_mapping, plan.args.n, plan.args.num_slots, true, 1, plan.args.pdl, stream, verdict);
+      plan_check(validate, slot_mapping, plan.args.n, plan.args.num_slots, true, 1, plan.args.pdl, stream, verdict,
+                 kvo_cuda::kPagedRowsFamily);
   if (plan.fmt == kvo_cuda::kFp8None) {
     check_launch("reshape_and_cache_flash", kvo_cuda::launch_paged_copy(plan.args, plan.width, stream));
   } else {

@@ -83,7 +83,8 @@ void store_cache(const Tensor& k, const Tensor& v, const Tensor& k_cache, const 
   c10::cuda::CUDAGuard guard(k_cache.device());
   if (plan.empty) return;
   const cudaStream_t stream = stream_of(k_cache);
-  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream, verdict);
+  plan.args.check = plan_check(validate, loc, plan.args.n, plan.args.num_slots, false, 0, plan.args.pdl, stream,
+                               verdict, kvo_cuda::kPagedRowsFamily);
   check_launch("store_cache", kvo_cuda::launch_paged_copy(plan.args, plan.vec, stream));
 }
 

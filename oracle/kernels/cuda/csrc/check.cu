@@ -1,6 +1,7 @@
 // The check grid of a validating call on a long index (SlotCheck mode 2): block b finds the first
-// illegal entry of its chunk and leaves it in verdict[b]; the writer that follows, launched with
-// programmatic dependent launch, reads the few verdict words after griddepcontrol.wait. Launched
+// illegal entry of its chunk and leaves it in words[b], and the last block folds them into one
+// word (fold_verdict); the writer that follows, launched with programmatic dependent launch, reads
+// that word after griddepcontrol.wait. Launched
 // with PDL itself, the check asks the L2 for its share of the index before it waits for the kernel
 // before it. It lets the writer launch either at once (`early` = 1, the default), so the writer is
 // scheduled and asks the L2 for its sources while the kernels before the check still run, as an
@@ -18,7 +19,9 @@ namespace {
 template <typename IdxT>
 __global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index, int64_t stride, int64_t n,
                                                               int64_t num_slots, int32_t negative_ok, int64_t chunk,
-                                                              int64_t* verdict, int32_t pdl, int32_t early) {
+                                                              int64_t* words, int64_t* fold,
+                                                              unsigned long long* arrivals, int32_t pdl,
+                                                              int32_t early) {
   if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t start = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = start + chunk < n ? start + chunk : n;
@@ -37,42 +40,44 @@ __global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index,
   if (!early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t first = block_min(first_illegal<IdxT>(index, stride, start, end, threadIdx.x, blockDim.x, num_slots,
                                                       negative_ok));
-  if (threadIdx.x == 0) verdict[blockIdx.x] = first < n ? first : n;
+  fold_verdict(first, n, words, fold, arrivals);
 }
 
 // oracle.kernels.check_index on a CUDA index: block b copies entries [b * chunk, (b + 1) * chunk)
-// into `copy` (contiguous) and leaves the first illegal one among them in verdict[b] (or n), in one
-// plain launch; the writers given the copy read these words as they read a check grid's.
+// into `copy` (contiguous) and leaves the first illegal one among them in words[b] (or n), folded
+// into *fold as a check grid's, in one plain launch; the writers given the copy read that word.
 template <typename IdxT>
 __global__ void __launch_bounds__(kThreads) copy_check_kernel(const IdxT* index, int64_t stride, int64_t n,
                                                               int64_t num_slots, int32_t negative_ok, int64_t chunk,
-                                                              IdxT* copy, int64_t* verdict) {
+                                                              IdxT* copy, int64_t* words, int64_t* fold,
+                                                              unsigned long long* arrivals) {
   const int64_t start = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = start + chunk < n ? start + chunk : n;
   const int64_t first = block_min(first_illegal<IdxT>(index, stride, start, end, threadIdx.x, blockDim.x, num_slots,
                                                       negative_ok, copy));
-  if (threadIdx.x == 0) verdict[blockIdx.x] = first < n ? first : n;
+  fold_verdict(first, n, words, fold, arrivals);
 }
 
 }  // namespace
 
 cudaError_t launch_copy_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
-                              int64_t num_slots, int32_t negative_ok, void* copy, int64_t* verdict, int blocks,
-                              int64_t chunk, cudaStream_t stream) {
+                              int64_t num_slots, int32_t negative_ok, void* copy, const VerdictWords& verdict,
+                              int blocks, int64_t chunk, cudaStream_t stream) {
   return with_index(index_type, [&](auto idx) {
     using IdxT = decltype(idx);
     return launch_kernel(copy_check_kernel<IdxT>, static_cast<unsigned>(blocks), kThreads, 0, stream, false,
                          static_cast<const IdxT*>(index), index_stride, n, num_slots, negative_ok, chunk,
-                         static_cast<IdxT*>(copy), verdict);
+                         static_cast<IdxT*>(copy), verdict.words, verdict.fold, verdict.arrivals);
   });
 }
 
 cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
-                              int64_t num_slots, int32_t negative_ok, int64_t* verdict, int blocks, int64_t chunk,
-                              bool pdl, bool early, cudaStream_t stream) {
+                              int64_t num_slots, int32_t negative_ok, const VerdictWords& verdict, int blocks,
+                              int64_t chunk, bool pdl, bool early, cudaStream_t stream) {
   return with_index(index_type, [&](auto idx) {
     return launch_kernel(slot_check_kernel<decltype(idx)>, static_cast<unsigned>(blocks), kThreads, 0, stream, pdl,
-                         index, index_stride, n, num_slots, negative_ok, chunk, verdict, static_cast<int32_t>(pdl),
+                         index, index_stride, n, num_slots, negative_ok, chunk, verdict.words, verdict.fold,
+                         verdict.arrivals, static_cast<int32_t>(pdl),
                          static_cast<int32_t>(early));
   });
 }

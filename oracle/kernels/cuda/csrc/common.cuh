@@ -187,6 +187,38 @@ __device__ __forceinline__ int64_t first_illegal(const void* index, int64_t stri
   return first;
 }
 
+// The end of a check grid (every thread of every block calls it, with its block's block_min):
+// block b leaves `first` (or n) in words[b]; the last block to arrive folds words[0, gridDim.x)
+// into *fold and sets *arrivals back to 0 for the next grid. A writer then reads one word where
+// it would read one per check block: one warp per row reads it once per row, which at 64 words
+// (512 bytes) a warp was megabytes of L2 reads over a call (2.8 us at N = 65536 on the H100).
+// `arrivals` may be shared by the check grids of a stream, which never run at once. With `fold`
+// null (LaunchTuning::check_fold 0) the words are left as they are, for the writer to read.
+__device__ __forceinline__ void fold_verdict(int64_t first, int64_t n, int64_t* words, int64_t* fold,
+                                             unsigned long long* arrivals) {
+  if (threadIdx.x >= 32 || (fold == nullptr && threadIdx.x > 0)) return;
+  if (fold == nullptr) {  // uniform over the grid
+    words[blockIdx.x] = first < n ? first : n;
+    return;
+  }
+  int last = 0;
+  if (threadIdx.x == 0) {
+    words[blockIdx.x] = first < n ? first : n;
+    __threadfence();  // the word before the arrival
+    last = atomicAdd(arrivals, 1ULL) == gridDim.x - 1;
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __threadfence();  // every block's word is visible to the last one to arrive
+  int64_t m = n;
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += 32)
+    m = min(m, *reinterpret_cast<volatile const int64_t*>(words + b));
+  for (int o = 16; o > 0; o >>= 1) m = min(m, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, m, o)));
+  if (threadIdx.x == 0) {
+    *fold = m;
+    *arrivals = 0;
+  }
+}
+
 // Records the call's first illegal entry `first` in the mailbox the host reads (call it from one
 // thread of one block).
 template <typename IdxT>
@@ -205,13 +237,16 @@ __device__ void report_illegal(const SlotCheck& c, const void* index, int64_t st
 
 // Whether every slot of the call is legal (uniform over the grid), for SlotCheck modes 1 and 2.
 // Every thread of the block must call it, before the block's first store; where a slot is illegal,
-// block 0 records it. Mode 2 reduces the verdict words within each warp (every warp reads them
-// all, at most 64, two per lane), so the block's warps go on without waiting for one another.
+// block 0 records it. Mode 2 reads the verdict within each warp, so the block's warps go on
+// without waiting for one another: one word (a check grid's fold), read by every lane at once, or
+// up to 64 (a Triton-checked index), two per lane, reduced across the warp.
 template <typename IdxT>
 __device__ bool call_is_legal(const SlotCheck& c, const void* index, int64_t stride, int64_t n, int64_t num_slots) {
   int64_t first;
   if (c.mode == 1) {
     first = block_min(first_illegal<IdxT>(index, stride, 0, n, threadIdx.x, blockDim.x, num_slots, c.negative_ok));
+  } else if (c.verdict_count == 1) {
+    first = c.verdict[0];  // a check grid's fold (fold_verdict): one sector, every lane the same word
   } else {
     first = kNoEntry;
     for (int i = threadIdx.x & 31; i < c.verdict_count; i += 32) first = min(first, c.verdict[i]);
@@ -220,6 +255,18 @@ __device__ bool call_is_legal(const SlotCheck& c, const void* index, int64_t str
   if (first >= n) return true;
   if (blockIdx.x == 0 && threadIdx.x == 0) report_illegal<IdxT>(c, index, stride, first, num_slots);
   return false;
+}
+
+// The verdict-only build's gate (CheckCode kCheckVerdict, SlotCheck mode 2): a warp calls it after
+// issuing the loads of its first chunks and before their first store, with `judged` false until
+// then, so the verdict's read and the row's loads are in flight together. Whether the warp may
+// store (false: the call has an illegal entry; the warp stores nothing, and the thread that
+// call_is_legal names has reported it). Warp-uniform: every lane of the warp must call it.
+template <typename IdxT, typename Args>
+__device__ __forceinline__ bool verdict_gate(bool& judged, const Args& a) {
+  if (judged) return true;
+  judged = true;
+  return call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots);
 }
 
 __device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
@@ -279,7 +326,7 @@ __device__ __forceinline__ void prefetch_slot(const void* index, int64_t row, in
   prefetch_l2(reinterpret_cast<const unsigned char*>(static_cast<const IdxT*>(index) + row * stride), sizeof(IdxT), 0);
 }
 
-// Ask the L2 for a verdict-reading call's (SlotCheck mode 2) verdict words before the PDL wait, from
+// Ask the L2 for a verdict-reading call's (SlotCheck mode 2) verdict before the PDL wait, from
 // the block's first warp: an index checked beforehand (oracle.kernels.check_index) left them long
 // ago, and they may be back in DRAM by now.
 __device__ __forceinline__ void prefetch_verdict(const SlotCheck& c) {
@@ -292,7 +339,6 @@ __device__ __forceinline__ void prefetch_verdict(const SlotCheck& c) {
 // the full check (modes 1 and 2, with the loads it moves before the check). `family` is the
 // LaunchTuning::lean_unchecked / lean_verdict bit of the kernel.
 enum CheckCode { kCheckNone = 0, kCheckVerdict = 1, kCheckFull = 2 };
-enum KernelFamily { kPagedRowsFamily = 1, kMlaDirectFamily = 2 };  // the knobs' bits
 
 inline int check_code(const SlotCheck& c, int family) {
   if (c.mode == 0) return (launch_tuning().lean_unchecked & family) ? kCheckNone : kCheckFull;

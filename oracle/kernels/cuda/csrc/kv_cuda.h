@@ -17,8 +17,9 @@ enum Fp8Format : int32_t { kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 
 // The device-side slot check of a validating call (check.cu; the binding plans it). Mode 0: none.
 // Mode 1: every block scans the whole index before its first store (short indices: one launch).
-// Mode 2: launch_slot_check ran first and left each chunk's first illegal entry in `verdict`; the
-// writer, launched with PDL after it (args.pdl set), reads those words after griddepcontrol.wait.
+// Mode 2: launch_slot_check ran first and left the first illegal entry in `verdict` (its fold of
+// one word per chunk); the writer, launched with PDL after it (args.pdl set), reads it after
+// griddepcontrol.wait.
 // Mode 3 (launch_mla_checked only): the writer's own grid, all of it resident at once, loads its
 // rows, scans the index and meets at a grid barrier before its first store.
 // An entry is illegal when its slot is >= num_slots, or < 0 unless negative_ok. If any is, no block
@@ -28,8 +29,9 @@ enum Fp8Format : int32_t { kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 constexpr int64_t kNoEntry = INT64_MAX;
 
 struct SlotCheck {
-  const int64_t* verdict;    // mode 2: one word per check block, or the one word of an index
-                             // checked beforehand (oracle.kernels.check_index)
+  const int64_t* verdict;    // mode 2: a check grid's fold (one word), or the words of an index
+                             // checked beforehand (oracle.kernels.check_index: one from the CUDA
+                             // library, one per chunk from the Triton kernel)
   uint64_t* barrier;         // mode 3: the stream's four grid-barrier words (grid_verdict, common.cuh)
   int64_t* mailbox;          // int64[8] the host reads
   int32_t mode;
@@ -42,17 +44,25 @@ struct SlotCheck {
   int64_t pad_slot;          // padding reserved:K's K (for the message)
 };
 
-// verdict[b] = the first illegal entry (see SlotCheck) among entries [b * chunk, (b + 1) * chunk)
-// of the index, or n, for b < blocks. With `pdl` it waits for the previous grid first; it lets the
-// next PDL launch be scheduled at once (that launch waits for this grid to complete).
-// copy[i] = index[i * index_stride] for i < n, and verdict[b] as launch_slot_check's, in one plain
+// Where a check grid leaves its verdict: words[b] = the first illegal entry (see SlotCheck) among
+// entries [b * chunk, (b + 1) * chunk) of the index, or n, for b < blocks; *fold = their minimum,
+// written by the last block to arrive (arrivals: 0 before the grid, and again after it).
+struct VerdictWords {
+  int64_t* words;
+  int64_t* fold;
+  unsigned long long* arrivals;
+};
+
+// The check grid of mode 2. With `pdl` it waits for the previous grid first; it lets the next PDL
+// launch be scheduled at once (`early`: that launch waits for this grid to complete) or after its wait.
+// copy[i] = index[i * index_stride] for i < n, and the verdict as launch_slot_check's, in one plain
 // launch (oracle.kernels.check_index).
 cudaError_t launch_copy_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
-                              int64_t num_slots, int32_t negative_ok, void* copy, int64_t* verdict, int blocks,
-                              int64_t chunk, cudaStream_t stream);
+                              int64_t num_slots, int32_t negative_ok, void* copy, const VerdictWords& verdict,
+                              int blocks, int64_t chunk, cudaStream_t stream);
 cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t index_stride, int64_t n,
-                              int64_t num_slots, int32_t negative_ok, int64_t* verdict, int blocks, int64_t chunk,
-                              bool pdl, bool early, cudaStream_t stream);
+                              int64_t num_slots, int32_t negative_ok, const VerdictWords& verdict, int blocks,
+                              int64_t chunk, bool pdl, bool early, cudaStream_t stream);
 
 // One tensor pair a paged/flat writer copies: source rows [N, heads, head] into cache rows.
 // A cache row (slot s) starts at dst + (s / block_size) * dst_block + (s % block_size) * dst_token;
@@ -178,6 +188,15 @@ struct LaunchTuning {
   // H100, 1 is 2.0-2.3 us faster for fp8 and MLA at N = 4096 and as fast for MLA at 16384
   // (benchmarks/check_order.py).
   int check_early = 1;
+  // How a check grid hands its verdict over, per family as lean_unchecked below: bit set, its last
+  // block folds the blocks' words into one, which every writer warp reads (one sector: 8 bytes,
+  // where 64 words were 512, megabytes of L2 reads over a call of one warp per row); bit clear, the
+  // writer warps read every block's word, and the check grid ends without the fold's fence, atomic
+  // and reads. Eagerly on the H100 (benchmarks/check_order.py --switch fold): MLA (a warp per row)
+  // 57.9 us folded against 68.6 at N = 65536, even at 4096-16384; the fp8 paged writer (a
+  // persistent grid, a word read per warp once) 39.5 unfolded against 41.1 at 16384. check_index
+  // always folds: its verdict is read by every call of a step.
+  int check_fold = 2;  // MLA direct only
   // The validating MLA direct path (16-byte vectors) checks an index of kFusedCheckMax < n <=
   // mla_checked_rows entries inside its own grid (1, SlotCheck mode 3) or with a check grid (0).
   int mla_check_in_grid = 1;
@@ -196,5 +215,8 @@ struct LaunchTuning {
   int lean_verdict = 3;
 };
 LaunchTuning& launch_tuning();
+
+// The writer kernel families, the bits of the per-family knobs above.
+enum KernelFamily { kPagedRowsFamily = 1, kMlaDirectFamily = 2 };
 
 }  // namespace kvo_cuda

@@ -65,8 +65,9 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   // nothing before the wait, as a check grid may have let this grid launch while the kernels before
   // it still run (check.cu) and an index checked beforehand leaves the launch as it is; unless the
   // check grid let it launch only once they had completed (SlotCheck::late): then before the wait.
-  // The verdict-only build loads nothing early: it keeps fewer registers, so more of its blocks fit
-  // on an SM.
+  // The verdict-only build loads nothing early, as it keeps fewer registers (more of its blocks fit
+  // on an SM), and reads the verdict inside the loop instead (verdict_gate), once per warp, right
+  // after its first item's loads: the two memory round trips overlap, for every wave of warps.
   bool early = false;
   int64_t early_slot = -1;
   In early_r[kRowUnroll];
@@ -94,10 +95,10 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
   } else if constexpr (Check == kCheckVerdict) {
     prefetch_verdict(a.check);
     pdl_prologue(a.pdl);
-    if (!call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
   } else {
     pdl_prologue(a.pdl);
   }
+  bool judged = Check != kCheckVerdict;
   for (int64_t item = first; item < items; item += step) {
     const int s = item >= a.n ? 1 : 0;
     const int64_t row = item - (s ? a.n : 0);
@@ -109,7 +110,9 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
     const bool keep = slot >= 0 && slot < a.num_slots;
     if constexpr (Dense) {
       const typename Chunk::Factor f = Chunk::factor(Chunk::kScaled ? __ldg(d.scale) : 1.0f);
-      for (int64_t base = lane; base < chunks; base += 32 * kRowUnroll) {
+      // A lane past a short row's chunks still takes one round in the verdict-only build, loading
+      // nothing: verdict_gate needs the whole warp.
+      for (int64_t base = lane; base < chunks || !judged; base += 32 * kRowUnroll) {
         In r[kRowUnroll];
         if (preloaded) {
 #pragma unroll
@@ -117,6 +120,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
         } else {
           load_dense(src, chunks, base, r);
         }
+        if (!verdict_gate<IdxT>(judged, a)) return;
         if (!keep) break;  // uniform across the warp
         unsigned char* dst = row_of(a, d, slot);
 #pragma unroll
@@ -125,6 +129,9 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
             store_global<Chunk::kOut>(dst + (base + u * 32) * Chunk::kOut, Chunk::apply(r[u], f));
       }
     } else {
+      // The verdict before the loads here: read after them, it would cost this path registers
+      // (and blocks per SM) that the overlap does not win back.
+      if (!verdict_gate<IdxT>(judged, a)) return;
       unsigned char* dst = nullptr;
       for (int64_t base = 0; base < chunks; base += 32 * kRowUnroll) {
         In r[kRowUnroll];
