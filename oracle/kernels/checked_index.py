@@ -63,6 +63,7 @@ class CheckedIndex:
     # arguments (oracle/kernels/triton/_plans.py), computed once: the copy and the verdict are
     # private, so none of it changes while the CheckedIndex lives
     signature: tuple = field(init=False, repr=False, compare=False)
+    entries: int = field(init=False, repr=False, compare=False)  # len(index), read on every call
 
     def __post_init__(self):
         parts = (self.index, self.verdict)
@@ -70,9 +71,10 @@ class CheckedIndex:
         key = (("checked", self.num_slots, self.padding),) + tuple(
             (t.dtype, t.shape, t.stride(), t.get_device(), p & 15) for t, p in zip(parts, pointers))
         object.__setattr__(self, "signature", (key, parts, pointers, self.index.get_device()))
+        object.__setattr__(self, "entries", self.index.shape[0])
 
     def __len__(self) -> int:
-        return self.index.shape[0]
+        return self.entries
 
     @property
     def device(self) -> torch.device:

@@ -82,15 +82,16 @@ def build_info() -> dict:
 
 
 def _begin(cache: torch.Tensor, validate) -> tuple:
-    """(the op library, validate as the op takes it) for a call writing ``cache``; for a validating
-    call, first raise an earlier call's error on that device (host memory only: no synchronization;
-    the library got every device's mailbox when it loaded)."""
+    """(the op library, validate as the op takes it, whether the call raises its own error at once)
+    for a call writing ``cache``; for a validating call, first raise an earlier call's error on that
+    device (host memory only: no synchronization; the library got every device's mailbox when it
+    loaded)."""
     lib = _LIB.loaded or ops()
     if validate is False:
-        return lib, 0
-    _deferred.sync_requested(validate)  # rejects any other value before the launch
+        return lib, 0, False
+    sync = _deferred.sync_requested(validate)  # rejects any other value before the launch
     _deferred.take(cache.get_device())
-    return lib, 1
+    return lib, 1, sync
 
 
 def _index(argument: str, index, cache, lead: int, padding: str) -> tuple:
@@ -104,14 +105,15 @@ def _index(argument: str, index, cache, lead: int, padding: str) -> tuple:
     num_slots = slots_of(cache, lead)
     if num_slots is None:
         return index.index, None  # not a cache of that rank: the op refuses it before it reads anything
-    copy, verdict = resolve(argument, index, num_slots, padding)
-    return copy, (verdict if copy.shape[0] > SCANNED_INDEX_MAX else None)
+    if num_slots != index.num_slots or padding != index.padding:  # else resolve's answer, without its call
+        resolve(argument, index, num_slots, padding)  # raises the ValueError naming both, or accepts it
+    return index.index, (index.verdict if index.entries > SCANNED_INDEX_MAX else None)
 
 
-def _finish(cache: torch.Tensor, validate) -> None:
-    """Raise the call's own error at once where that was asked for (synchronizing its stream; not
-    under capture, where the binding leaves the check out)."""
-    if validate is False or not _deferred.sync_requested(validate) or torch._C._cuda_isCurrentStreamCapturing():
+def _finish(cache: torch.Tensor, sync: bool) -> None:
+    """Raise the call's own error at once where that was asked for (``sync``, from _begin;
+    synchronizing its stream; not under capture, where the binding leaves the check out)."""
+    if not sync or torch._C._cuda_isCurrentStreamCapturing():
         return
     _deferred.raise_at_once(cache.get_device())
 
@@ -122,18 +124,18 @@ def store_cache(k, v, k_cache, v_cache, loc, *, pdl=True, validate=True):
     ``validate``: True (slots checked on the device, errors deferred), "sync" or False (see above).
     ``loc`` may be a CheckedIndex (see above)."""
     loc, verdict = _index("loc", loc, k_cache, 1, "none")
-    lib, check = _begin(k_cache, validate)
+    lib, check, sync = _begin(k_cache, validate)
     lib.store_cache(k, v, k_cache, v_cache, loc, pdl=pdl, validate=check, verdict=verdict)
-    _finish(k_cache, validate)
+    _finish(k_cache, sync)
 
 
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, pdl=True, validate=True):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang's SM90 TMA writer; every slot in
     range). ``pdl``, ``validate``, ``loc``: as store_cache's."""
     loc, verdict = _index("loc", loc, kv_buffer, 1, "none")
-    lib, check = _begin(kv_buffer, validate)
+    lib, check, sync = _begin(kv_buffer, validate)
     lib.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, pdl=pdl, validate=check, verdict=verdict)
-    _finish(kv_buffer, validate)
+    _finish(kv_buffer, sync)
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
@@ -149,10 +151,10 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
             if not isinstance(scale, torch.Tensor):
                 raise TypeError(f"{name} must be a float32 tensor, got {type(scale).__name__}")
     slot_mapping, verdict = _index("slot_mapping", slot_mapping, key_cache, 2, "negative")
-    lib, check = _begin(key_cache, validate)
+    lib, check, sync = _begin(key_cache, validate)
     lib.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
                                 pdl=pdl, validate=check, verdict=verdict)
-    _finish(key_cache, validate)
+    _finish(key_cache, sync)
 
 
 # ---- registration -------------------------------------------------------------------------------
