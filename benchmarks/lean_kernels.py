@@ -1,6 +1,6 @@
 """Which build of a CUDA writer kernel should a launch take? Times the lean builds against the full one (run on a GPU).
 
-Each CUDA writer kernel is built three ways (CheckCode in csrc/common.cuh): without any slot-check
+Each CUDA writer kernel is built three ways (CheckCode in csrc/slot_check.cuh): without any slot-check
 code, reading the verdict of an index checked beforehand and nothing more, and with the full check
 (the scan of a short index, and the first row loaded beside the check). The full build keeps more
 registers (80 against 56-64 a thread for the dense 16-byte paged kernels, 64 against 37-40 for MLA

@@ -93,7 +93,7 @@ def carries_libstdcxx(library: Path) -> bool | None:
 MAIN = Extension("kv_oracle_cuda", ("binding.cpp", "bind_common.cpp", "bind_store.cpp", "bind_mla.cpp",
                                     "bind_paged.cpp", "check.cu", "copy.cu", "fp8.cu", "mla.cu",
                                     "mla_checked.cu"),
-                 ("bind.h", "kv_cuda.h", "common.cuh", "paged_rows.cuh"))
+                 ("bind.h", "kv_cuda.h", "common.cuh", "slot_check.cuh", "paged_rows.cuh"))
 BAD = Extension("kv_oracle_cuda_bad", ("bad.cu", "bad_binding.cpp"), ())
 
 

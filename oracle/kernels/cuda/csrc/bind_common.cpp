@@ -92,7 +92,7 @@ kvo_cuda::VerdictWords verdict_buffer(const Tensor& like, cudaStream_t stream) {
   return {w + 2, w, reinterpret_cast<unsigned long long*>(w + 1)};
 }
 
-// The grid-barrier words (grid_verdict in common.cuh): [0] arrivals 0, [1] generation 0, [2] and
+// The grid-barrier words (grid_verdict in slot_check.cuh): [0] arrivals 0, [1] generation 0, [2] and
 // [3] kNoEntry; a call's grid leaves them so for the next. Filled on the device: a copy from the
 // host would synchronize the first call on each stream.
 uint64_t* barrier_buffer(const Tensor& like, cudaStream_t stream) {

@@ -9,9 +9,9 @@
 // that wait (`early` = 0), once the kernels before the check have completed, so the writer may load
 // its first row before its own wait (SlotCheck::late) (LaunchTuning::check_early). The early order
 // gains where many writer blocks fit on an SM: the verdict-only builds the writers take after an
-// early check (CheckCode, common.cuh) keep 40-64 registers a thread against the full build's 64-80,
+// early check (CheckCode, slot_check.cuh) keep 40-64 registers a thread against the full build's 64-80,
 // and are 2.0-2.3 us faster eagerly (benchmarks/check_order.py; docs/benchmarks.md).
-#include "common.cuh"
+#include "slot_check.cuh"
 
 namespace kvo_cuda {
 namespace {

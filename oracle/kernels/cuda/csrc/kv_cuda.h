@@ -32,7 +32,7 @@ struct SlotCheck {
   const int64_t* verdict;    // mode 2: a check grid's fold (one word), or the words of an index
                              // checked beforehand (oracle.kernels.check_index: one from the CUDA
                              // library, one per chunk from the Triton kernel)
-  uint64_t* barrier;         // mode 3: the stream's four grid-barrier words (grid_verdict, common.cuh)
+  uint64_t* barrier;         // mode 3: the stream's four grid-barrier words (grid_verdict, slot_check.cuh)
   int64_t* mailbox;          // int64[8] the host reads
   int32_t mode;
   int32_t verdict_count;
@@ -200,7 +200,7 @@ struct LaunchTuning {
   // The validating MLA direct path (16-byte vectors) checks an index of kFusedCheckMax < n <=
   // mla_checked_rows entries inside its own grid (1, SlotCheck mode 3) or with a check grid (0).
   int mla_check_in_grid = 1;
-  // Which build of a writer kernel a launch takes (CheckCode, common.cuh), per family: bit 0 the
+  // Which build of a writer kernel a launch takes (CheckCode, slot_check.cuh), per family: bit 0 the
   // paged-row kernels (store_cache, the paged copy and fp8 writes), bit 1 the MLA direct kernel.
   // The full check's code (the scan of a short index, the loads moved before the check) keeps
   // registers: 80 against 56-64 a thread for the dense 16-byte paged kernels, 64 against 37-39 for

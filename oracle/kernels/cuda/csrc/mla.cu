@@ -22,7 +22,7 @@
 // Slots outside [0, num_slots) are skipped, so nothing is written outside the buffer; a validating
 // call first decides on the device whether every slot is legal (SlotCheck, call_is_legal) and
 // stores nothing if one is not.
-#include "common.cuh"
+#include "slot_check.cuh"
 
 namespace kvo_cuda {
 namespace {
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   __syncwarp();
 }
 
-// Check: the build's CheckCode (common.cuh; check_code picks it per launch).
+// Check: the build's CheckCode (slot_check.cuh; check_code picks it per launch).
 template <typename IdxT, int Vec, int Check>
 __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a, int prefetch) {
   using V = typename VecOf<Vec>::type;

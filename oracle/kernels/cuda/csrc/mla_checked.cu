@@ -8,7 +8,7 @@
 // chunks, so a thread's chunk, with its source base and row stride, never changes). Each thread
 // loads its first kTile rows' chunks and slots into registers (safe before the verdict: they read
 // the sources and the index only), scans its share of the index, and the grid meets at
-// grid_verdict (common.cuh) while those reads are in flight. If an entry is illegal no thread
+// grid_verdict (slot_check.cuh) while those reads are in flight. If an entry is illegal no thread
 // stores and block 0 reports it; else the grid stores the tile and copies any rows left.
 //
 // One pass (every row in the first tile) is what this shape is for: at N = 4096 and 7000 rows of
@@ -23,7 +23,7 @@
 // block of this grid still needs to reach the barrier. The launch is not cooperative: where other
 // kernels share the device, the blocks that do not fit yet become resident as those kernels'
 // blocks finish, as any grid's do, and the resident ones wait for them at the barrier.
-#include "common.cuh"
+#include "slot_check.cuh"
 
 namespace kvo_cuda {
 namespace {

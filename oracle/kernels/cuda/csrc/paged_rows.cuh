@@ -22,7 +22,7 @@
 // kept in registers.
 #pragma once
 
-#include "common.cuh"
+#include "slot_check.cuh"
 
 namespace kvo_cuda {
 
@@ -43,7 +43,7 @@ __device__ __forceinline__ void prefetch_item(const PagedArgs& a, int64_t item, 
   if (lane == 0 && s == 0) prefetch_slot<IdxT>(a.index, row, a.index_stride);
 }
 
-// Check: the build's CheckCode (common.cuh; check_code picks it per launch).
+// Check: the build's CheckCode (slot_check.cuh; check_code picks it per launch).
 template <typename IdxT, typename Chunk, bool Dense, int Check>
 __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_constant__ PagedArgs a, int prefetch) {
   using In = typename VecOf<Chunk::kIn>::type;
