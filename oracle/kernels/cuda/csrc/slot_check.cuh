@@ -54,14 +54,11 @@ __device__ __forceinline__ int64_t first_illegal(const void* index, int64_t stri
 // null (LaunchTuning::check_fold 0) the words are left as they are, for the writer to read.
 __device__ __forceinline__ void fold_verdict(int64_t first, int64_t n, int64_t* words, int64_t* fold,
                                              unsigned long long* arrivals) {
-  if (threadIdx.x >= 32 || (fold == nullptr && threadIdx.x > 0)) return;
-  if (fold == nullptr) {  // uniform over the grid
-    words[blockIdx.x] = first < n ? first : n;
-    return;
-  }
+  if (threadIdx.x >= 32) return;
+  if (threadIdx.x == 0) words[blockIdx.x] = first < n ? first : n;
+  if (fold == nullptr) return;  // uniform over the grid
   int last = 0;
   if (threadIdx.x == 0) {
-    words[blockIdx.x] = first < n ? first : n;
     __threadfence();  // the word before the arrival
     last = atomicAdd(arrivals, 1ULL) == gridDim.x - 1;
   }
