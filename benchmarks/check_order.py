@@ -20,21 +20,12 @@ The switch is ``torch.ops.kv_oracle_cuda.tune("check_early", 1 | 0)`` for the CU
 - ``words``: each writer warp reads every block's word (up to 64, 512 bytes), and the check grid
   ends as soon as each block has written its own.
 
-``--switch ahead`` (the MLA writers): whether the writer's programs resident at launch also ask
-the L2 for the rows of those launched after them while they wait (``tune("mla_ahead", 3 | 0)``
-for CUDA, which also covers its launches that check nothing, so the ``.unchecked`` twin is timed
-both ways; ``oracle.kernels.triton.tiles.AHEAD`` for Triton, whose verdict-reading launches only
-take it):
-
-- ``ahead``: every row up to half the L2 is asked for before the wait;
-- ``own``: each warp or program asks for its own first rows only.
-
 Each cell is timed eagerly
 with inputs rotated past the L2 (oracle bench's timer, without a graph), the two orders and the
 kernel's ``.unchecked`` twin alternated round by round in one process, so a host's drift hits them
 alike; the table gives each one's median over the rounds.
 
-    python benchmarks/check_order.py [--switch order|fold|ahead] [--kernels cuda.set_mla_kv_buffer,...]
+    python benchmarks/check_order.py [--switch order|fold] [--kernels cuda.set_mla_kv_buffer,...]
         [--sizes 4096,16384] [--rounds 7] [--json OUT]
 """
 
@@ -53,19 +44,7 @@ VARIANTS = {"set_mla_kv_buffer": ("bf16",), "reshape_and_cache_flash": ("e4m3fn"
             "reshape_and_cache_block": ("nvfp4", "mxfp8_e4m3fn")}
 
 
-SWITCHES = {"order": ("early", "late"), "fold": ("folded", "words"), "ahead": ("ahead", "own")}
-KERNELS_OF = {"fold": lambda k: k.startswith("cuda."), "ahead": lambda k: "mla" in k}
-
-
-def set_ahead(backend: str, on: bool) -> None:
-    """Make the MLA writers of ``backend`` prefetch ahead before their wait, or their own rows only."""
-    if backend == "cuda":
-        from oracle.kernels import cuda
-        cuda.ops().tune("mla_ahead", 3 if on else 0)
-    else:
-        from oracle.kernels.triton import _plans, tiles
-        tiles.AHEAD = {"mla_write"} if on else set()
-        _plans.clear()
+SWITCHES = {"order": ("early", "late"), "fold": ("folded", "words")}
 
 
 def set_fold(backend: str, folded: bool) -> None:
@@ -96,18 +75,15 @@ def main() -> int:
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     on, off = SWITCHES[args.switch]
-    setter = {"order": set_order, "fold": set_fold, "ahead": set_ahead}[args.switch]
-    wanted = KERNELS_OF.get(args.switch, lambda k: True)
-    kernels = args.kernels or ",".join(k for k in DEFAULT_KERNELS if wanted(k))
+    setter = set_order if args.switch == "order" else set_fold
+    kernels = args.kernels or ",".join(k for k in DEFAULT_KERNELS if args.switch == "order" or k.startswith("cuda."))
     registry = default_registry.discover()
     in_grid = None
     if any(k.startswith("cuda.") for k in kernels.split(",")):
         from oracle.kernels import cuda
         in_grid = cuda.ops().tune("mla_check_in_grid", 0)  # the CUDA MLA writer takes the check grid at every size
     rows = []
-    twins = ("unchecked", "unchecked " + off) if args.switch == "ahead" else ("unchecked",)
-    print(f"{'kernel':34s} {'variant':13s} {'N':>6s} {on:>7s} {off:>7s} "
-          + " ".join(f"{t:>13s}" for t in twins) + "  (us, eager, cold)")
+    print(f"{'kernel':34s} {'variant':13s} {'N':>6s} {on:>7s} {off:>7s} {'unchecked':>9s}  (us, eager, cold)")
     for name in (k for k in kernels.split(",") if k):
         kernel = registry.kernels[name]
         twin = registry.kernels[name + ".unchecked"]
@@ -119,15 +95,13 @@ def main() -> int:
                 variants = {on: (functools.partial(setter, backend, True), kernel.fn),
                             off: (functools.partial(setter, backend, False), kernel.fn),
                             "unchecked": (functools.partial(setter, backend, True), twin.fn)}
-                if len(twins) > 1:
-                    variants[twins[1]] = (functools.partial(setter, backend, False), twin.fn)
                 times = alternated(variants, first.args, "cuda", rotation, args.rounds)
                 setter(backend, True)
                 med = medians(times)
                 rows.append({"kernel": name, "variant": variant, "n": n, "switch": args.switch, "median_us": med,
                              "samples_us": times})
                 print(f"{name:34s} {variant:13s} {n:6d} {med[on]:7.2f} {med[off]:7.2f} "
-                      + " ".join(f"{med[t]:13.2f}" for t in twins), flush=True)
+                      f"{med['unchecked']:9.2f}", flush=True)
     if in_grid is not None:
         cuda.ops().tune("mla_check_in_grid", in_grid)
     save_alternated(args.json, args.rounds, rows)

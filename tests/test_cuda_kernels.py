@@ -46,8 +46,7 @@ def _same_bytes(a, b):
 @pytest.mark.parametrize("n", [7, 4097])
 def test_every_launch_tuning_writes_the_same_bytes(n):
     """The tuning knobs change only the launch (rows per warp, warps per block, grids, L2 policy,
-    L2 prefetches before the PDL wait and how far ahead they reach, when a check grid lets its writer
-    launch):
+    L2 prefetches before the PDL wait, when a check grid lets its writer launch):
     every combination writes exactly what the default does (MLA, copies and fp8 writes), including
     a partial last row group."""
     import itertools
@@ -65,7 +64,7 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     scale = torch.tensor([0.25], device="cuda")
     fp8_caches = (torch.zeros((blocks, 16, 8, 128), dtype=torch.uint8, device="cuda"),) * 2
     knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "fp8_grid", "mla_prefetch",
-             "mla_ahead", "copy_prefetch", "fp8_prefetch", "check_early", "check_fold", "mla_check_in_grid",
+             "copy_prefetch", "fp8_prefetch", "check_early", "check_fold", "mla_check_in_grid",
              "lean_unchecked", "lean_verdict")
     defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 0) for name in knobs}
     for name, value in defaults.items():
@@ -78,7 +77,7 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
                         "copy_grid": grid, "fp8_grid": grid, "mla_prefetch": i % 3, "copy_prefetch": i % 3,
                         "fp8_prefetch": (i + 1) % 3, "check_early": (i // 2) % 2,
                         "mla_check_in_grid": (i // 3) % 2, "lean_unchecked": (i // 5) % 4,
-                        "lean_verdict": (i // 7) % 4, "check_fold": (i // 11) % 4, "mla_ahead": (i // 13) % 4}
+                        "lean_verdict": (i // 7) % 4, "check_fold": (i // 11) % 4}
             pdl = i % 2 == 1  # the PDL prologue under every launch shape too, with every prefetch mode
             for name, value in settings.items():
                 tune(name, value)

@@ -334,12 +334,11 @@ def test_l2_prefetch_is_asked_for_by_mode_and_off_under_the_interpreter():
     results["store_cache"] = seen[-1]
     emit(results)
     """)
-    # no prefetch ahead on the interpreter (tiles.ahead; tests/test_triton_tiles.py)
-    assert out["never"] == {"PF_SECTOR": 16, "PF_A": 0, "PF_B": 0, "PF_AHEAD": 0}
-    assert out["pdl"] == out["always"] == {"PF_SECTOR": 16, "PF_A": 1, "PF_B": 1, "PF_AHEAD": 0}  # 8-, 4-wide tiles
+    assert out["never"] == {"PF_SECTOR": 16, "PF_A": 0, "PF_B": 0}
+    assert out["pdl"] == out["always"] == {"PF_SECTOR": 16, "PF_A": 1, "PF_B": 1}  # 8- and 4-wide tiles
     assert out["never right"] and out["pdl right"] and out["always right"]
     assert out["plain"] == out["always"]
-    assert out["strided nope"] == {"PF_SECTOR": 16, "PF_A": 0, "PF_B": 1, "PF_AHEAD": 0}
+    assert out["strided nope"] == {"PF_SECTOR": 16, "PF_A": 0, "PF_B": 1}
     assert out["store_cache"] == {"PF_SECTOR": 8, "PF_R": 2}  # float32 rows of 16 elements
 
 

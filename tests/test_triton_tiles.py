@@ -1,6 +1,5 @@
-"""The Triton writers' launch shapes (:mod:`oracle.kernels.triton.tiles`), decided on the host:
-the tile each launch takes and the prefetch ahead of a launch that waits for a verdict. Hand-derived
-values from a mocked device (no GPU needed)."""
+"""The Triton writers' launch shapes (:mod:`oracle.kernels.triton.tiles`), decided on the host from
+a mocked device (no GPU needed)."""
 
 import torch
 
@@ -41,29 +40,3 @@ def test_mla_tile_fills_one_wave_where_it_fits(monkeypatch):
     t = tiles.tile(16384, 512, "concat_mla", (512, 64), dev, pdl_prefetch=True)
     assert (t.block_n, t.num_warps) == tiles.LARGE_N_TILES["concat_mla"]  # not measured: unchanged
 
-
-def test_prefetch_ahead_covers_the_programs_launched_later(monkeypatch):
-    """A verdict-reading mla_write launch whose programs outnumber the resident ones asks each
-    resident program for the tiles of the programs launched after it: enough later tiles to cover
-    every row up to half the L2, at most AHEAD_MAX; nothing for other launches."""
-    monkeypatch.setattr(_runtime, "interpreting", lambda: False)
-    resident = 132 * 16  # 64 warps an SM, programs of 4 warps
-    monkeypatch.setattr(tiles, "_residency", lambda index, num_warps: (resident, 50 << 20))
-    dev = torch.device("cuda", 0)
-    t = tiles.Tile(4, 512, 4, 512, 64)
-    row = 1152  # bytes of a 512 + 64 bf16 row
-
-    def ahead(rows, on=True, kernel="mla_write"):
-        return tiles.ahead(kernel, -(-rows // t.block_n), t, row, dev, on)
-
-    assert ahead(16384) == (resident, 1)  # 4096 programs: a second wave of 1984
-    assert ahead(resident * 4) == (0, 0)  # one wave: nothing is launched later
-    assert ahead(resident * 4 + 1) == (resident, 1)
-    # 65536 rows: only the first 25 MiB / 1152 = 22755 rows (5689 tiles) are asked for early
-    assert ahead(65536) == (resident, 2)
-    assert ahead(16384, on=False) == (0, 0)
-    assert ahead(16384, kernel="concat_mla") == (0, 0)
-    monkeypatch.setattr(tiles, "_residency", lambda index, num_warps: (resident, 1 << 40))
-    assert ahead(1 << 22) == (resident, tiles.AHEAD_MAX)  # capped
-    monkeypatch.setattr(_runtime, "interpreting", lambda: True)
-    assert ahead(16384) == (0, 0)  # the interpreter has no launches to overlap

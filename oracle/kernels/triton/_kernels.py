@@ -257,47 +257,30 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
 
 
 @triton.jit
-def _prefetch_mla_tile(a_ptr, a_s0, b_ptr, b_s0, idx_ptr, idx_stride, rows, row_mask, width_a, width_b,
-                       BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, PF_A: tl.constexpr, PF_B: tl.constexpr,
-                       PF_SECTOR: tl.constexpr):
-    """Ask the L2 for an mla_write tile's source sectors (``PF_A``, ``PF_B`` per part) and slots."""
-    if PF_A != 0:
-        _prefetch_l2(a_ptr, a_s0, rows, row_mask, tl.program_id(1) * BLOCK_A, width_a, PF_A, PF_SECTOR)
-    if PF_B != 0:
-        _prefetch_l2(b_ptr, b_s0, rows, row_mask, tl.program_id(1) * BLOCK_B, width_b, PF_B, PF_SECTOR)
-    _prefetch_l2(idx_ptr, idx_stride, rows, row_mask, 0, 1, 1, 1)
-
-
-@triton.jit
 def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
               dst_ptr, dst_block_stride, dst_token_stride, dst_s1,
               idx_ptr, idx_stride, scale_ptr,
               n, width_a, width_b, block_size, num_slots, pad_slot,
-              verdict_ptr, verdict_count, mailbox_ptr, arg_code, pad_code, ahead,
+              verdict_ptr, verdict_count, mailbox_ptr, arg_code, pad_code,
               HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr,
-              PF_A: tl.constexpr = 0, PF_B: tl.constexpr = 0, PF_SECTOR: tl.constexpr = 1, PF_AHEAD: tl.constexpr = 0,
+              PF_A: tl.constexpr = 0, PF_B: tl.constexpr = 0, PF_SECTOR: tl.constexpr = 1,
               CHECK: tl.constexpr = 0, NEGATIVE_OK: tl.constexpr = 0, CHECK_BLOCK: tl.constexpr = 64,
               SYS_FENCE: tl.constexpr = 0):
     """Columns ``[j * BLOCK_A, (j + 1) * BLOCK_A)`` of part a and ``[j * BLOCK_B, ...)`` of part
     b for program ``(i, j)``: each part in its own power-of-two tile, so no lane is spent on the
     padding of one tile over the whole ``a | b`` row, and both copies vectorize. ``PDL``: see
     :func:`_pdl_prologue`. ``PF_A``, ``PF_B`` (unit column strides only): first ask the L2 for the
-    tile's source rows, that many sectors of each part (:func:`_prefetch_l2`), before the PDL wait;
-    with ``PF_AHEAD`` > 0 a program ``i < ahead`` (one resident at launch) also asks for the tiles
-    of programs ``i + ahead``, ..., ``i + PF_AHEAD * ahead`` (launched after it), so the memory is
-    busy while the launch waits (:func:`.tiles.ahead`). ``CHECK``: see the module docstring."""
+    tile's source rows, that many sectors of each part (:func:`_prefetch_l2`), before the PDL wait.
+    ``CHECK``: see the module docstring."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
+    if PF_A != 0:
+        _prefetch_l2(a_ptr, a_s0, rows, row_mask, tl.program_id(1) * BLOCK_A, width_a, PF_A, PF_SECTOR)
+    if PF_B != 0:
+        _prefetch_l2(b_ptr, b_s0, rows, row_mask, tl.program_id(1) * BLOCK_B, width_b, PF_B, PF_SECTOR)
     if PF_A != 0 or PF_B != 0:
-        _prefetch_mla_tile(a_ptr, a_s0, b_ptr, b_s0, idx_ptr, idx_stride, rows, row_mask, width_a, width_b,
-                           BLOCK_A, BLOCK_B, PF_A, PF_B, PF_SECTOR)
-        if PF_AHEAD != 0:
-            if tl.program_id(0) < ahead:
-                for k in tl.static_range(1, PF_AHEAD + 1):
-                    later = rows + k * ahead * BLOCK_N
-                    _prefetch_mla_tile(a_ptr, a_s0, b_ptr, b_s0, idx_ptr, idx_stride, later, later < n, width_a,
-                                       width_b, BLOCK_A, BLOCK_B, PF_A, PF_B, PF_SECTOR)
+        _prefetch_l2(idx_ptr, idx_stride, rows, row_mask, 0, 1, 1, 1)
     _pdl_prologue(PDL)
     slot, keep = _slots(idx_ptr, idx_stride, rows, row_mask, num_slots, pad_slot,
                         True, HAS_PAD_SLOT)

@@ -150,18 +150,16 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: _host.Padding,
     grid = (tiles.cdiv(n, t.block_n), max(tiles.cdiv(width_a, t.block_a), tiles.cdiv(width_b, t.block_b)))
     a0, a1 = a.stride()
     b0, b1 = b.stride()
-    counts = tiles.prefetch_counts(pdl, a.element_size(), (("PF_A", t.block_a, width_a, a1 == 1),
-                                                           ("PF_B", t.block_b, width_b, b1 == 1)))
-    ahead, counts["PF_AHEAD"] = tiles.ahead(table, grid[0], t, (width_a + width_b) * a.element_size(), device,
-                                            check.meta["CHECK"] == 2 and bool(counts["PF_A"] or counts["PF_B"]))
     _runtime.launch(_runtime.kernels().mla_write, grid, device,
                     a, a0, a1, b, b0, b1,
                     cache, block_stride, token_stride, elem_stride,
                     index, index.stride(0), scale if scale is not None else cache,
                     n, width_a, width_b, block_size, num_slots,
-                    pad.reserved if pad.reserved is not None else 0, *check.args, ahead,
+                    pad.reserved if pad.reserved is not None else 0, *check.args,
                     HAS_PAD_SLOT=pad.reserved is not None, FP8=fp8, BLOCK_N=t.block_n, BLOCK_A=t.block_a,
-                    BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps, **check.meta, **counts)
+                    BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps, **check.meta,
+                    **tiles.prefetch_counts(pdl, a.element_size(), (("PF_A", t.block_a, width_a, a1 == 1),
+                                                               ("PF_B", t.block_b, width_b, b1 == 1))))
 
 
 @_plans.planned(_host.plans_enabled)

@@ -136,35 +136,3 @@ def prefetch_counts(pdl: bool, element_size: int, blocks_and_widths) -> dict:
     for name, block, width, unit in blocks_and_widths:
         meta[name] = max(1, block // sector) if on and unit and width > 0 else 0
     return meta
-
-
-# Prefetch ahead, by LARGE_N_TILES key: in a launch that prefetches and reads a verdict (a check
-# grid's, or an index checked beforehand: CHECK = 2), whose PDL wait includes the check grid's run,
-# the programs resident at launch also ask the L2 for the tiles of up to AHEAD_MAX programs
-# launched after them each (``mla_write``'s ``PF_AHEAD``), up to half the L2, so the memory is busy
-# while they wait. benchmarks/check_order.py --switch ahead times it (docs/benchmarks.md).
-AHEAD = {"mla_write"}
-AHEAD_MAX = 4
-
-
-def ahead(kernel: str, programs: int, t: Tile, row_bytes: int, device: torch.device, on: bool) -> tuple:
-    """``(ahead, PF_AHEAD)`` of a launch of ``programs`` programs of ``t``'s rows (``on``: it
-    prefetches and reads a verdict): ``ahead`` the programs taken as resident at launch (a warp
-    budget of 64 per SM: registers may allow fewer, and a later program then prefetches late, which
-    costs nothing but its hints), ``PF_AHEAD`` the later tiles each asks for; ``(0, 0)`` for none."""
-    if not on or kernel not in AHEAD or _runtime.interpreting():
-        return 0, 0
-    resident, l2 = _residency(device.index if device.index is not None else torch.cuda.current_device(),
-                              t.num_warps)
-    rows = min(programs * t.block_n, l2 // 2 // max(1, row_bytes))
-    later = min(AHEAD_MAX, cdiv(cdiv(rows, t.block_n), resident) - 1)
-    return (resident, later) if later > 0 else (0, 0)
-
-
-@functools.lru_cache(maxsize=64)
-def _residency(index: int, num_warps: int) -> tuple:
-    """(programs of ``num_warps`` warps resident at once on device ``index`` by its warp budget,
-    its L2 bytes)."""
-    props = torch.cuda.get_device_properties(index)
-    per_sm = max(1, min(32, props.max_threads_per_multi_processor // (32 * num_warps)))
-    return props.multi_processor_count * per_sm, props.L2_cache_size

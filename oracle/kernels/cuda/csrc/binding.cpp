@@ -48,7 +48,6 @@ int64_t tune(c10::string_view knob, int64_t value) {
                         {"fp8_grid", &t.fp8_grid, -1, 64, false},
                         {"mla_evict_first", &t.mla_evict_first, 0, 3, false},
                         {"mla_prefetch", &t.mla_prefetch, 0, 2, false},
-                        {"mla_ahead", &t.mla_ahead, 0, 3, false},
                         {"copy_prefetch", &t.copy_prefetch, 0, 2, false},
                         {"fp8_prefetch", &t.fp8_prefetch, 0, 2, false},
                         {"check_early", &t.check_early, 0, 1, false},
@@ -66,7 +65,7 @@ int64_t tune(c10::string_view knob, int64_t value) {
     return old;
   }
   TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_grid, copy_grid, fp8_grid, "
-                    "mla_evict_first, mla_prefetch, mla_ahead, copy_prefetch, fp8_prefetch, check_early, check_fold, "
+                    "mla_evict_first, mla_prefetch, copy_prefetch, fp8_prefetch, check_early, check_fold, "
                     "mla_check_in_grid, lean_unchecked, lean_verdict");
   return 0;
 }

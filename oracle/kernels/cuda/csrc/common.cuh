@@ -188,26 +188,20 @@ inline cudaError_t launch_kernel(void (*kernel)(Params...), unsigned grid, int t
 
 // ---------------------------------------------------------------- launch sizing
 
-// An attribute of the current device (cached per device and attribute; `fallback` where the query
-// fails).
-template <cudaDeviceAttr Attr>
-inline int device_attribute(int fallback) {
+// Multiprocessor count of the current device (cached per device).
+inline int sm_count() {
   static int cached[64] = {0};
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return fallback;
+  if (cudaGetDevice(&device) != cudaSuccess) return 132;
+  if (device < 0 || device >= 64) return 132;
   if (cached[device] == 0) {
-    int value = 0;
-    if (cudaDeviceGetAttribute(&value, Attr, device) != cudaSuccess || value <= 0) value = fallback;
-    cached[device] = value;
+    int count = 0;
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
+      count = 132;
+    cached[device] = count;
   }
   return cached[device];
 }
-
-// Multiprocessor count of the current device.
-inline int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(132); }
-
-// L2 bytes of the current device.
-inline int64_t l2_bytes() { return device_attribute<cudaDevAttrL2CacheSize>(50 << 20); }
 
 // Blocks of `kernel` that fit on one multiprocessor with `smem` bytes of dynamic shared memory,
 // cached per (kernel, smem, threads): the occupancy query costs microseconds of host time.
@@ -215,7 +209,7 @@ template <typename Kernel>
 inline int blocks_per_sm(Kernel kernel, size_t smem, int threads) {
   struct Entry { const void* fn; size_t smem; int threads; int blocks; };
   static std::mutex lock;
-  static Entry cache[64];
+  static Entry cache[32];
   static int used = 0;
   const void* fn = reinterpret_cast<const void*>(kernel);
   std::lock_guard<std::mutex> guard(lock);
@@ -227,7 +221,7 @@ inline int blocks_per_sm(Kernel kernel, size_t smem, int threads) {
     (void)cudaGetLastError();  // clear it: the launch itself reports real problems
     return 1;                  // not cached: a transient failure is retried next time
   }
-  if (used < 64) cache[used++] = Entry{fn, smem, threads, per_sm};
+  if (used < 32) cache[used++] = Entry{fn, smem, threads, per_sm};
   return per_sm;
 }
 

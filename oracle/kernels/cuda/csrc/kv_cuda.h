@@ -179,12 +179,6 @@ struct LaunchTuning {
   // Measured (docs/benchmarks.md): MLA and copies gain plainly and with PDL (N = 16384: MLA direct
   // 15.9 -> 15.2 us, with PDL 15.1 -> 13.6); fp8 gains with PDL only (plainly 1-5% slower).
   int mla_prefetch = 2;
-  // Prefetch ahead on the MLA direct path (where mla_prefetch is on): the warps resident at launch
-  // also ask the L2 for the rows of the warps launched after them, up to half the L2, so the
-  // memory is busy while the launch waits before its first store. Per kind of launch: bit 0 one
-  // that checks nothing, bit 1 one that reads a verdict (a check grid's, or an index checked
-  // beforehand), whose wait includes the check grid's run.
-  int mla_ahead = 2;
   int copy_prefetch = 2;
   int fp8_prefetch = 1;
   // When a check grid (SlotCheck mode 2) lets its writer launch: 0 after the check's own PDL wait,

@@ -124,13 +124,9 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
   __syncwarp();
 }
 
-// Check: the build's CheckCode (slot_check.cuh; check_code picks it per launch). `ahead` > 0 (see
-// launch_direct_typed): warp w < ahead, one of the warps resident at launch, also asks the L2 for
-// rows w + ahead, w + 2 * ahead, ... below `ahead_end`, the rows the warps launched after it (or,
-// in a persistent grid, its own later iterations) will copy (the lean builds only).
+// Check: the build's CheckCode (slot_check.cuh; check_code picks it per launch).
 template <typename IdxT, int Vec, int Check>
-__global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a, int prefetch,
-                                                              int64_t ahead, int64_t ahead_end) {
+__global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a, int prefetch) {
   using V = typename VecOf<Vec>::type;
   const int lane = threadIdx.x & 31;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -138,10 +134,6 @@ __global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_const
   const int64_t nope_chunks = a.nope_bytes / Vec;
   const int64_t chunks = (a.nope_bytes + a.rope_bytes) / Vec;
   if (prefetch && first < a.n) prefetch_row<IdxT>(a, first, lane);
-  if constexpr (Check != kCheckFull) {  // the full build keeps its registers for the check
-    if (first < ahead)
-      for (int64_t row = first + ahead; row < ahead_end; row += ahead) prefetch_row<IdxT>(a, row, lane);
-  }
   if constexpr (Check != kCheckNone) prefetch_verdict(a.check);
   // Chunks [base, base + 32 * kUnroll) of a row, one per lane and unrolled step.
   auto load_chunks = [&](int64_t row, int64_t base, V (&r)[kUnroll]) {
@@ -221,30 +213,14 @@ cudaError_t launch_tma_typed(const MlaArgs& a, int64_t stage_bytes, cudaStream_t
                        launch_tuning().mla_evict_first, prefetch_for(launch_tuning().mla_prefetch, a.pdl != 0));
 }
 
-// The prefetch ahead of a direct launch in a lean build (LaunchTuning::mla_ahead): (the warps
-// resident at once, the rows below which they prefetch), or (0, 0). Rows stop at half the L2, so
-// the lines asked for early are still there when their warps load them.
-template <typename Kernel>
-std::pair<int64_t, int64_t> ahead_for(Kernel kernel, int code, const MlaArgs& a, unsigned grid, int threads,
-                                      int prefetch) {
-  const int bit = a.check.mode == 0 ? 1 : a.check.mode == 2 ? 2 : 0;
-  if (!prefetch || code == kCheckFull || (launch_tuning().mla_ahead & bit) == 0) return {0, 0};
-  const int64_t warps = threads / 32;
-  const int64_t resident = std::min<int64_t>(grid, static_cast<int64_t>(blocks_per_sm(kernel, 0, threads)) * sm_count());
-  const int64_t row_bytes = a.nope_bytes + a.rope_bytes;
-  const int64_t rows = row_bytes > 0 ? l2_bytes() / 2 / row_bytes : 0;
-  return {resident * warps, std::min(a.n, rows)};
-}
-
 template <typename IdxT, int Vec>
 cudaError_t launch_direct_typed(const MlaArgs& a, cudaStream_t stream) {
   return with_check(check_code(a.check, kMlaDirectFamily), [&](auto check) {
     auto kernel = mla_direct_kernel<IdxT, Vec, decltype(check)::value>;
     const int threads = 32 * launch_tuning().mla_warps;
     const unsigned grid = grid_for(kernel, a.n, 0, threads, launch_tuning().mla_grid);
-    const int prefetch = prefetch_for(launch_tuning().mla_prefetch, a.pdl != 0);
-    const auto [ahead, ahead_end] = ahead_for(kernel, decltype(check)::value, a, grid, threads, prefetch);
-    return launch_kernel(kernel, grid, threads, 0, stream, a.pdl != 0, a, prefetch, ahead, ahead_end);
+    return launch_kernel(kernel, grid, threads, 0, stream, a.pdl != 0, a,
+                         prefetch_for(launch_tuning().mla_prefetch, a.pdl != 0));
   });
 }
 
