@@ -3,10 +3,10 @@
 An index of 257 to ``mla_checked_rows`` entries is checked by the writer's own grid, which meets at
 a barrier over the grid before its first store; the barrier's words live per stream and carry from
 one call to the next. These tests run the writer against torch's ``index_put_`` on whole poisoned
-caches, with the knob ``mla_check_in_grid`` on (that path) and off (the check grid), and check
-what must hold across calls: legal and illegal calls in any order, both index dtypes, with and
-without PDL, on two streams at once, and past the one-pass size where the check grid takes over.
-GPU only (Hopper)."""
+caches, with the knob ``mla_check_in_grid`` at 1 (one pass in registers), 2 (registers and shared
+memory) and 0 (the check grid), and check what must hold across calls: legal and illegal calls in
+any order, both index dtypes, with and without PDL, on two streams at once, and past the one-pass
+size where the check grid takes over. GPU only (Hopper)."""
 
 from __future__ import annotations
 
@@ -46,14 +46,24 @@ def in_grid():
     tune = cuda_kernels.ops().tune
     default = tune("mla_check_in_grid", 1)
     tune("mla_check_in_grid", default)
-    yield lambda on: tune("mla_check_in_grid", 1 if on else 0)
+    yield lambda mode: tune("mla_check_in_grid", mode)
     tune("mla_check_in_grid", default)
 
 
 @gpu
-def test_one_pass_size_covers_a_few_thousand_rows():
-    rows = cuda_kernels.ops().mla_checked_rows(1152)
-    assert 4096 <= rows < 65536, rows
+def test_one_pass_size_covers_a_few_thousand_rows_and_more_with_shared_memory(in_grid):
+    """In registers one pass holds a few thousand rows of 1152 bytes; with shared memory too, more
+    than twice as many (16384 on the H100: 2 blocks of 512 threads an SM, 4 + 13 rows a thread);
+    with the knob off, none."""
+    ops = cuda_kernels.ops()
+    in_grid(1)
+    registers = ops.mla_checked_rows(1152)
+    assert 4096 <= registers < 65536, registers
+    in_grid(2)
+    staged = ops.mla_checked_rows(1152)
+    assert staged > 2 * registers, (staged, registers)
+    if torch.cuda.get_device_properties(0).multi_processor_count >= 132:
+        assert staged >= 16384, staged
 
 
 @gpu
@@ -63,16 +73,16 @@ def test_legal_and_illegal_calls_in_any_order(in_grid, index_dtype, pdl):
     """Legal, illegal (too large, then negative), legal, illegal...: each legal call writes exactly
     what index_put_ writes over a poisoned cache, each illegal one writes nothing and its error
     names the entry and value; with the in-grid check and with the check grid alike."""
-    for on in (True, False):
-        in_grid(on)
-        for n in (257, 1000, 4096):
+    for mode in (1, 2, 0):
+        in_grid(mode)
+        for n in (257, 1000, 4096) + ((12000,) if mode == 2 else ()):
             nope, rope, loc, num_slots = _call(n, n, index_dtype)
             want = _expected(nope, rope, loc, num_slots)
             for round_ in range(3):
                 got = torch.full_like(want, POISON)
                 cuda_kernels.set_mla_kv_buffer(got, loc, nope, rope, pdl=pdl)
                 oracle.kernels.raise_deferred_errors()
-                assert _same(got, want), (on, n, round_)
+                assert _same(got, want), (mode, n, round_)
                 entry = (n * (round_ + 1)) // 4
                 value = num_slots + round_ if round_ != 1 else -1
                 bad = loc.clone()
@@ -81,17 +91,18 @@ def test_legal_and_illegal_calls_in_any_order(in_grid, index_dtype, pdl):
                 cuda_kernels.set_mla_kv_buffer(untouched, bad, nope, rope, pdl=pdl)
                 with pytest.raises(oracle.kernels.DeferredSlotError, match=rf"\[{entry}\] = {value} is out of range"):
                     oracle.kernels.raise_deferred_errors()
-                assert bool((untouched == POISON).all()), (on, n, round_)
+                assert bool((untouched == POISON).all()), (mode, n, round_)
 
 
 @gpu
-def test_every_illegal_entry_position_is_caught(in_grid):
-    """The illegal entry in the first, last, or any block's share of the index, several at once:
-    the first of them is named and nothing is written."""
-    in_grid(True)
-    n = 3000
+@pytest.mark.parametrize("mode,n", [(1, 3000), (2, 3000), (2, 15000)])
+def test_every_illegal_entry_position_is_caught(in_grid, mode, n):
+    """The illegal entry in the first, last, or any block's share of the index (among rows held in
+    registers or staged in shared memory), several at once: the first of them is named and nothing
+    is written."""
+    in_grid(mode)
     nope, rope, loc, num_slots = _call(n, 11)
-    for entries in ([0], [n - 1], [511], [512], [1234, 77], [2999, 2998, 5]):
+    for entries in ([0], [n - 1], [511], [512], [1234, 77], [n - 1, n - 2, 5], [n // 2 + 3]):
         bad = loc.clone()
         bad[entries] = num_slots
         got = torch.full((num_slots, 576), POISON, dtype=torch.bfloat16, device="cuda")
@@ -104,9 +115,9 @@ def test_every_illegal_entry_position_is_caught(in_grid):
 @gpu
 def test_two_streams_at_once(in_grid):
     """Calls on two new streams run concurrently, each with its own barrier words, which the first
-    call on each stream sets up without synchronizing."""
-    in_grid(True)
-    calls = [_call(2048, seed) for seed in (21, 22)]
+    call on each stream sets up without synchronizing (one call staging rows in shared memory)."""
+    in_grid(2)
+    calls = [_call(2048, 21), _call(12000, 22)]
     streams = [torch.cuda.Stream() for _ in calls]
     outs = [torch.full((c[3], 576), POISON, dtype=torch.bfloat16, device="cuda") for c in calls]
     torch.cuda.synchronize()
@@ -125,9 +136,10 @@ def test_two_streams_at_once(in_grid):
 
 
 @gpu
-def test_past_one_pass_the_check_grid_takes_over(in_grid):
+@pytest.mark.parametrize("mode", [1, 2])
+def test_past_one_pass_the_check_grid_takes_over(in_grid, mode):
     """Around the one-pass size (either path, whichever the size picks) every write is exact."""
-    in_grid(True)
+    in_grid(mode)
     rows = cuda_kernels.ops().mla_checked_rows(1152)
     for n in (rows - 1, rows, rows + 1, 2 * rows + 5):
         nope, rope, loc, num_slots = _call(n, n)
@@ -135,3 +147,50 @@ def test_past_one_pass_the_check_grid_takes_over(in_grid):
         cuda_kernels.set_mla_kv_buffer(got, loc, nope, rope)
         oracle.kernels.raise_deferred_errors()
         assert _same(got, _expected(nope, rope, loc, num_slots)), n
+
+
+BARRIER_GRIDS_ON_TWO_STREAMS = """
+import sys, torch
+import oracle.kernels, oracle.kernels.cuda as cuda_kernels
+ops = cuda_kernels.ops()
+ops.tune("mla_check_in_grid", int(sys.argv[1]))
+if len(sys.argv) > 2:  # mla_check_cooperative (benchmarks, probes)
+    ops.tune("mla_check_cooperative", int(sys.argv[2]))
+n = ops.mla_checked_rows(1152)  # each grid as large as one pass allows: most of the device
+gen = torch.Generator().manual_seed(5)
+calls = []
+for _ in range(2):
+    nope = torch.randn(n, 512, generator=gen).to(torch.bfloat16).cuda()
+    rope = torch.randn(n, 64, generator=gen).to(torch.bfloat16).cuda()
+    loc = torch.randperm(2 * n, generator=gen)[:n].cuda()
+    calls.append((torch.zeros(2 * n, 576, dtype=torch.bfloat16, device="cuda"), loc, nope, rope))
+streams = [torch.cuda.Stream() for _ in calls]
+torch.cuda.synchronize()
+for _ in range(50):
+    for call, stream in zip(calls, streams):
+        with torch.cuda.stream(stream):
+            cuda_kernels.set_mla_kv_buffer(*call)
+torch.cuda.synchronize()
+oracle.kernels.raise_deferred_errors()
+for buf, loc, nope, rope in calls:
+    assert torch.equal(buf[loc], torch.cat([nope, rope], 1))
+print("done", n)
+"""
+
+
+@gpu
+@pytest.mark.parametrize("mode", [1, 2])
+def test_two_barrier_grids_on_two_streams_finish(mode):
+    """Two streams each write calls as long as one pass holds, so that each grid needs most of the
+    device at once: launched cooperative (the default), neither can start with part of its blocks
+    while the other holds the rest, so every call finishes (a hang fails after 120 s) and writes
+    what it should."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", BARRIER_GRIDS_ON_TWO_STREAMS, str(mode)], capture_output=True,
+                              text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("two barrier grids on two streams did not finish in 120 s (a deadlock)")
+    assert done.returncode == 0 and done.stdout.startswith("done"), done.stderr[-2000:]
