@@ -3,10 +3,12 @@
 An index of 257 to ``mla_checked_rows`` entries is checked by the writer's own grid, which meets at
 a barrier over the grid before its first store; the barrier's words live per stream and carry from
 one call to the next. These tests run the writer against torch's ``index_put_`` on whole poisoned
-caches, with the knob ``mla_check_in_grid`` at 1 (one pass in registers), 2 (registers and shared
-memory) and 0 (the check grid), and check what must hold across calls: legal and illegal calls in
-any order, both index dtypes, with and without PDL, on two streams at once, and past the one-pass
-size where the check grid takes over. GPU only (Hopper)."""
+caches, with the knob ``mla_check_in_grid`` on (that path) and off (the check grid), and check
+what must hold across calls: legal and illegal calls in any order, both index dtypes, with and
+without PDL, with every block scanning the whole index itself (what a block does once it has
+waited at the barrier past ``mla_check_deadline_us``), on two streams at once, two grids that
+cannot both be resident on streams of two priorities, and past the one-pass size where the check
+grid takes over. GPU only (Hopper)."""
 
 from __future__ import annotations
 
@@ -46,43 +48,45 @@ def in_grid():
     tune = cuda_kernels.ops().tune
     default = tune("mla_check_in_grid", 1)
     tune("mla_check_in_grid", default)
-    yield lambda mode: tune("mla_check_in_grid", mode)
+    yield lambda on: tune("mla_check_in_grid", 1 if on else 0)
     tune("mla_check_in_grid", default)
 
 
+@pytest.fixture
+def deadline():
+    """Sets mla_check_deadline_us for a test and restores the default after it."""
+    tune = cuda_kernels.ops().tune
+    default = tune("mla_check_deadline_us", 50)
+    tune("mla_check_deadline_us", default)
+    yield lambda us: tune("mla_check_deadline_us", us)
+    tune("mla_check_deadline_us", default)
+
+
 @gpu
-def test_one_pass_size_covers_a_few_thousand_rows_and_more_with_shared_memory(in_grid):
-    """In registers one pass holds a few thousand rows of 1152 bytes; with shared memory too, more
-    than twice as many (16384 on the H100: 2 blocks of 512 threads an SM, 4 + 13 rows a thread);
-    with the knob off, none."""
-    ops = cuda_kernels.ops()
-    in_grid(1)
-    registers = ops.mla_checked_rows(1152)
-    assert 4096 <= registers < 65536, registers
-    in_grid(2)
-    staged = ops.mla_checked_rows(1152)
-    assert staged > 2 * registers, (staged, registers)
-    if torch.cuda.get_device_properties(0).multi_processor_count >= 132:
-        assert staged >= 16384, staged
+def test_one_pass_size_covers_a_few_thousand_rows():
+    rows = cuda_kernels.ops().mla_checked_rows(1152)
+    assert 4096 <= rows < 65536, rows
 
 
 @gpu
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize("pdl", [True, False])
-def test_legal_and_illegal_calls_in_any_order(in_grid, index_dtype, pdl):
+def test_legal_and_illegal_calls_in_any_order(in_grid, deadline, index_dtype, pdl):
     """Legal, illegal (too large, then negative), legal, illegal...: each legal call writes exactly
     what index_put_ writes over a poisoned cache, each illegal one writes nothing and its error
-    names the entry and value; with the in-grid check and with the check grid alike."""
-    for mode in (1, 2, 0):
-        in_grid(mode)
-        for n in (257, 1000, 4096) + ((12000,) if mode == 2 else ()):
+    names the entry and value; with the in-grid check, with its blocks past their deadline at
+    once (each scans the whole index itself), and with the check grid alike."""
+    for on, late in ((True, False), (True, True), (False, False)):
+        in_grid(on)
+        deadline(0 if late else 50)
+        for n in (257, 1000, 4096):
             nope, rope, loc, num_slots = _call(n, n, index_dtype)
             want = _expected(nope, rope, loc, num_slots)
             for round_ in range(3):
                 got = torch.full_like(want, POISON)
                 cuda_kernels.set_mla_kv_buffer(got, loc, nope, rope, pdl=pdl)
                 oracle.kernels.raise_deferred_errors()
-                assert _same(got, want), (mode, n, round_)
+                assert _same(got, want), (on, late, n, round_)
                 entry = (n * (round_ + 1)) // 4
                 value = num_slots + round_ if round_ != 1 else -1
                 bad = loc.clone()
@@ -91,18 +95,20 @@ def test_legal_and_illegal_calls_in_any_order(in_grid, index_dtype, pdl):
                 cuda_kernels.set_mla_kv_buffer(untouched, bad, nope, rope, pdl=pdl)
                 with pytest.raises(oracle.kernels.DeferredSlotError, match=rf"\[{entry}\] = {value} is out of range"):
                     oracle.kernels.raise_deferred_errors()
-                assert bool((untouched == POISON).all()), (mode, n, round_)
+                assert bool((untouched == POISON).all()), (on, late, n, round_)
 
 
 @gpu
-@pytest.mark.parametrize("mode,n", [(1, 3000), (2, 3000), (2, 15000)])
-def test_every_illegal_entry_position_is_caught(in_grid, mode, n):
-    """The illegal entry in the first, last, or any block's share of the index (among rows held in
-    registers or staged in shared memory), several at once: the first of them is named and nothing
-    is written."""
-    in_grid(mode)
+@pytest.mark.parametrize("late", [False, True])
+def test_every_illegal_entry_position_is_caught(in_grid, deadline, late):
+    """The illegal entry in the first, last, or any block's share of the index, several at once:
+    the first of them is named and nothing is written (also where every block scans the whole
+    index itself, past its deadline)."""
+    in_grid(True)
+    deadline(0 if late else 50)
+    n = 3000
     nope, rope, loc, num_slots = _call(n, 11)
-    for entries in ([0], [n - 1], [511], [512], [1234, 77], [n - 1, n - 2, 5], [n // 2 + 3]):
+    for entries in ([0], [n - 1], [511], [512], [1234, 77], [2999, 2998, 5]):
         bad = loc.clone()
         bad[entries] = num_slots
         got = torch.full((num_slots, 576), POISON, dtype=torch.bfloat16, device="cuda")
@@ -115,9 +121,9 @@ def test_every_illegal_entry_position_is_caught(in_grid, mode, n):
 @gpu
 def test_two_streams_at_once(in_grid):
     """Calls on two new streams run concurrently, each with its own barrier words, which the first
-    call on each stream sets up without synchronizing (one call staging rows in shared memory)."""
-    in_grid(2)
-    calls = [_call(2048, 21), _call(12000, 22)]
+    call on each stream sets up without synchronizing."""
+    in_grid(True)
+    calls = [_call(2048, seed) for seed in (21, 22)]
     streams = [torch.cuda.Stream() for _ in calls]
     outs = [torch.full((c[3], 576), POISON, dtype=torch.bfloat16, device="cuda") for c in calls]
     torch.cuda.synchronize()
@@ -136,10 +142,9 @@ def test_two_streams_at_once(in_grid):
 
 
 @gpu
-@pytest.mark.parametrize("mode", [1, 2])
-def test_past_one_pass_the_check_grid_takes_over(in_grid, mode):
+def test_past_one_pass_the_check_grid_takes_over(in_grid):
     """Around the one-pass size (either path, whichever the size picks) every write is exact."""
-    in_grid(mode)
+    in_grid(True)
     rows = cuda_kernels.ops().mla_checked_rows(1152)
     for n in (rows - 1, rows, rows + 1, 2 * rows + 5):
         nope, rope, loc, num_slots = _call(n, n)
@@ -149,13 +154,11 @@ def test_past_one_pass_the_check_grid_takes_over(in_grid, mode):
         assert _same(got, _expected(nope, rope, loc, num_slots)), n
 
 
-BARRIER_GRIDS_ON_TWO_STREAMS = """
-import sys, torch
+BARRIER_GRIDS_ON_TWO_PRIORITIES = """
+import sys, time, torch
 import oracle.kernels, oracle.kernels.cuda as cuda_kernels
 ops = cuda_kernels.ops()
-ops.tune("mla_check_in_grid", int(sys.argv[1]))
-if len(sys.argv) > 2:  # mla_check_cooperative (benchmarks, probes)
-    ops.tune("mla_check_cooperative", int(sys.argv[2]))
+ops.tune("mla_check_deadline_us", int(sys.argv[1]))
 n = ops.mla_checked_rows(1152)  # each grid as large as one pass allows: most of the device
 gen = torch.Generator().manual_seed(5)
 calls = []
@@ -164,33 +167,34 @@ for _ in range(2):
     rope = torch.randn(n, 64, generator=gen).to(torch.bfloat16).cuda()
     loc = torch.randperm(2 * n, generator=gen)[:n].cuda()
     calls.append((torch.zeros(2 * n, 576, dtype=torch.bfloat16, device="cuda"), loc, nope, rope))
-streams = [torch.cuda.Stream() for _ in calls]
+low, high = torch.cuda.Stream(priority=0), torch.cuda.Stream(priority=-1)
 torch.cuda.synchronize()
-for _ in range(50):
-    for call, stream in zip(calls, streams):
+start = time.perf_counter()
+for round_ in range(int(sys.argv[2])):
+    for call, stream in zip(calls, (low, high) if round_ % 2 else (high, low)):
         with torch.cuda.stream(stream):
             cuda_kernels.set_mla_kv_buffer(*call)
 torch.cuda.synchronize()
+seconds = time.perf_counter() - start
 oracle.kernels.raise_deferred_errors()
 for buf, loc, nope, rope in calls:
     assert torch.equal(buf[loc], torch.cat([nope, rope], 1))
-print("done", n)
+print("done", n, seconds)
 """
 
 
 @gpu
-@pytest.mark.parametrize("mode", [1, 2])
-def test_two_barrier_grids_on_two_streams_finish(mode):
-    """Two streams each write calls as long as one pass holds, so that each grid needs most of the
-    device at once: launched cooperative (the default), neither can start with part of its blocks
-    while the other holds the rest, so every call finishes (a hang fails after 120 s) and writes
-    what it should."""
+def test_two_barrier_grids_on_two_priorities_finish():
+    """Two streams of two priorities each write calls as long as one pass holds, so each grid needs
+    most of the device at once and the high-priority grid's blocks may take room the other's still
+    need: every call finishes (a hang fails after 120 s; a block past its deadline scans the index
+    itself and leaves) and writes what it should."""
     import subprocess
     import sys
 
     try:
-        done = subprocess.run([sys.executable, "-c", BARRIER_GRIDS_ON_TWO_STREAMS, str(mode)], capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run([sys.executable, "-c", BARRIER_GRIDS_ON_TWO_PRIORITIES, "50", "200"],
+                              capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail("two barrier grids on two streams did not finish in 120 s (a deadlock)")
     assert done.returncode == 0 and done.stdout.startswith("done"), done.stderr[-2000:]

@@ -168,34 +168,21 @@ __device__ __forceinline__ void prefetch_slot(const void* index, int64_t row, in
 // Whether a launch prefetches its sources into the L2 first, by a LaunchTuning *_prefetch mode.
 inline int prefetch_for(int mode, bool pdl) { return mode == 2 || (mode == 1 && pdl) ? 1 : 0; }
 
-// Launch flags (launch_kernel's `flags`; a bool `pdl` converts to kLaunchPdl or none).
-constexpr unsigned kLaunchPdl = 1;          // programmatic stream serialization: the kernel must
-                                            // start with pdl_prologue(pdl) or griddepcontrol.wait
-constexpr unsigned kLaunchCooperative = 2;  // every block of the grid resident at once, or none
-                                            // started (a grid barrier's guarantee against other
-                                            // grids, including another barrier grid)
-
-// kernel<<<grid, threads, smem, stream>>>(args...), with the attributes `flags` asks for.
+// kernel<<<grid, threads, smem, stream>>>(args...), with programmatic stream serialization when
+// `pdl` (the kernel must start with pdl_prologue(pdl)).
 template <typename... Params, typename... Args>
 inline cudaError_t launch_kernel(void (*kernel)(Params...), unsigned grid, int threads, size_t smem,
-                                 cudaStream_t stream, unsigned flags, Args&&... args) {
+                                 cudaStream_t stream, bool pdl, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(grid);
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  unsigned count = 0;
-  if (flags & kLaunchPdl) {
-    attribute[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[count++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (flags & kLaunchCooperative) {
-    attribute[count].id = cudaLaunchAttributeCooperative;
-    attribute[count++].val.cooperative = 1;
-  }
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = count;
+  config.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

@@ -145,9 +145,9 @@ cudaError_t launch_mla_direct(const MlaArgs& args, int vec_bytes, cudaStream_t s
 
 // Validating direct path in one grid (SlotCheck mode 3, args.check.barrier set), 16-byte vectors
 // only (16 must divide every pointer, stride and part size): a grid that fits on the device at
-// once loads its rows into registers (and, under mla_check_in_grid 2, shared memory), scans the
-// index, meets at a grid barrier, then stores (mla_checked.cu). Any n works; the binding takes it
-// where one pass of that grid holds the call, n <= mla_checked_rows(row bytes).
+// once loads its rows into registers, scans the index, meets at a grid barrier, then stores
+// (mla_checked.cu). Any n works; the binding takes it where one pass of that grid holds the call,
+// n <= mla_checked_rows(row bytes).
 cudaError_t launch_mla_checked(const MlaArgs& args, cudaStream_t stream);
 int64_t mla_checked_rows(int64_t row_bytes);
 
@@ -198,13 +198,13 @@ struct LaunchTuning {
   // always folds: its verdict is read by every call of a step.
   int check_fold = 2;  // MLA direct only
   // The validating MLA direct path (16-byte vectors) checks an index of kFusedCheckMax < n <=
-  // mla_checked_rows entries inside its own grid (SlotCheck mode 3), whose one pass holds its rows
-  // in registers (1) or in registers and shared memory (2), or with a check grid (0).
+  // mla_checked_rows entries inside its own grid (1, SlotCheck mode 3) or with a check grid (0).
   int mla_check_in_grid = 1;
-  // That grid launched cooperative (1): the driver starts it only once every block can be
-  // resident, so two such grids on two streams cannot each hold part of the device while waiting
-  // at their barriers for blocks that need the other's room; or plainly (0).
-  int mla_check_cooperative = 1;
+  // How long a block of that grid waits at its barrier before it scans the whole index itself
+  // (grid_verdict, slot_check.cuh), in microseconds: far past the few microseconds a barrier takes
+  // when the grid is resident, so the scan runs only where another grid holds the room (0: every
+  // block scans it at once; tests).
+  int mla_check_deadline_us = 50;
   // Which build of a writer kernel a launch takes (CheckCode, slot_check.cuh), per family: bit 0 the
   // paged-row kernels (store_cache, the paged copy and fp8 writes), bit 1 the MLA direct kernel.
   // The full check's code (the scan of a short index, the loads moved before the check) keeps

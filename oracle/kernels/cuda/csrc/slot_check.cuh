@@ -7,8 +7,8 @@
 
 namespace kvo_cuda {
 
-// The minimum of v over the block (every thread gets it). Call at most once per kernel, from
-// every thread of the block.
+// The minimum of v over the block (every thread gets it). Call from every thread of the block;
+// two calls must be separated by a __syncthreads (they share one shared array).
 __device__ __forceinline__ int64_t block_min(int64_t v) {
   __shared__ int64_t warp_min[32];
   for (int o = 16; o > 0; o >>= 1) v = min(v, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, v, o)));
@@ -130,18 +130,34 @@ __device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
   return v;
 }
 
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// What grid_verdict returns to a block that waited past its deadline.
+constexpr int64_t kVerdictLate = -1;
+
 // The grid's verdict for SlotCheck mode 3: the minimum of every block's `first` (its first illegal
 // entry, or kNoEntry), returned to every thread of every block once every block has called it. A
-// barrier over the whole grid: every block of the grid must be resident at once (the launcher
-// sizes the grid so) and call it exactly once, from every thread.
+// barrier over the grid: the launcher sizes the grid so every block can be resident at once, and
+// every block must call it exactly once, from every thread.
+//
+// Where blocks of the grid cannot all be resident (another grid on another stream holds part of
+// the device, and may itself be waiting for room this grid holds: two barrier grids under stream
+// priorities, or under MPS), a block that has waited `deadline_ns` stops waiting and gets
+// kVerdictLate: it then scans the whole index itself (the same verdict, a few microseconds of L2
+// reads) and goes on, so it leaves the device in time and no grid waits forever.
 //
 // `state` is the stream's SlotCheck::barrier: [0] the blocks arrived, [1] a generation count, [2]
 // and [3] the minimum of even and odd generations, kNoEntry between calls. Thread 0 of each block
 // folds its `first` into its generation's word and arrives; the last block to arrive resets the
 // count and the other generation's word (no block reads it before the next call, which runs after
-// this grid has completed), then bumps the generation, which releases the others. One poller per
-// block, a few hundred at most.
-__device__ __forceinline__ int64_t grid_verdict(uint64_t* state, int64_t first) {
+// this grid has completed), then bumps the generation, which releases the others (a block gone
+// past its deadline has arrived, so the count still reaches the grid). One poller per block, a
+// few hundred at most.
+__device__ __forceinline__ int64_t grid_verdict(uint64_t* state, int64_t first, uint64_t deadline_ns) {
   __shared__ int64_t verdict;
   if (threadIdx.x == 0) {
     const uint64_t gen = load_acquire(state + 1);
@@ -149,6 +165,7 @@ __device__ __forceinline__ int64_t grid_verdict(uint64_t* state, int64_t first) 
     if (first != kNoEntry) atomicMin(reinterpret_cast<long long*>(word), static_cast<long long>(first));
     __threadfence();  // the fold (and the generation read) before the arrival
     const uint64_t arrived = atomicAdd(reinterpret_cast<unsigned long long*>(state), 1ULL);
+    bool late = false;
     if (arrived == gridDim.x - 1) {
       atomicExch(reinterpret_cast<unsigned long long*>(state), 0ULL);
       atomicExch(reinterpret_cast<unsigned long long*>(state + 2 + ((gen + 1) & 1)),
@@ -156,9 +173,16 @@ __device__ __forceinline__ int64_t grid_verdict(uint64_t* state, int64_t first) 
       __threadfence();
       atomicAdd(reinterpret_cast<unsigned long long*>(state + 1), 1ULL);
     } else {
-      while (load_acquire(state + 1) == gen) __nanosleep(32);
+      const uint64_t start = global_ns();
+      while (load_acquire(state + 1) == gen) {
+        if (global_ns() - start >= deadline_ns) {
+          late = true;
+          break;
+        }
+        __nanosleep(32);
+      }
     }
-    verdict = static_cast<int64_t>(load_acquire(reinterpret_cast<const uint64_t*>(word)));
+    verdict = late ? kVerdictLate : static_cast<int64_t>(load_acquire(reinterpret_cast<const uint64_t*>(word)));
   }
   __syncthreads();
   return verdict;
