@@ -13,7 +13,11 @@ costs what the host spends issuing it. This splits that cost, per call, averaged
   its wrapper run in full on every call (``_host.PLANS = False``) and replayed from its launch plan;
 - the same for ``store_cache`` (K and V in one launch), the validated ``reshape_and_cache_flash`` and
   ``reshape_and_cache_block`` (NVFP4: two launches),
-  and torch's ``index_put_`` of K and V for scale.
+  and torch's ``index_put_`` of K and V for scale;
+- with the CUDA library loaded, the CUDA MLA writer's op called as the wrapper calls it (keyword
+  arguments) and positionally through its ``default`` overload, its wrapper unchecked, validating
+  and given a CheckedIndex, and the registered ``.checked_index`` writer, at each N: where a CUDA
+  call's host time goes (at N = 4096 a validating call adds the check grid's launch).
 
 With ``--profile`` it also prints cProfile's top entries for the validated, replayed MLA call.
 
@@ -77,6 +81,31 @@ def compiled_runner(kernel, grid, args, meta):
     return lambda: runner(*params)
 
 
+def cuda_rows(row, n, buf, loc, nope, rope) -> None:
+    """The CUDA MLA writer's host cost per call, layer by layer (nothing where the library is not
+    loaded)."""
+    from oracle.kernels import check_index, cuda
+    from oracle.kernels.checked_index import CheckedIndexWriter
+
+    if cuda.available() is not None:
+        return
+    op = cuda.ops().set_mla_kv_buffer
+    row("cuda op, keywords (validate=0)", n, lambda: op(buf, loc, nope, rope, pdl=True, validate=0, verdict=None))
+    row("cuda op, positional .default (validate=0)", n,
+        lambda: op.default(buf, loc, nope, rope, "auto", 16, True, 0, None))
+    row("cuda op, keywords (validate=1)", n, lambda: op(buf, loc, nope, rope, pdl=True, validate=1, verdict=None))
+    row("cuda.set_mla_kv_buffer(validate=False)", n,
+        lambda: cuda.set_mla_kv_buffer(buf, loc, nope, rope, validate=False))
+    row("cuda.set_mla_kv_buffer (validated)", n, lambda: cuda.set_mla_kv_buffer(buf, loc, nope, rope))
+    checked = check_index(loc, buf.shape[0])
+    row("cuda.set_mla_kv_buffer on a CheckedIndex", n, lambda: cuda.set_mla_kv_buffer(buf, checked, nope, rope))
+    writer = CheckedIndexWriter(cuda.set_mla_kv_buffer, "set_mla_kv_buffer", "none")
+    row("cuda.set_mla_kv_buffer.checked_index (registered)", n, lambda: writer(buf, checked, nope, rope))
+    torch.cuda.synchronize()
+    from oracle.kernels import raise_deferred_errors
+    raise_deferred_errors()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=3000)
@@ -127,6 +156,7 @@ def main() -> int:
             row(f"ops.reshape_and_cache_block nvfp4 (validated), {tag}", n,
                 lambda: ops.reshape_and_cache_block(k, v, *codes, *scales, loc, "nvfp4", scale, scale))
         row("torch index_put_ (K and V)", n, lambda: (kc.index_put_((loc,), k), vc.index_put_((loc,), v)))
+        cuda_rows(row, n, buf, loc, nope, rope)
         if opts.profile and n == 1:
             prof = cProfile.Profile()
             prof.enable()

@@ -8,6 +8,9 @@ before any op is called; ``validate="sync"`` raises the call's own error at once
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -16,14 +19,35 @@ from oracle.kernels import _deferred
 from oracle.kernels.checked_index import CheckedIndex
 
 
+BINDING = Path(cuda.__file__).parent / "csrc" / "binding.cpp"
+
+
+def schemas() -> dict:
+    """Each writer op's parameter names in order, read from the binding's schema strings."""
+    text = " ".join(re.findall(r'"((?:[^"\\]|\\.)*)"', BINDING.read_text()))
+    found = {}
+    for op in ("store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash"):
+        params = re.search(rf"\b{op}\((.*?)\) ->", text).group(1)
+        found[op] = tuple(p.split("=")[0].split()[-1] for p in params.split(","))
+    return found
+
+
+SCHEMAS = schemas()
+
+
 class RecordingOps:
-    """Records each op call as (name, args, kwargs) and writes nothing."""
+    """Records each op call as (name, positional arguments, every argument by its schema name) and
+    writes nothing; the op's ``default`` overload records alike."""
 
     def __init__(self):
         self.calls = []
 
     def __getattr__(self, name):
-        return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
+        def record(*args, **kwargs):
+            self.calls.append((name, args, {**dict(zip(SCHEMAS[name], args)), **kwargs}))
+
+        record.default = record
+        return record
 
 
 @pytest.fixture
@@ -106,3 +130,19 @@ def test_an_earlier_calls_error_is_raised_before_the_launch(recorded, monkeypatc
     assert recorded.calls == []
     cuda.set_mla_kv_buffer(buf, loc, nope, rope, validate=False)  # checks nothing: nothing to raise first
     assert len(recorded.calls) == 1
+
+
+@pytest.mark.parametrize("writer", ["store_cache", "set_mla_kv_buffer", "reshape_and_cache_flash"])
+def test_every_argument_goes_in_schema_order(recorded, writer):
+    """Each wrapper hands its op every argument positionally, in the schema's order (the
+    dispatcher binds those faster than keywords), the schema's defaults where it has no say."""
+    k, loc = torch.ones(4, 2, 16), torch.arange(4)
+    calls = {"store_cache": lambda: cuda.store_cache(k, k, torch.zeros(30, 2, 16), torch.zeros(30, 2, 16), loc),
+             "set_mla_kv_buffer": lambda: cuda.set_mla_kv_buffer(*mla_args(4)),
+             "reshape_and_cache_flash": lambda: cuda.reshape_and_cache_flash(
+                 k, k, torch.zeros(2, 16, 2, 16), torch.zeros(2, 16, 2, 16), loc, "auto", 1.0, 1.0)}
+    calls[writer]()
+    [(name, args, named)] = recorded.calls
+    assert name == writer and len(args) == len(SCHEMAS[writer]) and set(named) == set(SCHEMAS[writer])
+    assert named["max_vec"] == 16 and named["pdl"] is True and named["validate"] == 1 and named["verdict"] is None
+    assert named.get("path", "auto") == "auto"
