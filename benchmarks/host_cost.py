@@ -1,4 +1,4 @@
-"""Where a small-N Triton call's host time goes (run on a GPU; prints one table, writes JSON).
+"""Where a small-N call's host time goes, Triton's and CUDA's (run on a GPU; prints one table, writes JSON).
 
 At N <= 64 a KV write moves a few KB and the GPU finishes in about a microsecond, so an eager call
 costs what the host spends issuing it. This splits that cost, per call, averaged over
