@@ -20,15 +20,12 @@ The switch is ``torch.ops.kv_oracle_cuda.tune("check_early", 1 | 0)`` for the CU
 - ``words``: each writer warp reads every block's word (up to 64, 512 bytes), and the check grid
   ends as soon as each block has written its own.
 
-``--switch threads`` (CUDA writers only): the check grid's blocks of 128 threads, which fit beside a
-full SM of the MLA writer before them, or of 256, which do not (``tune("check_threads")``).
-
 Each cell is timed eagerly
 with inputs rotated past the L2 (oracle bench's timer, without a graph), the two orders and the
 kernel's ``.unchecked`` twin alternated round by round in one process, so a host's drift hits them
 alike; the table gives each one's median over the rounds.
 
-    python benchmarks/check_order.py [--switch order|fold|threads] [--kernels cuda.set_mla_kv_buffer,...]
+    python benchmarks/check_order.py [--switch order|fold] [--kernels cuda.set_mla_kv_buffer,...]
         [--sizes 4096,16384] [--rounds 7] [--json OUT]
 """
 
@@ -47,7 +44,7 @@ VARIANTS = {"set_mla_kv_buffer": ("bf16",), "reshape_and_cache_flash": ("e4m3fn"
             "reshape_and_cache_block": ("nvfp4", "mxfp8_e4m3fn")}
 
 
-SWITCHES = {"order": ("early", "late"), "fold": ("folded", "words"), "threads": ("128", "256")}
+SWITCHES = {"order": ("early", "late"), "fold": ("folded", "words")}
 
 
 def set_fold(backend: str, folded: bool) -> None:
@@ -56,14 +53,6 @@ def set_fold(backend: str, folded: bool) -> None:
         raise SystemExit("--switch fold: the CUDA writers only")
     from oracle.kernels import cuda
     cuda.ops().tune("check_fold", 3 if folded else 0)
-
-
-def set_threads(backend: str, narrow: bool) -> None:
-    """Make the CUDA check grids' blocks 128 threads, or 256."""
-    if backend != "cuda":
-        raise SystemExit("--switch threads: the CUDA writers only")
-    from oracle.kernels import cuda
-    cuda.ops().tune("check_threads", 128 if narrow else 256)
 
 
 def set_order(backend: str, early: bool) -> None:
@@ -86,7 +75,7 @@ def main() -> int:
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     on, off = SWITCHES[args.switch]
-    setter = {"order": set_order, "fold": set_fold, "threads": set_threads}[args.switch]
+    setter = set_order if args.switch == "order" else set_fold
     kernels = args.kernels or ",".join(k for k in DEFAULT_KERNELS if args.switch == "order" or k.startswith("cuda."))
     registry = default_registry.discover()
     in_grid = None

@@ -64,10 +64,9 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     scale = torch.tensor([0.25], device="cuda")
     fp8_caches = (torch.zeros((blocks, 16, 8, 128), dtype=torch.uint8, device="cuda"),) * 2
     knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "fp8_grid", "mla_prefetch",
-             "copy_prefetch", "fp8_prefetch", "check_early", "check_fold", "check_threads", "mla_check_in_grid", "mla_check_deadline_us",
+             "copy_prefetch", "fp8_prefetch", "check_early", "check_fold", "mla_check_in_grid", "mla_check_deadline_us",
              "lean_unchecked", "lean_verdict")
-    lowest = {"mla_rows": 1, "mla_warps": 1, "check_threads": 64}
-    defaults = {name: tune(name, lowest.get(name, 0)) for name in knobs}
+    defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 0) for name in knobs}
     for name, value in defaults.items():
         tune(name, value)
     want_k8, want_v8 = (c.clone() for c in fp8_caches)
@@ -77,7 +76,7 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
             settings = {"mla_rows": rows, "mla_warps": warps, "mla_grid": grid, "mla_evict_first": i % 4,
                         "copy_grid": grid, "fp8_grid": grid, "mla_prefetch": i % 3, "copy_prefetch": i % 3,
                         "fp8_prefetch": (i + 1) % 3, "check_early": (i // 2) % 2,
-                        "mla_check_in_grid": (i // 3) % 2, "mla_check_deadline_us": 50 * ((i // 2) % 2), "check_threads": 64 << (i % 5), "lean_unchecked": (i // 5) % 4,
+                        "mla_check_in_grid": (i // 3) % 2, "mla_check_deadline_us": 50 * ((i // 2) % 2), "lean_unchecked": (i // 5) % 4,
                         "lean_verdict": (i // 7) % 4, "check_fold": (i // 11) % 4}
             pdl = i % 2 == 1  # the PDL prologue under every launch shape too, with every prefetch mode
             for name, value in settings.items():

@@ -10,16 +10,14 @@
 // its first row before its own wait (SlotCheck::late) (LaunchTuning::check_early). The early order
 // gains where many writer blocks fit on an SM: the verdict-only builds the writers take after an
 // early check (CheckCode, slot_check.cuh) keep 40-64 registers a thread against the full build's 64-80,
-// and are 2.0-2.3 us faster eagerly (benchmarks/check_order.py; docs/benchmarks.md). Its blocks
-// take LaunchTuning::check_threads threads: few enough that a block fits beside a full SM of the
-// writer before it, so the check is resident and waiting when that writer completes.
+// and are 2.0-2.3 us faster eagerly (benchmarks/check_order.py; docs/benchmarks.md).
 #include "slot_check.cuh"
 
 namespace kvo_cuda {
 namespace {
 
 template <typename IdxT>
-__global__ void __launch_bounds__(1024) slot_check_kernel(const void* index, int64_t stride, int64_t n,
+__global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index, int64_t stride, int64_t n,
                                                               int64_t num_slots, int32_t negative_ok, int64_t chunk,
                                                               int64_t* words, int64_t* fold,
                                                               unsigned long long* arrivals, int32_t pdl,
@@ -77,8 +75,7 @@ cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t ind
                               int64_t num_slots, int32_t negative_ok, const VerdictWords& verdict, int blocks,
                               int64_t chunk, bool pdl, bool early, cudaStream_t stream) {
   return with_index(index_type, [&](auto idx) {
-    return launch_kernel(slot_check_kernel<decltype(idx)>, static_cast<unsigned>(blocks), launch_tuning().check_threads,
-                         0, stream, pdl,
+    return launch_kernel(slot_check_kernel<decltype(idx)>, static_cast<unsigned>(blocks), kThreads, 0, stream, pdl,
                          index, index_stride, n, num_slots, negative_ok, chunk, verdict.words, verdict.fold,
                          verdict.arrivals, static_cast<int32_t>(pdl),
                          static_cast<int32_t>(early));

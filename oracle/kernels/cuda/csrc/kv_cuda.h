@@ -197,11 +197,6 @@ struct LaunchTuning {
   // persistent grid, a word read per warp once) 39.5 unfolded against 41.1 at 16384. check_index
   // always folds: its verdict is read by every call of a step.
   int check_fold = 2;  // MLA direct only
-  // Threads per block of a check grid (a power of two, 64-1024): 128 (4 warps of 32 registers)
-  // fit beside a full SM of the MLA direct writer (12 blocks of 128 threads at 40 registers: 61440
-  // of 65536 registers), so the check grid of the next call is resident and waiting when that
-  // writer completes; 256 do not, and start only as the writer's blocks leave.
-  int check_threads = 128;
   // The validating MLA direct path (16-byte vectors) checks an index of kFusedCheckMax < n <=
   // mla_checked_rows entries inside its own grid (1, SlotCheck mode 3) or with a check grid (0).
   int mla_check_in_grid = 1;
