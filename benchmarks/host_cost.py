@@ -84,7 +84,7 @@ def compiled_runner(kernel, grid, args, meta):
 def cuda_rows(row, n, buf, loc, nope, rope) -> None:
     """The CUDA MLA writer's host cost per call, layer by layer (nothing where the library is not
     loaded)."""
-    from oracle.kernels import check_index, cuda
+    from oracle.kernels import check_index, cuda, raise_deferred_errors
     from oracle.kernels.checked_index import CheckedIndexWriter
 
     if cuda.available() is not None:
@@ -92,7 +92,7 @@ def cuda_rows(row, n, buf, loc, nope, rope) -> None:
     op = cuda.ops().set_mla_kv_buffer
     row("cuda op, keywords (validate=0)", n, lambda: op(buf, loc, nope, rope, pdl=True, validate=0, verdict=None))
     row("cuda op, positional .default (validate=0)", n,
-        lambda: op.default(buf, loc, nope, rope, "auto", 16, True, 0, None))
+        lambda: op.default(buf, loc, nope, rope, cuda.MLA_PATH, cuda.MAX_VEC, True, 0, None))
     row("cuda op, keywords (validate=1)", n, lambda: op(buf, loc, nope, rope, pdl=True, validate=1, verdict=None))
     row("cuda.set_mla_kv_buffer(validate=False)", n,
         lambda: cuda.set_mla_kv_buffer(buf, loc, nope, rope, validate=False))
@@ -101,9 +101,7 @@ def cuda_rows(row, n, buf, loc, nope, rope) -> None:
     row("cuda.set_mla_kv_buffer on a CheckedIndex", n, lambda: cuda.set_mla_kv_buffer(buf, checked, nope, rope))
     writer = CheckedIndexWriter(cuda.set_mla_kv_buffer, "set_mla_kv_buffer", "none")
     row("cuda.set_mla_kv_buffer.checked_index (registered)", n, lambda: writer(buf, checked, nope, rope))
-    torch.cuda.synchronize()
-    from oracle.kernels import raise_deferred_errors
-    raise_deferred_errors()
+    raise_deferred_errors()  # synchronizes: every call above was legal
 
 
 def main() -> int:

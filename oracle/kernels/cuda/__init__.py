@@ -111,7 +111,7 @@ def _index(argument: str, index, cache, lead: int, padding: str) -> tuple:
 
 
 # The ops' own defaults (csrc/binding.cpp), passed positionally: the dispatcher binds a call's
-# arguments to an op's schema 0.5-1.2 us faster per call on the H100's host when they come in order
+# arguments to an op's schema 0.4-1.2 us faster per call on the H100's host when they come in order
 # to its `default` overload than as keywords (benchmarks/host_cost.py).
 MAX_VEC = 16
 MLA_PATH = "auto"

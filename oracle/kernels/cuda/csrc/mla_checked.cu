@@ -78,8 +78,7 @@ __global__ void __launch_bounds__(kCheckedThreads) mla_checked_kernel(const __gr
                                            a.check.negative_ok);
   int64_t verdict = grid_verdict(a.check.barrier, block_min(mine), deadline_ns);
   if (verdict == kVerdictLate)  // the whole index, by this block alone
-    verdict = block_min(first_illegal<IdxT>(a.index, a.index_stride, 0, a.n, threadIdx.x, blockDim.x, a.num_slots,
-                                            a.check.negative_ok));
+    verdict = block_scan<IdxT>(a.index, a.index_stride, a.n, a.num_slots, a.check.negative_ok);
   if (a.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (verdict < a.n) {
     if (blockIdx.x == 0 && threadIdx.x == 0)

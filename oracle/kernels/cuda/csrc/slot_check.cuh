@@ -45,6 +45,14 @@ __device__ __forceinline__ int64_t first_illegal(const void* index, int64_t stri
   return first;
 }
 
+// The first illegal entry of the whole index [0, n), or kNoEntry, scanned by this block alone;
+// every thread of the block gets it (called as block_min is).
+template <typename IdxT>
+__device__ __forceinline__ int64_t block_scan(const void* index, int64_t stride, int64_t n, int64_t num_slots,
+                                              int32_t negative_ok) {
+  return block_min(first_illegal<IdxT>(index, stride, 0, n, threadIdx.x, blockDim.x, num_slots, negative_ok));
+}
+
 // The end of a check grid (every thread of every block calls it, with its block's block_min):
 // block b leaves `first` (or n) in words[b]; the last block to arrive folds words[0, gridDim.x)
 // into *fold and sets *arrivals back to 0 for the next grid. A writer then reads one word where
@@ -99,7 +107,7 @@ template <typename IdxT>
 __device__ bool call_is_legal(const SlotCheck& c, const void* index, int64_t stride, int64_t n, int64_t num_slots) {
   int64_t first;
   if (c.mode == 1) {
-    first = block_min(first_illegal<IdxT>(index, stride, 0, n, threadIdx.x, blockDim.x, num_slots, c.negative_ok));
+    first = block_scan<IdxT>(index, stride, n, num_slots, c.negative_ok);
   } else if (c.verdict_count == 1) {
     first = c.verdict[0];  // a check grid's fold (fold_verdict): one sector, every lane the same word
   } else {
