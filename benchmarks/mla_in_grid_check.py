@@ -2,16 +2,14 @@
 
 A validating ``cuda.set_mla_kv_buffer`` call on an index longer than 256 entries either launches a
 check grid before the writer (``mla_check_in_grid`` 0), or, where one pass of a resident grid holds
-the call, checks inside the writer's own grid, which meets at a grid barrier before its first store
-(``csrc/mla_checked.cu``), in one of two shapes: the register pass (``mla_check_in_grid`` 1; a
-thread holds a 16-byte chunk and the slot of each of 4 rows: 7508 rows of 1152 bytes on the H100)
-or the wave (2; a block holds whole rows, a thread 9 chunks, the block the rows' slots in shared
-memory: 16896 rows). Each size is timed eagerly with inputs rotated past the L2 (oracle bench's
-timer, without a graph), every setting and the ``validate=False`` writer alternated round by round
+the call (``ops().mla_checked_rows(1152)`` rows; 7508 on the H100), checks inside the writer's own
+grid, which meets at a grid barrier before its first store (``mla_check_in_grid`` 1, the default;
+``csrc/mla_checked.cu``). Each size is timed eagerly with inputs rotated past the L2 (oracle bench's
+timer, without a graph), both settings and the ``validate=False`` writer alternated round by round
 in one process, so a host's drift hits them alike; the table gives each one's median over the
-rounds. Past a shape's one-pass size that setting takes the check grid.
+rounds. Past the one-pass size both settings take the check grid (the last size shows that).
 
-    python benchmarks/mla_in_grid_check.py [--sizes 512,4096,7000,12000,16384] [--rounds 9] [--json OUT]
+    python benchmarks/mla_in_grid_check.py [--sizes 512,1024,4096,7000,16384] [--rounds 9] [--json OUT]
 """
 
 from __future__ import annotations
@@ -23,33 +21,31 @@ from oracle.bench.timers import alternated, cold_sets, medians, save_alternated
 from oracle.bench.workloads import make_workload
 from oracle.kernels import cuda
 
-SETTINGS = {"wave": 2, "register_pass": 1, "check_grid": 0, "unchecked": 0}  # label -> mla_check_in_grid
+LABELS = ("in_grid", "check_grid", "unchecked")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="512,4096,7000,12000,16384")
+    parser.add_argument("--sizes", default="512,1024,4096,7000,16384")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     tune = cuda.ops().tune
     default = tune("mla_check_in_grid", 1)
+    print(f"one pass holds {cuda.ops().mla_checked_rows(1152)} rows of 1152 bytes")
+    print(f"{'N':>6s} {'in_grid':>8s} {'check_grid':>10s} {'unchecked':>9s}  (us, eager, cold)")
+    rows = []
     try:
-        for label in ("register_pass", "wave"):
-            tune("mla_check_in_grid", SETTINGS[label])
-            print(f"{label}: one pass holds {cuda.ops().mla_checked_rows(1152)} rows of 1152 bytes")
-        print(f"{'N':>6s} " + " ".join(f"{label:>13s}" for label in SETTINGS) + "  (us, eager, cold)")
-        rows = []
         for n in (int(s) for s in args.sizes.split(",")):
             first = make_workload("set_mla_kv_buffer", "bf16", n, "cuda")
             rotation = cold_sets("set_mla_kv_buffer", "bf16", n, first)
-            variants = {label: (functools.partial(tune, "mla_check_in_grid", setting),
+            variants = {label: (functools.partial(tune, "mla_check_in_grid", 1 if label == "in_grid" else 0),
                                 functools.partial(cuda.set_mla_kv_buffer, validate=label != "unchecked"))
-                        for label, setting in SETTINGS.items()}
+                        for label in LABELS}
             times = alternated(variants, first.args, "cuda", rotation, args.rounds)
             med = medians(times)
             rows.append({"n": n, "median_us": med, "samples_us": times})
-            print(f"{n:6d} " + " ".join(f"{med[label]:13.2f}" for label in SETTINGS), flush=True)
+            print(f"{n:6d} {med['in_grid']:8.2f} {med['check_grid']:10.2f} {med['unchecked']:9.2f}", flush=True)
     finally:
         tune("mla_check_in_grid", default)
     save_alternated(args.json, args.rounds, rows)

@@ -76,7 +76,7 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
             settings = {"mla_rows": rows, "mla_warps": warps, "mla_grid": grid, "mla_evict_first": i % 4,
                         "copy_grid": grid, "fp8_grid": grid, "mla_prefetch": i % 3, "copy_prefetch": i % 3,
                         "fp8_prefetch": (i + 1) % 3, "check_early": (i // 2) % 2,
-                        "mla_check_in_grid": (i // 3) % 3, "mla_check_deadline_us": 50 * ((i // 2) % 2), "lean_unchecked": (i // 5) % 4,
+                        "mla_check_in_grid": (i // 3) % 2, "mla_check_deadline_us": 50 * ((i // 2) % 2), "lean_unchecked": (i // 5) % 4,
                         "lean_verdict": (i // 7) % 4, "check_fold": (i // 11) % 4}
             pdl = i % 2 == 1  # the PDL prologue under every launch shape too, with every prefetch mode
             for name, value in settings.items():

@@ -52,7 +52,7 @@ int64_t tune(c10::string_view knob, int64_t value) {
                         {"fp8_prefetch", &t.fp8_prefetch, 0, 2, false},
                         {"check_early", &t.check_early, 0, 1, false},
                         {"check_fold", &t.check_fold, 0, 3, false},
-                        {"mla_check_in_grid", &t.mla_check_in_grid, 0, 2, false},
+                        {"mla_check_in_grid", &t.mla_check_in_grid, 0, 1, false},
                         {"mla_check_deadline_us", &t.mla_check_deadline_us, 0, 1000000, false},
                         {"lean_unchecked", &t.lean_unchecked, 0, 3, false},
                         {"lean_verdict", &t.lean_verdict, 0, 3, false}};

@@ -198,10 +198,7 @@ struct LaunchTuning {
   // always folds: its verdict is read by every call of a step.
   int check_fold = 2;  // MLA direct only
   // The validating MLA direct path (16-byte vectors) checks an index of kFusedCheckMax < n <=
-  // mla_checked_rows entries inside its own grid (SlotCheck mode 3), whose threads hold a slot
-  // and a 16-byte chunk of each of 4 rows (1: the register pass) or whose blocks hold whole rows,
-  // a thread 9 chunks, the block the rows' slots in shared memory (2: the wave, about twice the
-  // rows), or with a check grid (0).
+  // mla_checked_rows entries inside its own grid (1, SlotCheck mode 3) or with a check grid (0).
   int mla_check_in_grid = 1;
   // How long a block of that grid waits at its barrier before it scans the whole index itself
   // (grid_verdict, slot_check.cuh), in microseconds: far past the few microseconds a barrier takes
