@@ -13,7 +13,8 @@ verdict after its PDL wait. The check grid can let the writer launch
 The switch is ``torch.ops.kv_oracle_cuda.tune("check_early", 1 | 0)`` for the CUDA writers and
 ``oracle.kernels.triton._validate.CHECK_EARLY`` for the Triton ones.
 
-``--switch fold`` (CUDA writers only): how the verdict reaches the writer, ``tune("check_fold")``:
+``--switch fold`` (CUDA writers only): how the verdict reaches the writer, ``tune("check_fold")``,
+at every size (``check_fold_blocks`` 0; by default a check grid folds only past 32 blocks):
 
 - ``folded``: the check grid's last block folds the blocks' words into one, which each writer warp
   reads (8 bytes), at the cost of a fence, an atomic and the fold at the end of the check grid;
@@ -53,6 +54,7 @@ def set_fold(backend: str, folded: bool) -> None:
         raise SystemExit("--switch fold: the CUDA writers only")
     from oracle.kernels import cuda
     cuda.ops().tune("check_fold", 3 if folded else 0)
+    cuda.ops().tune("check_fold_blocks", 0)  # at every size, however few the check blocks
 
 
 def set_order(backend: str, early: bool) -> None:

@@ -64,8 +64,8 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
     scale = torch.tensor([0.25], device="cuda")
     fp8_caches = (torch.zeros((blocks, 16, 8, 128), dtype=torch.uint8, device="cuda"),) * 2
     knobs = ("mla_rows", "mla_warps", "mla_grid", "mla_evict_first", "copy_grid", "fp8_grid", "mla_prefetch",
-             "copy_prefetch", "fp8_prefetch", "check_early", "check_fold", "mla_check_in_grid", "mla_check_deadline_us",
-             "lean_unchecked", "lean_verdict")
+             "copy_prefetch", "fp8_prefetch", "check_early", "check_fold", "check_fold_blocks", "mla_check_in_grid",
+             "mla_check_deadline_us", "lean_unchecked", "lean_verdict")
     defaults = {name: tune(name, 1 if name in ("mla_rows", "mla_warps") else 0) for name in knobs}
     for name, value in defaults.items():
         tune(name, value)
@@ -77,7 +77,8 @@ def test_every_launch_tuning_writes_the_same_bytes(n):
                         "copy_grid": grid, "fp8_grid": grid, "mla_prefetch": i % 3, "copy_prefetch": i % 3,
                         "fp8_prefetch": (i + 1) % 3, "check_early": (i // 2) % 2,
                         "mla_check_in_grid": (i // 3) % 2, "mla_check_deadline_us": 50 * ((i // 2) % 2), "lean_unchecked": (i // 5) % 4,
-                        "lean_verdict": (i // 7) % 4, "check_fold": (i // 11) % 4}
+                        "lean_verdict": (i // 7) % 4, "check_fold": (i // 11) % 4,
+                        "check_fold_blocks": 32 * ((i // 13) % 2)}
             pdl = i % 2 == 1  # the PDL prologue under every launch shape too, with every prefetch mode
             for name, value in settings.items():
                 tune(name, value)
@@ -479,17 +480,20 @@ def test_registered_functions_run_through_the_suite_conventions():
 @pytest.mark.parametrize("fold", [1, 0], ids=["folded", "words"])
 def test_the_device_slot_check_holds_call_after_call(n, pdl, fold):
     """A long index is checked by a check grid whose verdict (a word per block, folded into one or
-    not: check_fold; one buffer per stream reused by every call) the writer reads after its wait: three
+    not: check_fold, forced at every size with check_fold_blocks 0; one buffer per stream reused by
+    every call) the writer reads after its wait: three
     calls back to back, legal, illegal in several places, legal, with no synchronization between
     them (the third may raise the second's error at its start, as the contract allows; it is then
     issued again). The legal calls write their rows, the illegal one writes nothing, its error
     names its first illegal entry, and a fourth call (the illegal entry first) reads its own
     verdict."""
     default = _ops().tune("check_fold", 3 if fold else 0)
+    default_blocks = _ops().tune("check_fold_blocks", 0)
     try:
         _device_slot_check_call_after_call(n, pdl)
     finally:
         _ops().tune("check_fold", default)
+        _ops().tune("check_fold_blocks", default_blocks)
 
 
 def _device_slot_check_call_after_call(n: int, pdl: bool) -> None:

@@ -80,16 +80,21 @@ int64_t* per_stream_buffer(const Tensor& like, cudaStream_t stream, Make make) {
   return found->second.data_ptr<int64_t>();
 }
 
-// The check grid's verdict (kvo_cuda::VerdictWords) for calls on `stream`: [0] the fold, [1] the
-// arrivals (0; every check grid on the stream leaves it 0, check_index's too), then a word per
-// check block. Zeroed on the device, as barrier_buffer's words are filled. A check grid touches
-// them only after the kernel before it has completed (it is launched plainly after it, or with PDL
-// and griddepcontrol.wait first), so the grids of a stream never share them at once.
+// The check grid's verdict (kvo_cuda::VerdictWords) for calls on `stream`: a word per check block
+// from the start of the buffer (a 128-byte line holds 16: a writer warp reads those in one
+// request), then the fold and the arrivals (0; every check grid on the stream leaves it 0,
+// check_index's too) on lines of their own. With the words one line on (after the fold and the
+// arrivals), 16 of them spanned two lines, and the validating MLA write at N = 16384 took 1.5-1.8
+// us longer on the H100 (docs/benchmarks.md). Zeroed on the device, as barrier_buffer's words are
+// filled. A check grid touches them only after the kernel before it has completed (it is launched
+// plainly after it, or with PDL and griddepcontrol.wait first), so the grids of a stream never
+// share them at once.
 kvo_cuda::VerdictWords verdict_buffer(const Tensor& like, cudaStream_t stream) {
+  constexpr int64_t kLine = 16;  // words
   int64_t* w = per_stream_buffer(like, stream, [](const at::TensorOptions& o) {
-    return at::zeros({kMaxCheckBlocks + 2}, o);
+    return at::zeros({kMaxCheckBlocks + 2 * kLine}, o);
   });
-  return {w + 2, w, reinterpret_cast<unsigned long long*>(w + 1)};
+  return {w, w + kMaxCheckBlocks, reinterpret_cast<unsigned long long*>(w + kMaxCheckBlocks + kLine)};
 }
 
 // The grid-barrier words (grid_verdict in slot_check.cuh): [0] arrivals 0, [1] generation 0, [2] and
@@ -128,7 +133,7 @@ CheckBlocks check_blocks(int64_t n) {
 // `in_grid`: then the writer checks inside its own grid (mode 3, launch_mla_checked). When the
 // check grid lets the writer launch, and so whether the writer may load before its own wait, is
 // LaunchTuning::check_early (check.cu); whether it folds its verdict for the writer, check_fold's
-// bit of the writer's kernel `family` (kvo_cuda::KernelFamily).
+// bit of the writer's kernel `family` (kvo_cuda::KernelFamily), past check_fold_blocks blocks.
 kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n, int64_t num_slots,
                                bool negative_ok, int32_t arg_code, int32_t& pdl, cudaStream_t stream,
                                const std::optional<Tensor>& verdict, int family, bool in_grid) {
@@ -176,7 +181,8 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
   const CheckBlocks split = check_blocks(n);
   kvo_cuda::VerdictWords words = verdict_buffer(index, stream);
   const bool early = kvo_cuda::launch_tuning().check_early != 0;
-  const bool fold = (kvo_cuda::launch_tuning().check_fold & family) != 0;
+  const bool fold = (kvo_cuda::launch_tuning().check_fold & family) != 0 &&
+                    split.blocks > kvo_cuda::launch_tuning().check_fold_blocks;
   if (!fold) words.fold = nullptr;
   check_launch("slot check", kvo_cuda::launch_slot_check(index.data_ptr(), index_type_of(index), index.stride(0), n,
                                                          num_slots, c.negative_ok, words, split.blocks, split.chunk,

@@ -16,12 +16,18 @@
 namespace kvo_cuda {
 namespace {
 
+// At most 32 registers a thread (8 blocks of 256 threads an SM): a block then needs 8192, which an
+// SM full of the MLA writer's verdict-only blocks (40 registers, 128 threads) has once one of them
+// has left; the fold's code took the kernel to 34, rounded up to 40, which needs two gone. Eagerly
+// on the H100 the validating MLA write at N = 16384 took 16.21-16.25 us against 16.35-17.00
+// (docs/benchmarks.md).
+constexpr int kCheckBlocksPerSm = 8;
+
 template <typename IdxT>
-__global__ void __launch_bounds__(kThreads) slot_check_kernel(const void* index, int64_t stride, int64_t n,
-                                                              int64_t num_slots, int32_t negative_ok, int64_t chunk,
-                                                              int64_t* words, int64_t* fold,
-                                                              unsigned long long* arrivals, int32_t pdl,
-                                                              int32_t early) {
+__global__ void __launch_bounds__(kThreads, kCheckBlocksPerSm)
+    slot_check_kernel(const void* index, int64_t stride, int64_t n, int64_t num_slots, int32_t negative_ok,
+                      int64_t chunk, int64_t* words, int64_t* fold, unsigned long long* arrivals, int32_t pdl,
+                      int32_t early) {
   if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t start = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = start + chunk < n ? start + chunk : n;

@@ -188,15 +188,20 @@ struct LaunchTuning {
   // H100, 1 is 2.0-2.3 us faster for fp8 and MLA at N = 4096 and as fast for MLA at 16384
   // (benchmarks/check_order.py).
   int check_early = 1;
-  // How a check grid hands its verdict over, per family as lean_unchecked below: bit set, its last
-  // block folds the blocks' words into one, which every writer warp reads (one sector: 8 bytes,
-  // where 64 words were 512, megabytes of L2 reads over a call of one warp per row); bit clear, the
-  // writer warps read every block's word, and the check grid ends without the fold's fence, atomic
-  // and reads. Eagerly on the H100 (benchmarks/check_order.py --switch fold): MLA (a warp per row)
-  // 57.9 us folded against 68.6 at N = 65536, even at 4096-16384; the fp8 paged writer (a
-  // persistent grid, a word read per warp once) 39.5 unfolded against 41.1 at 16384. check_index
-  // always folds: its verdict is read by every call of a step.
+  // How a check grid hands its verdict over, per family as lean_unchecked below: bit set, and the
+  // grid has more than check_fold_blocks blocks, its last block folds the blocks' words into one,
+  // which every writer warp reads (one sector: 8 bytes, where 64 words are four 128-byte lines,
+  // megabytes of L2 reads over a call of one warp per row); else the writer warps read every
+  // block's word, and the check grid ends without the fold's fence, atomic and reads, which lie on
+  // the path to the writer's first store. The words start a 128-byte line (verdict_buffer), so up
+  // to 16 of them are one read a warp. Eagerly on the H100 (benchmarks/check_order.py --switch
+  // fold, the fold forced at every size): MLA (a warp per row) 16.40 us unfolded against 18.09
+  // folded at N = 16384 (16 blocks: one line), 30.49 against 30.92 at 32768 (32: two lines), 59.20
+  // against 57.89 at 65536 (64: four lines); the fp8 paged writer (a persistent grid, the words read
+  // once a warp) unfolded faster at every size (39.88 against 41.14 at 16384, 150.35 against 151.28
+  // at 65536). check_index always folds: its verdict is read by every call of a step.
   int check_fold = 2;  // MLA direct only
+  int check_fold_blocks = 32;  // the words of two 128-byte lines
   // The validating MLA direct path (16-byte vectors) checks an index of kFusedCheckMax < n <=
   // mla_checked_rows entries inside its own grid (1, SlotCheck mode 3) or with a check grid (0).
   int mla_check_in_grid = 1;
