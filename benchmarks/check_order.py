@@ -45,7 +45,7 @@ VARIANTS = {"set_mla_kv_buffer": ("bf16",), "reshape_and_cache_flash": ("e4m3fn"
             "reshape_and_cache_block": ("nvfp4", "mxfp8_e4m3fn")}
 
 
-SWITCHES = {"order": ("early", "late"), "fold": ("folded", "words"), "threads": ("t128", "t256")}
+SWITCHES = {"order": ("early", "late"), "fold": ("folded", "words")}
 
 
 def set_fold(backend: str, folded: bool) -> None:
@@ -55,14 +55,6 @@ def set_fold(backend: str, folded: bool) -> None:
     from oracle.kernels import cuda
     cuda.ops().tune("check_fold", 3 if folded else 0)
     cuda.ops().tune("check_fold_blocks", 0)  # at every size, however few the check blocks
-
-
-def set_threads(backend: str, small: bool) -> None:
-    """Make the CUDA check grids' blocks 128 threads (chunks of 512 entries) or 256 (1024)."""
-    if backend != "cuda":
-        raise SystemExit("--switch threads: the CUDA writers only")
-    from oracle.kernels import cuda
-    cuda.ops().tune("check_threads", 128 if small else 256)
 
 
 def set_order(backend: str, early: bool) -> None:
@@ -85,7 +77,7 @@ def main() -> int:
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     on, off = SWITCHES[args.switch]
-    setter = {"order": set_order, "fold": set_fold, "threads": set_threads}[args.switch]
+    setter = set_order if args.switch == "order" else set_fold
     kernels = args.kernels or ",".join(k for k in DEFAULT_KERNELS if args.switch == "order" or k.startswith("cuda."))
     registry = default_registry.discover()
     in_grid = None

@@ -121,8 +121,8 @@ struct CheckBlocks {
   int64_t chunk;
 };
 
-CheckBlocks check_blocks(int64_t n, int64_t least = kCheckChunk) {
-  const int64_t want = (n + least - 1) / least;
+CheckBlocks check_blocks(int64_t n) {
+  const int64_t want = (n + kCheckChunk - 1) / kCheckChunk;
   const int blocks = static_cast<int>(want < 1 ? 1 : (want < kMaxCheckBlocks ? want : kMaxCheckBlocks));
   return {blocks, (n + blocks - 1) / blocks};
 }
@@ -178,8 +178,7 @@ kvo_cuda::SlotCheck plan_check(int64_t validate, const Tensor& index, int64_t n,
     c.barrier = barrier_buffer(index, stream);
     return c;
   }
-  // One round of four loads a thread: chunks of 4 * check_threads entries or more.
-  const CheckBlocks split = check_blocks(n, 4 * kvo_cuda::launch_tuning().check_threads);
+  const CheckBlocks split = check_blocks(n);
   kvo_cuda::VerdictWords words = verdict_buffer(index, stream);
   const bool early = kvo_cuda::launch_tuning().check_early != 0;
   const bool fold = (kvo_cuda::launch_tuning().check_fold & family) != 0 &&

@@ -53,7 +53,6 @@ int64_t tune(c10::string_view knob, int64_t value) {
                         {"check_early", &t.check_early, 0, 1, false},
                         {"check_fold", &t.check_fold, 0, 3, false},
                         {"check_fold_blocks", &t.check_fold_blocks, 0, 64, false},
-                        {"check_threads", &t.check_threads, 64, 1024, true},
                         {"mla_check_in_grid", &t.mla_check_in_grid, 0, 1, false},
                         {"mla_check_deadline_us", &t.mla_check_deadline_us, 0, 1000000, false},
                         {"lean_unchecked", &t.lean_unchecked, 0, 3, false},
@@ -69,7 +68,7 @@ int64_t tune(c10::string_view knob, int64_t value) {
   }
   TORCH_CHECK_VALUE(false, "knob='", name, "' is not one of mla_rows, mla_warps, mla_grid, copy_grid, fp8_grid, "
                     "mla_evict_first, mla_prefetch, copy_prefetch, fp8_prefetch, check_early, check_fold, "
-                    "check_fold_blocks, check_threads, mla_check_in_grid, mla_check_deadline_us, lean_unchecked, lean_verdict");
+                    "check_fold_blocks, mla_check_in_grid, mla_check_deadline_us, lean_unchecked, lean_verdict");
   return 0;
 }
 

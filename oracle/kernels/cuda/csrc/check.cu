@@ -21,8 +21,10 @@ namespace {
 // has left; the fold's code took the kernel to 34, rounded up to 40, which needs two gone. Eagerly
 // on the H100 the validating MLA write at N = 16384 took 16.21-16.25 us against 16.35-17.00
 // (docs/benchmarks.md).
+constexpr int kCheckBlocksPerSm = 8;
+
 template <typename IdxT>
-__global__ void __launch_bounds__(1024, 2)
+__global__ void __launch_bounds__(kThreads, kCheckBlocksPerSm)
     slot_check_kernel(const void* index, int64_t stride, int64_t n, int64_t num_slots, int32_t negative_ok,
                       int64_t chunk, int64_t* words, int64_t* fold, unsigned long long* arrivals, int32_t pdl,
                       int32_t early) {
@@ -79,8 +81,7 @@ cudaError_t launch_slot_check(const void* index, int32_t index_type, int64_t ind
                               int64_t num_slots, int32_t negative_ok, const VerdictWords& verdict, int blocks,
                               int64_t chunk, bool pdl, bool early, cudaStream_t stream) {
   return with_index(index_type, [&](auto idx) {
-    return launch_kernel(slot_check_kernel<decltype(idx)>, static_cast<unsigned>(blocks), launch_tuning().check_threads,
-                         0, stream, pdl,
+    return launch_kernel(slot_check_kernel<decltype(idx)>, static_cast<unsigned>(blocks), kThreads, 0, stream, pdl,
                          index, index_stride, n, num_slots, negative_ok, chunk, verdict.words, verdict.fold,
                          verdict.arrivals, static_cast<int32_t>(pdl),
                          static_cast<int32_t>(early));

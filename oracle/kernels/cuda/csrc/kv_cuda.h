@@ -202,9 +202,6 @@ struct LaunchTuning {
   // at 65536). check_index always folds: its verdict is read by every call of a step.
   int check_fold = 2;  // MLA direct only
   int check_fold_blocks = 32;  // the words of two 128-byte lines
-  // Threads per block of a check grid (a power of two, 64-1024), each block scanning 4 entries a
-  // thread (one round of loads) or more.
-  int check_threads = 256;
   // The validating MLA direct path (16-byte vectors) checks an index of kFusedCheckMax < n <=
   // mla_checked_rows entries inside its own grid (1, SlotCheck mode 3) or with a check grid (0).
   int mla_check_in_grid = 1;
