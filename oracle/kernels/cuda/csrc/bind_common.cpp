@@ -83,7 +83,7 @@ int64_t* per_stream_buffer(const Tensor& like, cudaStream_t stream, Make make) {
 // The check grid's verdict (kvo_cuda::VerdictWords) for calls on `stream`: a word per check block
 // from the start of the buffer (a 128-byte line holds 16: a writer warp reads those in one
 // request), then the fold and the arrivals (0; every check grid on the stream leaves it 0,
-// check_index's too) on lines of their own. With the words one line on (after the fold and the
+// check_index's too) on lines of their own. With the words 16 bytes on (after the fold and the
 // arrivals), 16 of them spanned two lines, and the validating MLA write at N = 16384 took 1.5-1.8
 // us longer on the H100 (docs/benchmarks.md). Zeroed on the device, as barrier_buffer's words are
 // filled. A check grid touches them only after the kernel before it has completed (it is launched
