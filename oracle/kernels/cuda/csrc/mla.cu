@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) mla_tma_kernel(const __grid_constant
 
 // Check: the build's CheckCode (slot_check.cuh; check_code picks it per launch).
 template <typename IdxT, int Vec, int Check>
-__global__ void __launch_bounds__(kThreads, Check == kCheckVerdict ? 6 : 0) mla_direct_kernel(const __grid_constant__ MlaArgs a, int prefetch) {
+__global__ void __launch_bounds__(kThreads) mla_direct_kernel(const __grid_constant__ MlaArgs a, int prefetch) {
   using V = typename VecOf<Vec>::type;
   const int lane = threadIdx.x & 31;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -165,11 +165,7 @@ __global__ void __launch_bounds__(kThreads, Check == kCheckVerdict ? 6 : 0) mla_
   if (early && before) load_early();
   pdl_prologue(a.pdl);
   if (early && !before) load_early();
-  // The verdict-only build judges at its first store (verdict_gate), its first row's loads in
-  // flight beside the verdict's read, in the registers the row takes anyway.
-  constexpr bool kGate = Check == kCheckVerdict;
-  bool judged = !kGate;
-  if (!kGate && Check != kCheckNone && a.check.mode != 0 &&
+  if (Check != kCheckNone && a.check.mode != 0 &&
       !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots))
     return;
   for (int64_t row = first; row < a.n; row += step) {
@@ -183,9 +179,6 @@ __global__ void __launch_bounds__(kThreads, Check == kCheckVerdict ? 6 : 0) mla_
         for (int u = 0; u < kUnroll; ++u) r[u] = early_r[u];
       } else {
         load_chunks(row, base, r);
-      }
-      if constexpr (kGate) {
-        if (!verdict_gate<IdxT>(judged, a)) return;
       }
       if (!keep) break;
       unsigned char* dst = a.dst + slot * a.dst_row;  // rope follows nope: chunk c lands at c * Vec
