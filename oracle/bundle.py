@@ -2,7 +2,9 @@
 
 A bundle holds every region's bytes as the kernel first saw them (guard bands included), the view
 layout, the call's arguments, the expected regions, and the case and contract as JSON: replaying
-needs the kernel and kv-oracle, not the case generator. Load with ``allow_pickle=False``.
+needs the kernel and kv-oracle, not the case generator. A ``repeat`` case's bundle also holds the
+memory as it was before its first call, which the replay calls the kernel on first, on the same
+tensors. Load with ``allow_pickle=False``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from . import __version__
 from .buffers import Arena, Region, SparseBytes, ViewSpec, fill_tiled, to_numpy, to_torch
 from .compare import expected_regions, first_difference
 from .ops import get_spec
-from .ops.base import Case, Prepared
+from .ops.base import Case, Prepared, is_bad
 from .reference.slots import OneOfRows
 
 FORMAT = 1
@@ -31,6 +33,9 @@ def write_bundle(directory, kernel, case: Case, outcome) -> Path:
     arrays = {f"region.{name}": _packed(data) for name, data in prepared.before.items()}
     arrays.update({f"tile.{name}": data.tile for name, data in prepared.before.items()
                    if isinstance(data, SparseBytes)})
+    if prepared.earlier is not None and not any(isinstance(d, SparseBytes) for d in prepared.earlier.values()):
+        # a repeat case (never a large one): the first call's memory, replayed first
+        arrays.update({f"earlier.{name}": _packed(data) for name, data in prepared.earlier.items()})
     if outcome.expected is not None:
         expected, _ = expected_regions(arena, prepared.before, prepared.before, _bases(outcome.expected))
         arrays.update({f"expected.{name}": _packed(data) for name, data in expected.items()})
@@ -97,20 +102,29 @@ def replay(path, kernel) -> tuple[bool, str]:
             args.append(to_torch(arrays[f"arg.{arg['array']}"]).to(arena.device))
         else:
             args.append(arg["value"])
-    prepared = Prepared(arena, tuple(args), tuple(meta["caches"]), before=arena.snapshot())
     header = (f"replaying {meta['op']} case {meta['case_id']} (class {meta['case_class']}, seed "
               f"{meta['seed']}, first failed by {meta['kernel']}) on {kernel.name}")
     try:
-        kernel.fn(*prepared.args)
+        if any(k.startswith("earlier.") for k in arrays):
+            _first_call(arena, arrays, kernel, args)
+        prepared = Prepared(arena, tuple(args), tuple(meta["caches"]), before=arena.snapshot())
+        returned = kernel.fn(*prepared.args)
         if arena.device.startswith("cuda"):
             torch.cuda.synchronize()
+    except _FirstCallFailed as exc:
+        return False, f"{header}\nthe first of the case's two calls raised {exc}"
     except Exception as exc:
-        if dict(case.params).get("bad"):
+        if is_bad(case):
             return True, f"{header}\nrejected with {type(exc).__name__}: {exc}"
         return False, f"{header}\nthe kernel raised {type(exc).__name__}: {exc}"
     after = arena.snapshot()
+    spec = get_spec(case.op)
+    if spec.returns:  # the op writes nothing: its returned tensor is judged
+        _, problem, _ = spec.check_returned(prepared, {}, returned)
+        if problem:
+            return False, f"{header}\n{problem}"
     if dict(case.params).get("dups") or not any(k.startswith("expected.") for k in arrays):
-        expected = get_spec(case.op).expected(prepared, case, kernel.contract)
+        expected = spec.expected(prepared, case, kernel.contract)
         regions, problems = expected_regions(arena, prepared.before, after, expected)
     else:
         regions = {n: _unpacked(arrays[f"expected.{n}"], prepared.before[n]) for n in meta["regions"]}
@@ -119,6 +133,28 @@ def replay(path, kernel) -> tuple[bool, str]:
     if difference is None and not problems:
         return True, f"{header}\npass"
     return False, "\n".join([header, *problems, difference.text if difference else ""]).rstrip()
+
+
+class _FirstCallFailed(Exception):
+    """The first call of a replayed repeat case raised."""
+
+
+def _first_call(arena: Arena, arrays: dict, kernel, args: list) -> None:
+    """A repeat case's first call (oracle.ops._repeat), on the same tensors as the second: the
+    memory as it was before the first call, the call, then the memory as it was before the
+    second (inputs redrawn in place, the caches as the first call wrote them)."""
+    for name, region in arena.regions.items():
+        saved = region.tensor.clone()
+        region.tensor.copy_(torch.from_numpy(arrays[f"earlier.{name}"]).to(arena.device))
+        arrays[f"second.{name}"] = saved
+    try:
+        kernel.fn(*args)
+        if arena.device.startswith("cuda"):
+            torch.cuda.synchronize()
+    except Exception as exc:
+        raise _FirstCallFailed(f"{type(exc).__name__}: {exc}") from exc
+    for name, region in arena.regions.items():
+        region.tensor.copy_(arrays.pop(f"second.{name}"))
 
 
 def _packed(data):

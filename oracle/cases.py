@@ -12,13 +12,19 @@ from .reference.fp8 import FORMATS
 
 PROFILES = ("quick", "full", "exhaustive")
 CASE_CLASSES = ("dtypes", "sizes", "strides", "aliasing", "padding", "duplicates", "dcp", "large",
-                "fp8", "block_scaled", "bad_input")
+                "fp8", "block_scaled", "repeat", "bad_input")
 
 
 def _dtypes(spec: OpSpec, profile: str, contract=None):
+    """Every dtype x every index dtype; for ops that copy rows as bits, every float dtype again
+    with random bit patterns and NaN payloads, infinities, -0 and subnormals in every row."""
     for dtype in spec.dtypes or (None,):
         for index in spec.index_dtypes or (None,):
             yield {"dtype": dtype, "index": index}
+    if spec.sources and spec.index_dtypes and not spec.block_formats:  # the copying writers
+        for dtype in spec.dtypes:
+            if dtype != "uint8":
+                yield {"dtype": dtype, "values": "bits"}
 
 
 LARGE_N = 4096  # past the size gates real kernels switch paths at (about N = 1024 upwards)
@@ -45,6 +51,9 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
     for shape in spec.shapes:
         for dtype in (spec.dtypes if profile != "quick" else spec.dtypes[:1]) or (None,):
             yield {"shape": shape, "n": 7 if profile == "quick" else 133, "dtype": dtype}
+    if spec.index_dtypes:  # a prefill's consecutive run of slots, which fast paths special-case
+        yield {"slots": "run", "n": 133}
+        yield _at_large_n(spec, {"slots": "run"})
     if spec.sources and spec.index_dtypes and not spec.returns:  # key/value padded past the index
         for n in (0, 133):
             yield {"src": "longer", "n": n}
@@ -105,6 +114,10 @@ def _fp8(spec: OpSpec, profile: str, contract=None):
         for scale in spec.fp8_scales:
             for values in ("random", "special", "double_rounding"):
                 yield {"fp8": fmt, "scale": scale, "values": values}
+    if spec.fp8_tail_shape:  # rows of no multiple of 16 elements: a vector loop's scalar tail
+        for fmt in ("e4m3fn", "e5m2"):
+            yield {"fp8": fmt, "scale": "1.0", "values": "special", "shape": spec.fp8_tail_shape}
+            yield {"fp8": fmt, "scale": spec.fp8_scales[-1], "values": "random", "shape": spec.fp8_tail_shape}
 
 
 def _block_scaled(spec: OpSpec, profile: str, contract=None):
@@ -128,14 +141,35 @@ def _block_scaled(spec: OpSpec, profile: str, contract=None):
             yield {"block": fmt, "scale_layout": "swizzled", "shape": spec.wide_page_shape}
 
 
+def _repeat(spec: OpSpec, profile: str, contract=None):
+    """Two calls on the same tensors, every input redrawn in place between them (oracle.ops._repeat):
+    the ordinary case, each fp8 scale variant, a per-tensor-scaled block format; and, where an
+    index can hold an illegal slot, a second call that must be rejected (at N = 133 and at N = 1,
+    a decode step)."""
+    yield {"repeat": "inplace"}
+    if spec.fp8:
+        for scale in spec.fp8_scales:
+            yield {"repeat": "inplace", "fp8": "e4m3fn", "scale": scale}
+    if "nvfp4" in spec.block_formats:
+        yield {"repeat": "inplace", "block": "nvfp4"}
+    if "out_of_range" in spec.bad_inputs():
+        yield {"repeat": "bad"}
+        yield {"repeat": "bad", "n": 1}
+
+
 def _bad_input(spec: OpSpec, profile: str, contract=None):
+    """Each bad input the spec makes; an illegal slot also in a decode step (N = 1: a kernel that
+    checks only batches past some size) and past the size gates (N = LARGE_N)."""
     for bad in spec.bad_inputs():
         yield {"bad": bad}
+    if "out_of_range" in spec.bad_inputs():
+        yield {"bad": "out_of_range", "n": 1}
+        yield {"bad": "out_of_range", "n": LARGE_N}
 
 
 GENERATORS = {"dtypes": _dtypes, "sizes": _sizes, "strides": _strides, "aliasing": _aliasing,
               "padding": _padding, "duplicates": _duplicates, "dcp": _dcp, "large": _large, "fp8": _fp8,
-              "block_scaled": _block_scaled, "bad_input": _bad_input}
+              "block_scaled": _block_scaled, "repeat": _repeat, "bad_input": _bad_input}
 
 
 def catalogue(op: str, profile: str = "quick", contract=None) -> list[Case]:

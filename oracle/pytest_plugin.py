@@ -211,8 +211,8 @@ def replay_command(request) -> str:
 
 def _replay_line(config, path: str, name: str) -> str:
     """The one command that re-runs exactly the test ``name`` of file ``path``."""
-    plugins = os.environ.get("ORACLE_PLUGINS")
-    env = f"ORACLE_PLUGINS={shlex.quote(plugins)} " if plugins else ""
+    env = "".join(f"{name}={shlex.quote(os.environ[name])} " for name in ("PYTHONPATH", "ORACLE_PLUGINS")
+                  if os.environ.get(name))  # a plug-in found through PYTHONPATH needs it again
     defaults = (("--oracle-profile", "oracle_profile", PROFILE_DEFAULT),
                 ("--oracle-timeout", "oracle_timeout", limits.DEFAULT_TIMEOUT_S),
                 ("--oracle-memory", "oracle_memory", None))

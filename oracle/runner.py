@@ -15,7 +15,8 @@ from .diagnose.engine import cause_record, explain, explain_raise, named
 from .diagnose.replay import within_approx_division
 from .diagnose.hypothesis import Hypothesis
 from .ops import get_spec
-from .ops.base import Case, Prepared
+from .ops._repeat import redraw_in_place
+from .ops.base import Case, Prepared, is_bad
 from .registry import Kernel
 
 PASS, FAIL, NOT_SUPPORTED, UNAVAILABLE, UNDECLARED = (
@@ -63,26 +64,43 @@ def run_case(kernel: Kernel, case: Case) -> Outcome:
 
 
 def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
-    """Build, call, judge. ``edit(prepared)`` changes the fresh inputs before the call (a probe's
-    changed input); an edited run is judged without a diagnosis."""
+    """Build, call, judge. ``edit(prepared)`` changes the fresh inputs before the judged call (a
+    probe's changed input); an edited run is judged without a diagnosis. A ``repeat`` case calls
+    the kernel twice on the same tensors (oracle.ops._repeat): the first call is judged as any
+    case is, then every input is redrawn in place and the second call is judged."""
     contract = kernel.contract
     arena = Arena(contract.device, case.seed)
     prepared = spec.build(case, arena, np.random.default_rng(case.seed), contract)
+    if case.p.get("repeat"):
+        first = _judged_call(kernel, spec, case, prepared, diagnose=edit is None, bad=False)
+        if first.status != PASS:
+            first.message = ("the first of the case's two calls failed, before its inputs were redrawn "
+                             "(an ordinary case's inputs: see its other classes)\n" + first.message)
+            return first
+        redraw_in_place(spec, case, prepared, contract)
     if edit is not None:
         edit(prepared)
+    return _judged_call(kernel, spec, case, prepared, diagnose=edit is None, bad=is_bad(case))
+
+
+def _judged_call(kernel: Kernel, spec, case: Case, prepared: Prepared, *, diagnose: bool, bad: bool) -> Outcome:
+    """Snapshot the memory, call the kernel once on ``prepared`` and judge the call (a rejection
+    where ``bad``), naming its cause where ``diagnose``."""
+    contract = kernel.contract
+    arena = prepared.arena
     prepared.before = arena.snapshot()
     _drain_deferred(contract)
-    if case.p.get("bad"):
+    if bad:
         return _judge_rejection(kernel, case, prepared)
+    rerun = lambda other, change: _execute(kernel, spec, other, edit=change).status == PASS  # noqa: E731
+    inside = lambda other: not gaps(contract, spec.needs(other))  # noqa: E731
     try:
         returned = _call(kernel, prepared.args)
     except Exception as exc:
         failed = Outcome(FAIL, f"the kernel raised {type(exc).__name__}: {exc}", prepared=prepared)
-        if edit is not None:
+        if not diagnose:
             return failed
-        return explain_raise(failed, case, contract,
-                             rerun=lambda other, change: _execute(kernel, spec, other, edit=change).status == PASS,
-                             inside=lambda other: not gaps(contract, spec.needs(other)))
+        return explain_raise(failed, case, contract, rerun=rerun, inside=inside)
     after = arena.snapshot()
     expected = spec.expected(prepared, case, contract)
     if spec.returns:
@@ -111,11 +129,10 @@ def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
         lines.append(difference.text)
     failed = Outcome(FAIL, "\n".join(lines), first=difference.first if difference else {"duplicates": problems},
                      prepared=prepared, expected=expected)
-    if edit is not None:
+    if not diagnose:
         return failed
     return explain(failed, spec, case, contract, after, regions, difference, problems,
-                   rerun=lambda other, change: _execute(kernel, spec, other, edit=change).status == PASS,
-                   inside=lambda other: not gaps(contract, spec.needs(other)))
+                   rerun=rerun, inside=inside)
 
 
 def _call(kernel: Kernel, args: tuple):
@@ -142,21 +159,25 @@ def _drain_deferred(contract) -> None:
 
 def _judge_rejection(kernel: Kernel, case: Case, prepared: Prepared) -> Outcome:
     deferred = " (deferred to the synchronization)" if kernel.contract.errors == "deferred" else ""
+    what = case.p.get("bad") or "out_of_range"
+    if case.p.get("repeat") == "bad":
+        what += (" written in place into the index of a call the kernel had accepted: a check "
+                 "kept from the first call, or skipped on the second")
     try:
         _call(kernel, prepared.args)
     except Exception as exc:
         after = prepared.arena.snapshot()
         changed = [name for name in after if not same_bytes(after[name], prepared.before[name])]
         if changed:
-            return named(Outcome(FAIL, f"rejected bad input ({case.p['bad']}) with {type(exc).__name__}: "
+            return named(Outcome(FAIL, f"rejected bad input ({what}) with {type(exc).__name__}: "
                                         f"{exc}, but memory changed first in: {', '.join(changed)}",
                                   prepared=prepared),
                           Hypothesis("validation_missing", f"memory changed ({', '.join(changed)}) "
                                      "before the bad input was rejected"))
         return Outcome(PASS, f"rejected{deferred} with {type(exc).__name__}: {exc}")
-    return named(Outcome(FAIL, f"accepted bad input ({case.p['bad']}) without an error{deferred}; the "
+    return named(Outcome(FAIL, f"accepted bad input ({what}) without an error{deferred}; the "
                                 "contract declares validates=True", prepared=prepared),
-                  Hypothesis("validation_missing", f"bad input ({case.p['bad']}) accepted without an error"))
+                  Hypothesis("validation_missing", f"bad input ({what}) accepted without an error"))
 
 
 def _within_tolerance(arena, expected: dict, after: dict, tolerance) -> int | None:

@@ -41,7 +41,8 @@ def index_values(op: str, prepared) -> np.ndarray:
 
 def ordinary(op: str):
     return [c for c in catalogue(op, "quick") if c.cls in ("dtypes", "sizes") and c.p.get("n", 133) > 0
-            and not c.p.get("padding") and not c.p.get("large") and c.p.get("src") != "longer"]
+            and not c.p.get("padding") and not c.p.get("large") and c.p.get("src") != "longer"
+            and not c.p.get("slots")]  # a run of slots holds slot 0 unless a reserved slot is in its way
 
 
 @pytest.mark.parametrize("op", WRITERS)

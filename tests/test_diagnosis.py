@@ -168,3 +168,20 @@ def test_a_translation_that_ignores_the_index_offset_is_named():
     case = next(c for c in catalogue("translate_full_to_swa", "quick") if c.id == "int32-offset_index")
     outcome = run_case(kernel, case)
     assert outcome.status == FAIL and outcome.cause["id"] == "index_offset_ignored", outcome.message
+
+
+def zeroes_first_element(k, v, k_cache, v_cache, loc):
+    k = k.clone()
+    k[:, 0, 0] = 0
+    tn.store_cache(k, v, k_cache, v_cache, loc)
+
+
+def test_the_pattern_counts_the_differing_values():
+    kernel = Kernel(Contract(op="store_cache", name="zero", backend="test"), zeroes_first_element, "test")
+    case = next(c for c in catalogue("store_cache", "quick") if c.id == "bf16-int64")
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL
+    line = next(p for p in outcome.pattern if p.startswith("k_cache: differing elements"))
+    pairs = line.split(": ", 2)[2].split(", ")
+    assert all(p.split(" -> ")[1].startswith("0x0000 (") for p in pairs[:4]), line
+    assert not any(p.startswith("v_cache: differing") for p in outcome.pattern)

@@ -83,7 +83,7 @@ def test_a_hang_ends_as_timeout_and_the_run_goes_on(kernel, hang_library, tmp_pa
     message = timed_out["message"]
     assert message.startswith(f"ran past the time limit of {LIMIT_S} s (--oracle-timeout): {kernel}")
     assert 'hanging.py", line' in message and f" in {HANGING[kernel]}" in message  # where it hung
-    assert "re-run exactly this case: ORACLE_PLUGINS=hanging:register " in message
+    assert f"re-run exactly this case: PYTHONPATH={PLUGINS} ORACLE_PLUGINS=hanging:register " in message
     assert f"test_store_cache[{kernel}][int32-N7]' --oracle-timeout={LIMIT_S}" in message
     assert by_id[(kernel, "bf16-int64")]["status"] == "pass"
     # the worker died, and a fresh one ran the baseline's cases (they come after, by name)

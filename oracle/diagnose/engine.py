@@ -62,8 +62,8 @@ def named(failed, hypothesis: Hypothesis):
 def explain(failed, spec, case, contract, after: dict, regions: dict, difference, problems: list, *,
             rerun, inside):
     """Name the cause of a failed comparison, in order: what the comparison itself observed (a
-    torn row, a modified input, nothing written), the hypotheses replayed through the reference,
-    then the probes (``rerun(case, edit)`` runs the kernel again and says whether it passed;
+    torn row, a modified input), whether the same case passes when run again (then it depends on
+    earlier calls), the hypotheses replayed through the reference, nothing written, then the probes (``rerun(case, edit)`` runs the kernel again and says whether it passed;
     ``inside(case)`` whether a case lies inside the contract). Else the difference's pattern."""
     prepared = failed.prepared
     if any("torn row" in p for p in problems):
@@ -74,6 +74,10 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
     view = difference.first.get("view")
     if view and prepared.arena.views[view].role != "cache":
         return named(failed, Hypothesis("input_modified", f"an input ({view}) was modified"))
+    if not case.p.get("repeat") and rerun(case, _unchanged):
+        # before any hypothesis, which might match a stateful kernel's result by chance (a repeat
+        # case's second call is what its stale-state hypotheses are for)
+        return _not_reproducible(failed)
     diagnosis = diagnose(spec, case, contract, prepared, after, regions)
     failed.pattern = diagnosis.pattern
     if diagnosis.matched:
@@ -98,6 +102,10 @@ def explain_raise(failed, case, contract, *, rerun, inside):
 
 
 def _probe(failed, case, contract, rerun, inside):
+    # a probe is judged by the case run again: where the unchanged case passes on its own, no probe
+    # can tell anything, and the failure depends on what ran before it (or on timing)
+    if rerun(case, _unchanged):
+        return _not_reproducible(failed)
     for hypothesis, change in probes(case, contract, failed.prepared):
         if rerun(case, change):
             return named(failed, hypothesis)
@@ -105,6 +113,13 @@ def _probe(failed, case, contract, rerun, inside):
         if inside(variant) and rerun(variant, _unchanged):
             return named(failed, hypothesis)
     return None
+
+
+def _not_reproducible(failed):
+    return named(failed, Hypothesis("not_reproducible", "the same case, built and run again in this process, "
+                                    "passed: the result depends on earlier calls (state kept between calls, "
+                                    "as a memo keyed on a tensor's address) or on timing; the repeat cases "
+                                    "call a kernel twice on the same tensors"))
 
 
 def _unchanged(prepared) -> None:

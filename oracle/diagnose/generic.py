@@ -24,6 +24,9 @@ def _by_role(views: dict, role: str) -> list[ViewSpec]:
     return [v for v in views.values() if v.role == role]
 
 
+TILES = (2, 4, 8, 16, 32, 64, 128, 256)  # rows per program of a grid sized n // tile
+
+
 def index_hypotheses(arena) -> list[Hypothesis]:
     out = []
     views = arena.views
@@ -41,9 +44,12 @@ def index_hypotheses(arena) -> list[Hypothesis]:
                                   views={index.name: (index.shape, index.strides, start)},
                                   override=ANY_DUPLICATES))
         if index.shape and index.shape[0] > 1 and len(index.shape) == 1:
-            out.append(Hypothesis("rows_dropped", f"the last entry of {index.name} not written (a loop "
-                                  f"bound of {index.shape[0] - 1} instead of {index.shape[0]})",
-                                  views={index.name: ((index.shape[0] - 1,), index.strides, index.offset)}))
+            n = index.shape[0]
+            for k in sorted({1} | {n % tile for tile in TILES if 0 < n % tile < n}):
+                what = (f"the last entry of {index.name} not written (a loop bound of {n - 1} instead of {n})"
+                        if k == 1 else f"the last {k} entries of {index.name} not written (the rows past the last "
+                        f"whole tile of {min(t for t in TILES if n % t == k)}: a grid of n // tile programs)")
+                out.append(Hypothesis("rows_dropped", what, views={index.name: ((n - k,), index.strides, index.offset)}))
     return out
 
 
@@ -80,27 +86,41 @@ def cache_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
                                       f"strides {list(a.strides)} (its own are {list(b.strides)})",
                                       views={b.name: (b.shape, a.strides, b.offset)}))
     paged = [c for c in caches if len(c.shape) == 4]  # [blocks, block_size, heads, dim]
+    if paged and paged[0].shape[1] != COMMON_BLOCK_SIZE:
+        out.append(_block_size_hypothesis(views, paged, COMMON_BLOCK_SIZE, "block_size_hardcoded",
+                                          f"the block size taken as {COMMON_BLOCK_SIZE} (a constant, or its "
+                                          f"shift and mask) where the cache's blocks hold {paged[0].shape[1]}"))
     if paged and paged[0].shape[2] != paged[0].shape[1]:
-        block_size, wrong = paged[0].shape[1], paged[0].shape[2]
-        blocks, inputs, dropped = -(-paged[0].shape[0] * block_size // wrong), {}, ""
-        if wrong < block_size:
-            # the misread block index runs past the cache's last block; what a kernel writes out
-            # there is not modelled: the hypothesis takes those slots as dropped (a kernel that
-            # bounds-checks its block index), and a kernel that writes them fails the guards
-            blocks = paged[0].shape[0]
-            inputs = {ix.name: (lambda a, limit=blocks * wrong: np.where(a >= limit, -1, a))
-                      for ix in _by_role(views, "index")}
-            dropped = f"; slots past block {blocks - 1} so addressed were dropped"
-        out.append(Hypothesis("block_size_wrong_dim", f"the block size taken from the heads dimension "
-                              f"({wrong}) instead of dimension 1 ({block_size}){dropped}",
-                              views={c.name: ((blocks, wrong) + c.shape[2:], c.strides, c.offset) for c in paged},
-                              inputs=inputs))
+        out.append(_block_size_hypothesis(views, paged, paged[0].shape[2], "block_size_wrong_dim",
+                                          f"the block size taken from the heads dimension ({paged[0].shape[2]}) "
+                                          f"instead of dimension 1 ({paged[0].shape[1]})"))
     undense = [c for c in caches if c.strides != contiguous_strides(c.shape)]
     if undense:
         out.append(Hypothesis("dense_cache_assumed", "the caches assumed dense in their logical "
                               f"[{', '.join(map(str, caches[0].shape[1:]))}] rows (strides ignored)",
                               views={c.name: (c.shape, contiguous_strides(c.shape), c.offset) for c in undense}))
     return out
+
+
+COMMON_BLOCK_SIZE = 16  # the block size kernels hard-code most
+
+
+def _block_size_hypothesis(views: dict, paged: list, wrong: int, cause: str, text: str) -> Hypothesis:
+    """Paged caches addressed with blocks of ``wrong`` tokens: slot s as token s % wrong of block
+    s // wrong, in the caches' own strides."""
+    block_size = paged[0].shape[1]
+    blocks, inputs, dropped = -(-paged[0].shape[0] * block_size // wrong), {}, ""
+    if wrong < block_size:
+        # the misread block index runs past the cache's last block; what a kernel writes out
+        # there is not modelled: the hypothesis takes those slots as dropped (a kernel that
+        # bounds-checks its block index), and a kernel that writes them fails the guards
+        blocks = paged[0].shape[0]
+        inputs = {ix.name: (lambda a, limit=blocks * wrong: np.where(a >= limit, -1, a))
+                  for ix in _by_role(views, "index")}
+        dropped = f"; slots past block {blocks - 1} so addressed were dropped"
+    return Hypothesis(cause, text + dropped,
+                      views={c.name: ((blocks, wrong) + c.shape[2:], c.strides, c.offset) for c in paged},
+                      inputs=inputs)
 
 
 VECTOR_BYTES = 16  # the widest plain vector store
@@ -162,10 +182,57 @@ def padding_hypotheses(case, views: dict, prepared, contract) -> list[Hypothesis
     return out
 
 
+def run_hypotheses(prepared) -> list[Hypothesis]:
+    """An index whose ends are a run's (``last - first == n - 1``) but whose entries are not in
+    order, taken as the run itself: a fast path that checks only the ends, then copies one slab."""
+    out = []
+    for index in _by_role(prepared.arena.views, "index"):
+        entries = prepared.numpy(index.name).astype(np.int64)
+        if entries.ndim != 1 or entries.size < 3 or entries[-1] - entries[0] != entries.size - 1:
+            continue
+        run = entries[0] + np.arange(entries.size)
+        if not np.array_equal(run, entries):
+            out.append(Hypothesis("index_assumed_consecutive", f"{index.name} taken as the run {entries[0]}.."
+                                  f"{entries[-1]} its ends span (one slab copied; the order inside not read)",
+                                  inputs={index.name: lambda a, run=run: run.astype(a.dtype)}))
+    return out
+
+
+STALE_ROLES = ("source", "index", "scale")
+
+
+def stale_hypotheses(prepared) -> list[Hypothesis]:
+    """For the second call of a ``repeat`` case (``prepared.earlier`` set): the kernel read the
+    first call's values of an input instead of its own (a translation or a scale memoized on the
+    tensor's address, a copy of the index kept from the first call): each input alone, each role's
+    inputs together (K's and V's scales), and all of them at once."""
+    if prepared.earlier is None:
+        return []
+    arena = prepared.arena
+    stale = {}
+    for view in arena.views.values():
+        if view.role in STALE_ROLES:
+            old = arena.numpy_view(prepared.earlier, view.name).copy()
+            if old.tobytes() != prepared.numpy(view.name).tobytes():
+                stale[view.name] = old
+    groups = [(name,) for name in stale]
+    for role in STALE_ROLES:  # e.g. K's and V's scales memoized together
+        names = tuple(name for name in stale if arena.views[name].role == role)
+        if len(names) > 1:
+            groups.append(names)
+    if len(stale) > 1:
+        groups.append(tuple(stale))
+    return [Hypothesis("stale_state", f"the second call read the first call's {' and '.join(names)}, "
+                       "redrawn in place since (same address, same size): state kept between calls, "
+                       "as a memo keyed on a tensor's address, shape or first use",
+                       inputs={name: lambda a, old=stale[name]: old for name in names})
+            for names in dict.fromkeys(groups)]
+
+
 def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
     """Every generic hypothesis for this case, most specific first."""
     views = prepared.arena.views
-    return (padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
+    return (stale_hypotheses(prepared) + run_hypotheses(prepared) + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
             + source_hypotheses(views) + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches) + overrun_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared))

@@ -70,8 +70,27 @@ def describe_view(name: str, want: np.ndarray, got: np.ndarray, before: np.ndarr
     elements = rows.reshape(rows.shape[0], -1, rows.shape[-1]).any(axis=(0, 1))
     bad = np.flatnonzero(elements)
     if 0 < bad.size < elements.size:
-        lines.append(f"{name}: elements {_ranges(bad)} of each row ({elements.size}) differ; the rest match")
-    return lines
+        lines.append(f"{name}: element(s) {_ranges(bad)} of each row ({elements.size}) differ; the rest match")
+    return lines + _values(name, want, got, before, differs)
+
+
+def _values(name: str, want: np.ndarray, got: np.ndarray, before: np.ndarray, differs: np.ndarray) -> list[str]:
+    """The commonest (expected, got) pairs of the differing elements, as raw hex: "0x7f -> 0xfe
+    (40)" says NaN written as -max, "0x80 -> 0x00" -0 as +0, a NaN payload changed, a code one off."""
+    width = want.dtype.itemsize
+    if width not in (1, 2, 4, 8):
+        return []
+    as_int = f"<u{width}"
+    w = np.ascontiguousarray(want).view(as_int)[differs]
+    g = np.ascontiguousarray(got).view(as_int)[differs]
+    untouched = g == np.ascontiguousarray(before).view(as_int)[differs]
+    pairs, counts = np.unique(np.stack([w, g]), axis=1, return_counts=True)
+    order = np.argsort(-counts, kind="stable")[:SHOWN // 2 + 1]
+    shown = ", ".join(f"0x{int(pairs[0, i]):0{2 * width}x} -> 0x{int(pairs[1, i]):0{2 * width}x} ({int(counts[i])})"
+                      for i in order)
+    more = f", ... ({counts.size - order.size} more pairs)" if counts.size > order.size else ""
+    left = f"; {int(untouched.sum())} of them left as they were" if untouched.any() else ""
+    return [f"{name}: differing elements, expected -> got (count): {shown}{more}{left}"]
 
 
 def describe(arena, before: dict, expected: dict, after: dict, written: tuple) -> list[str]:

@@ -21,10 +21,29 @@ LARGE_UNITS = 64
 LARGE_LEAD = 3 << 26
 
 
-def values(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
-    """Random finite source values (uint8: random bytes)."""
+# Bit patterns a copy must keep that a round trip through another float type loses or changes:
+# quiet and signalling NaNs with payloads, of both signs; +-inf, -0, the smallest subnormal, max.
+SPECIAL_BITS = {
+    "float32": (0x7FC00001, 0xFFC12345, 0x7F800001, 0xFFA00000, 0x7F800000, 0xFF800000, 0x80000000,
+                0x00000001, 0x7F7FFFFF),
+    "float16": (0x7E01, 0xFE55, 0x7C01, 0xFD00, 0x7C00, 0xFC00, 0x8000, 0x0001, 0x7BFF),
+    "bfloat16": (0x7FC1, 0xFFD5, 0x7F81, 0xFFA0, 0x7F80, 0xFF80, 0x8000, 0x0001, 0x7F7F),
+}
+
+
+def values(rng: np.random.Generator, shape, dtype: str, kind: str = "random") -> np.ndarray:
+    """Source values: random finite ones (uint8: random bytes), or ("bits") random bit patterns,
+    every row starting with :data:`SPECIAL_BITS` (as many as fit), for ops that copy rows as bits."""
     if dtype == "uint8":
         return rng.integers(0, 256, shape, dtype=np.uint8)
+    if kind == "bits":
+        itemsize = NUMPY_DTYPES[dtype].itemsize
+        raw = rng.integers(0, 1 << (8 * itemsize), shape, dtype=np.uint64 if itemsize == 8 else np.uint32)
+        out = raw.astype(f"<u{itemsize}")
+        rows = out.reshape(out.shape[0], -1) if out.ndim > 1 else out.reshape(1, -1)
+        special = np.array(SPECIAL_BITS[dtype], dtype=f"<u{itemsize}")[: rows.shape[1]]
+        rows[:, : special.size] = special
+        return out.view(NUMPY_DTYPES[dtype])
     out = rng.standard_normal(shape, dtype=np.float32)
     out *= 2.0
     return out.astype(NUMPY_DTYPES[dtype], copy=False)
@@ -34,7 +53,8 @@ def destinations(rng: np.random.Generator, p: dict, num_slots: int, contract) ->
     """The index entries of a case (:func:`slots` with the case's padding, duplicates and index
     dtype), keeping clear of the slot the kernel's contract reserves."""
     return slots(rng, p["n"], num_slots, padding=p.get("padding"), dups=p.get("dups", False),
-                 index_dtype=p["index"], reserved=Padding.parse(contract.padding).reserved)
+                 index_dtype=p["index"], reserved=Padding.parse(contract.padding).reserved,
+                 run=p.get("slots") == "run")
 
 
 def index_of(arena: Arena, name: str, entries: np.ndarray, p: dict, num_slots: int,
@@ -45,7 +65,8 @@ def index_of(arena: Arena, name: str, entries: np.ndarray, p: dict, num_slots: i
 
 
 def slots(rng: np.random.Generator, n: int, num_slots: int, *, padding: str | None = None,
-          dups: bool = False, index_dtype: str = "int64", reserved: int | None = None) -> np.ndarray:
+          dups: bool = False, index_dtype: str = "int64", reserved: int | None = None,
+          run: bool = False) -> np.ndarray:
     """``n`` distinct real slots drawn from ``[0, num_slots)``, then padding entries or duplicated
     slots mixed in when the case asks for them.
 
@@ -59,10 +80,13 @@ def slots(rng: np.random.Generator, n: int, num_slots: int, *, padding: str | No
     skip = {reserved} if reserved is not None else set()
     if padding and padding.startswith("reserved:"):
         skip.add(int(padding.split(":")[1]))
-    edges = [s for s in dict.fromkeys((0, 1, num_slots - 1)) if s not in skip and 0 <= s < num_slots]
-    rest = np.setdiff1d(np.arange(num_slots), edges + sorted(skip))
-    real = np.concatenate([edges[:n], rng.permutation(rest)[: max(n - len(edges), 0)]])
-    out = rng.permutation(real).astype(np.int64)
+    if run:
+        out = run_of_slots(n, num_slots, skip)
+    else:
+        edges = [s for s in dict.fromkeys((0, 1, num_slots - 1)) if s not in skip and 0 <= s < num_slots]
+        rest = np.setdiff1d(np.arange(num_slots), edges + sorted(skip))
+        real = np.concatenate([edges[:n], rng.permutation(rest)[: max(n - len(edges), 0)]])
+        out = rng.permutation(real).astype(np.int64)
     if n and padding:
         count = max(1, n // 8) if padding != "negative" else max(min(n // 2, len(NEGATIVE_KINDS)), n // 8, 1)
         marked = rng.choice(n, size=count, replace=False)
@@ -71,6 +95,22 @@ def slots(rng: np.random.Generator, n: int, num_slots: int, *, padding: str | No
     if n > 1 and dups:
         targets = rng.choice(n, size=max(1, n // 8), replace=False)
         out[targets] = out[rng.integers(0, n, size=targets.size)]
+    return out
+
+
+def run_of_slots(n: int, num_slots: int, skip=frozenset()) -> np.ndarray:
+    """``n`` slots a prefill writes: one consecutive run (from slot 0, or past a skipped slot it
+    would hold), its second and next-to-last entries swapped, so the run's ends are consecutive
+    (``loc[-1] - loc[0] == n - 1``) but its order is not: a kernel that checks only the ends before
+    it copies one slab writes two rows into each other's slots."""
+    start = 0
+    while inside := [s for s in skip if start <= s < start + n]:
+        start = max(inside) + 1
+    out = np.arange(start, start + n, dtype=np.int64)
+    if n >= 4:
+        out[[1, n - 2]] = out[[n - 2, 1]]
+    if out.size and out[-1] >= num_slots:
+        raise ValueError(f"a run of {n} slots from {start} does not fit {num_slots} slots")
     return out
 
 
@@ -167,20 +207,27 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
     return tuple(out)
 
 
+UNEQUAL_PAD = 16  # bytes past each slot of every cache but the first, in the "unequal" layout
+
+
 def caches(arena: Arena, names: tuple, shapes: tuple, dtype: str, layout: str, slot_axes: int = 1):
     """Cache tensors, poisoned: separate allocations ("plain"), each at a storage offset of three
-    slots ("offset"), or ("aliased") interleaved views of one allocation, slot by slot, the way a
-    fused kv tensor ``[S, 2, ...]`` is split into K and V. ``slot_axes`` leading axes address a
-    slot; the guard band is at least two slot strides, so a -1 or -2 write lands in it."""
+    slots ("offset"), ("unequal") separate allocations where every cache but the first has a slot
+    stride UNEQUAL_PAD bytes past its slot (a dense K cache beside a padded V cache: their strides
+    differ), or ("aliased") interleaved views of one allocation, slot by slot, the way a fused kv
+    tensor ``[S, 2, ...]`` is split into K and V. ``slot_axes`` leading axes address a slot; the
+    guard band is at least two slot strides, so a -1 or -2 write lands in it."""
     itemsize = NUMPY_DTYPES[dtype].itemsize
-    if layout in ("plain", "offset"):
+    if layout in ("plain", "offset", "unequal"):
         out = []
-        for name, shape in zip(names, shapes):
-            slot_bytes = int(np.prod(shape[1:])) * itemsize
-            lead = 3 * slot_bytes if layout == "offset" else 0
-            arena.region(name + "_storage", lead + int(np.prod(shape)) * itemsize,
-                         max(GUARD_MIN, 2 * slot_bytes))
-            out.append(arena.view(name, name + "_storage", shape, None, lead, dtype, role="cache"))
+        for i, (name, shape) in enumerate(zip(names, shapes)):
+            slot = int(np.prod(shape[1:]))
+            stride0 = slot + (UNEQUAL_PAD // itemsize if layout == "unequal" and i else 0)
+            lead = 3 * slot * itemsize if layout == "offset" else 0
+            arena.region(name + "_storage", lead + shape[0] * stride0 * itemsize,
+                         max(GUARD_MIN, 2 * stride0 * itemsize))
+            strides = (stride0,) + contiguous_strides(shape[1:])
+            out.append(arena.view(name, name + "_storage", shape, strides, lead, dtype, role="cache"))
         return tuple(out)
     per_slot = [int(np.prod(s[1:])) for s in shapes]
     stride0 = sum(per_slot)

@@ -16,7 +16,7 @@ from ..buffers import Arena, SHORT_NAMES
 from ..contract import Contract
 
 PARAM_ORDER = ("dtype", "fp8", "block", "index", "shape", "layout", "scale_layout", "src", "index_layout", "cache",
-               "padding", "dups", "dcp", "scale", "values", "bad", "large", "n")
+               "padding", "dups", "dcp", "scale", "values", "slots", "bad", "repeat", "large", "n")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,10 @@ class Case:
                 parts.append(f"scale_{value}")
             elif key == "bad":
                 parts.append(f"bad_{value}")
+            elif key == "slots":
+                parts.append(f"{value}_slots")
+            elif key == "repeat":
+                parts.append(f"repeat_{value}")
             else:
                 parts.append(str(value))
         return "-".join(parts)
@@ -80,10 +84,17 @@ class Prepared:
     args: tuple  # positional arguments of the op's calling convention
     caches: tuple  # names of the views the kernel writes
     before: dict = field(default_factory=dict)  # region snapshots taken just before the call
+    earlier: dict | None = None  # a "repeat" case: the snapshots taken before its first call
 
     def numpy(self, name: str) -> np.ndarray:
         """The numpy twin of a view as it was before the call."""
         return self.arena.numpy_view(self.before, name).copy()
+
+
+def is_bad(case: Case) -> bool:
+    """Whether the (judged) call of ``case`` has bad input: a ``bad`` case, or a ``repeat="bad"``
+    case, whose second call gets an illegal slot."""
+    return case.p.get("bad") is not None or case.p.get("repeat") == "bad"
 
 
 class OpSpec:
@@ -97,7 +108,7 @@ class OpSpec:
     fp8: bool = False  # has a kv_cache_dtype / fp8 path
     default_shape: tuple = ()
     shapes: tuple = ()  # shape variants for the "sizes" case class
-    sizes: tuple = (0, 1, 7, 133, 4096)
+    sizes: tuple = (0, 1, 7, 133, 4096, 4099)  # 4099: past the size gates, and no multiple of any tile
     large_n_shape: tuple = ()  # the row shape of the layout and padding cases at N = 4096 (a narrow one keeps them cheap)
     sources: tuple = ()  # sources that can be non-contiguous slices of one tensor
     dcp: bool = False  # has a DCP-sharded form (contract fields dcp_world, dcp_rank, dcp_modulo)
@@ -105,6 +116,7 @@ class OpSpec:
     layouts: tuple = ()  # paged cache layouts
     returns: bool = False  # the op returns a tensor instead of writing a cache
     fp8_scales: tuple = ()  # scale variants of the "fp8" case class ("1.0", "0.0123", "head")
+    fp8_tail_shape: tuple = ()  # a shape whose rows are no multiple of 16 elements, for fp8 cases too
     block_formats: tuple = ()  # block-scaled formats of the "block_scaled" case class
     large_case = None  # params (dict) of the "large" case (caches past 2**31 elements), or None
     large_in_quick = False  # also in the quick profile (each large case takes ~4 GB and seconds)
@@ -142,8 +154,8 @@ class OpSpec:
                "duplicates": bool(p.get("dups")), "strided_source": p.get("src") == "fused",
                "longer_source": p.get("src") == "longer", "dcp": bool(p.get("dcp")),
                "strided_index": p.get("index_layout") in ("strided", "offset"),
-               "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted") or bool(p.get("large")),
-               "large_cache": bool(p.get("large")), "bad_input": p.get("bad") is not None,
+               "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted", "unequal") or bool(p.get("large")),
+               "large_cache": bool(p.get("large")), "bad_input": is_bad(case),
                "row_bytes": self.row_bytes(case)}
         return out
 

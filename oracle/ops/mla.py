@@ -84,8 +84,8 @@ class SetMlaKvBuffer(OpSpec):
         nope_w, rope_w, width = self.dims(p)
         n, dtype, bad = p["n"], p["dtype"], p.get("bad")
         num_slots = _build.LARGE_UNITS if p.get("large") else max(2 * n, 64) + 3
-        nope, rope = _build.rows(arena, ("nope", "rope"), (_build.values(rng, (n, nope_w), dtype),
-                                                           _build.values(rng, (n, rope_w), dtype)),
+        nope, rope = _build.rows(arena, ("nope", "rope"), (_build.values(rng, (n, nope_w), dtype, p["values"]),
+                                                           _build.values(rng, (n, rope_w), dtype, p["values"])),
                                  p["src"], rng)
         if bad == "narrow_buffer":
             width = nope_w + rope_w - 1
@@ -166,6 +166,7 @@ class ConcatAndCacheMla(OpSpec):
     dtypes = ("bfloat16", "float16", "float32")
     fp8 = True
     fp8_scales = tuple(s for s in _fp8cases.SCALES if s != "head")  # the latent row has no heads
+    fp8_tail_shape = (511, 65)
     default_shape = (512, 64)  # (kv_lora_rank, rope); a third entry is the block size
     shapes = ((512, 64), (256, 64), (128, 64), (512, 32), (511, 65), (97, 31),
               (512, 64, 1), (97, 31, 5))
@@ -207,7 +208,7 @@ class ConcatAndCacheMla(OpSpec):
             arrays = tuple(_fp8cases.values(rng, p["values"], fmt, (n, w), dtype, scale_values)
                            for w in (rank, rope_w))
         else:
-            arrays = tuple(_build.values(rng, (n, w), dtype) for w in (rank, rope_w))
+            arrays = tuple(_build.values(rng, (n, w), dtype, p["values"]) for w in (rank, rope_w))
         kv_c, k_pe = _build.rows(arena, ("kv_c", "k_pe"), arrays, p["src"], rng)
         width = rank + rope_w + (1 if bad == "cache_width" else 0)
         cache_dtype = "uint8" if fmt else dtype

@@ -9,9 +9,11 @@ is token ``s % block_size`` of block ``s // block_size``; slot_mapping int32 or 
 ``fp8(x / scale)`` codes in uint8 caches. k_scale, v_scale: float32 tensors of shape [1] or [H]
 (also checked unchanged); under "auto" they are 1.0 and ignored, as vLLM does.
 
-Case variants beyond the catalogue's: block size 16; cache "padded" gives each cache a block
-stride larger than a block (K by one token row, V by two), so K's and V's strides differ and a
-kernel that assumes dense blocks, or reuses K's strides for V, writes the wrong place. No
+Case variants beyond the catalogue's: blocks of 16 tokens, and of 32 and 64 in two shape variants
+(a kernel that hard-codes 16, or its shift and mask, writes the wrong place there); cache "padded"
+gives each cache a block stride larger than a block (K by one token row, V by two), so K's and V's
+strides differ and a kernel that assumes dense blocks, or reuses K's strides for V, writes the
+wrong place; cache "unequal" pads V's blocks only, beside a dense K cache. No
 ``large_case``: e4m3fn caches whose blocks lie past 2**31 elements (_build.large_caches).
 """
 
@@ -30,7 +32,9 @@ from . import _build, _fp8cases
 from .base import Case, OpSpec, Prepared
 
 BLOCK_SIZE = 16
-PADDED_TOKENS = (1, 2)  # extra token rows per block of K and of V in the "padded" variant
+# extra token rows per block of K and of V: "padded" pads both; "unequal" leaves K dense beside a
+# padded V, so a kernel that takes a dense fast path on K's strides alone writes V wrong
+PADDED_TOKENS = {"padded": (1, 2), "unequal": (0, 2)}
 
 
 class ReshapeAndCacheFlash(OpSpec):
@@ -40,11 +44,14 @@ class ReshapeAndCacheFlash(OpSpec):
     dtypes = ("bfloat16", "float16", "float32")
     fp8 = True
     fp8_scales = _fp8cases.SCALES
+    fp8_tail_shape = (13, 46)
     default_shape = (8, 128)  # (heads, head_size)
-    shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (13, 46), (8, 96), (1, 97))
+    # (heads, head_size[, block_size]): blocks of 16 tokens unless a third entry says otherwise
+    shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (13, 46), (8, 96), (1, 97), (8, 128, 32),
+              (2, 64, 64))
     large_n_shape = (2, 64)
     sources = ("key", "value")
-    aliasing = ("aliased", "offset", "padded")
+    aliasing = ("aliased", "offset", "padded", "unequal")
     layouts = ("NHD", "HND")
     large_case = {"fp8": "e4m3fn", "n": 7}
 
@@ -58,7 +65,7 @@ class ReshapeAndCacheFlash(OpSpec):
 
     def needs(self, case: Case) -> dict:
         out = super().needs(case)
-        if self.p_with_defaults(case)["cache"] == "padded":
+        if self.p_with_defaults(case)["cache"] in ("padded", "unequal"):
             out["aliased_caches"] = True  # views into larger allocations
         return out
 
@@ -66,17 +73,18 @@ class ReshapeAndCacheFlash(OpSpec):
         """The byte width of the unit a kernel copies: a token's [H, D] row (NHD) or one head's
         D elements (HND), the gcd over source and cache (so a declared multiple divides both)."""
         p = self.p_with_defaults(case)
-        heads, dim = p["shape"]
+        heads, dim = p["shape"][:2]
         unit = dim if p["layout"] == "HND" else heads * dim
         source = NUMPY_DTYPES[p["dtype"]].itemsize
         return math.gcd(unit * source, unit * (1 if p.get("fp8") else source))
 
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
         p = self.p_with_defaults(case)
-        heads, dim = p["shape"]
+        heads, dim = p["shape"][:2]
+        block_size = p["shape"][2] if len(p["shape"]) > 2 else BLOCK_SIZE
         n, dtype, fmt, bad = p["n"], p["dtype"], p.get("fp8"), p.get("bad")
-        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // BLOCK_SIZE)
-        num_slots = num_blocks * BLOCK_SIZE
+        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // block_size)
+        num_slots = num_blocks * block_size
         choice = p.get("scale", "1.0")
         scales = [_fp8cases.scale_values(choice, heads, t) for t in (0, 1)]
         k_scale = arena.tensor("k_scale", scales[0], role="scale")
@@ -85,7 +93,7 @@ class ReshapeAndCacheFlash(OpSpec):
             arrays = tuple(_fp8cases.values(rng, p["values"], fmt, (n, heads, dim), dtype, s)
                            for s in scales)
         else:
-            arrays = tuple(_build.values(rng, (n, heads, dim), dtype) for _ in range(2))
+            arrays = tuple(_build.values(rng, (n, heads, dim), dtype, p["values"]) for _ in range(2))
         key, value = _build.rows(arena, ("key", "value"), arrays, p["src"], rng)
         cache_dtype = "uint8" if fmt and bad != "cache_dtype" else dtype
         if p.get("large"):
@@ -93,7 +101,7 @@ class ReshapeAndCacheFlash(OpSpec):
                                                          ((num_blocks, BLOCK_SIZE, heads, dim),) * 2)
             entries = _build.large_slots(rng, n, BLOCK_SIZE)
         else:
-            key_cache, value_cache = _caches(arena, (num_blocks, BLOCK_SIZE, heads, dim), cache_dtype,
+            key_cache, value_cache = _caches(arena, (num_blocks, block_size, heads, dim), cache_dtype,
                                              p["cache"], p["layout"])
             entries = _build.destinations(rng, p, num_slots, contract)
         if bad == "out_of_range" and n:
@@ -111,10 +119,10 @@ class ReshapeAndCacheFlash(OpSpec):
         elif bad == "kv_cache_dtype":
             kv_cache_dtype = "fp9"
         elif bad == "layout":  # every other element of a wider cache: last dim not contiguous
-            shape = (num_blocks, BLOCK_SIZE, heads, dim)
+            shape = (num_blocks, block_size, heads, dim)
             itemsize = NUMPY_DTYPES[cache_dtype].itemsize
             arena.region("key_cache_strided", 2 * math.prod(shape) * itemsize, _build.GUARD_MIN)
-            strides = (BLOCK_SIZE * heads * dim * 2, heads * dim * 2, dim * 2, 2)
+            strides = (block_size * heads * dim * 2, heads * dim * 2, dim * 2, 2)
             key_cache = arena.view("key_cache", "key_cache_strided", shape, strides, 0, cache_dtype,
                                    role="cache")
         return Prepared(arena, (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -150,14 +158,15 @@ class ReshapeAndCacheFlash(OpSpec):
 def _caches(arena: Arena, shape: tuple, dtype: str, variant: str, layout: str):
     """key_cache and value_cache of logical shape ``shape`` (NHD), allocated in ``layout`` order
     ("HND": ``[blocks, H, block_size, D]``, handed over as a permuted view) as ``variant``:
-    plain, offset, aliased (see _build.caches) or padded (a block stride past the block)."""
+    plain, offset, aliased (see _build.caches), padded (a block stride past the block) or unequal
+    (K dense, V padded)."""
     num_blocks, block_size, heads, dim = shape
     alloc = shape if layout == "NHD" else (num_blocks, heads, block_size, dim)
     names = ("key_cache", "value_cache")
-    if variant == "padded":
+    if variant in PADDED_TOKENS:
         itemsize = NUMPY_DTYPES[dtype].itemsize
         views = []
-        for name, extra in zip(names, PADDED_TOKENS):
+        for name, extra in zip(names, PADDED_TOKENS[variant]):
             stride0 = (block_size + extra) * heads * dim
             arena.region(name + "_storage", num_blocks * stride0 * itemsize,
                          max(_build.GUARD_MIN, stride0 * itemsize))

@@ -24,6 +24,7 @@ class StoreCache(OpSpec):
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (1, 96), (1, 97))
     large_n_shape = (2, 64)
     sources = ("k", "v")
+    aliasing = ("aliased", "offset", "unequal")
     large_case = {"dtype": "uint8", "n": 7}  # 8 x 128 byte rows (an fp8 pool) past 2**31 elements
     large_in_quick = True  # so every run catches int32 offsets, at ~6 s per kernel
 
@@ -42,8 +43,8 @@ class StoreCache(OpSpec):
         heads, dim = p["shape"]
         n, dtype = p["n"], p["dtype"]
         num_slots = _build.LARGE_UNITS if p.get("large") else max(2 * n, 64) + 3
-        k, v = _build.rows(arena, ("k", "v"), (_build.values(rng, (n, heads, dim), dtype),
-                                               _build.values(rng, (n, heads, dim), dtype)), p["src"], rng)
+        k, v = _build.rows(arena, ("k", "v"), (_build.values(rng, (n, heads, dim), dtype, p["values"]),
+                                               _build.values(rng, (n, heads, dim), dtype, p["values"])), p["src"], rng)
         shapes = ((num_slots, heads, dim),) * 2
         if p.get("large"):
             k_cache, v_cache = _build.large_caches(arena, ("k_cache", "v_cache"), shapes)

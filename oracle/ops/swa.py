@@ -23,7 +23,7 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, TORCH_DTYPES, Arena, dtype_name, numpy_view, to_numpy
 from ..contract import Contract
-from ..diagnose.generic import index_hypotheses
+from ..diagnose.generic import index_hypotheses, stale_hypotheses
 from . import _build
 from .base import Case, OpSpec, Prepared
 
@@ -60,8 +60,13 @@ class TranslateFullToSwa(OpSpec):
 
         count = n * (cols or 1)
         entries = rng.integers(0, table, size=count).astype(np.int64)
-        if count >= 2:  # the table's edges, and -1 (padding) entries
+        if p.get("slots") == "run":  # a prefill's consecutive slots (wrapping past the table)
+            entries = _build.run_of_slots(count, count) % table
+        elif count >= 2:  # the table's edges
             entries[rng.choice(count, size=2, replace=False)] = (0, table - 1)
+        if p.get("slots") == "run" and count >= 4:  # -1 entries inside the run, its ends kept
+            entries[1 + rng.choice(count - 2, size=max(1, count // 8), replace=False)] = SENTINEL
+        elif count >= 2:  # -1 (padding) entries
             entries[rng.choice(count, size=max(1, count // 8), replace=False)] = SENTINEL
         where = count // 2
         if bad == "negative_two" and count:
@@ -152,8 +157,16 @@ class TranslateFullToSwa(OpSpec):
     @staticmethod
     def _misreads(prepared: Prepared):
         """What a kernel returns when it reads loc as the generic index hypotheses say (its stride
-        or its storage offset ignored): (hypothesis, the translation of what it read)."""
+        or its storage offset ignored), or, on a repeat case's second call, the first call's loc or
+        mapping: (hypothesis, the translation of what it read, flat)."""
         arena = prepared.arena
+        for hypothesis in stale_hypotheses(prepared):
+            read = {name: hypothesis.inputs.get(name, lambda a: a)(prepared.numpy(name)).astype(np.int64)
+                    for name in ("mapping", "loc")}
+            try:
+                yield hypothesis, reference.translate_full_to_swa(read["mapping"], read["loc"]).reshape(-1)
+            except (ValueError, IndexError):
+                continue
         mapping = prepared.numpy("mapping").astype(np.int64)
         for hypothesis in index_hypotheses(arena):
             if hypothesis.cause not in ("index_stride_ignored", "index_offset_ignored"):

@@ -1,0 +1,53 @@
+"""The second call of a ``repeat`` case: every input redrawn in place, the caches left as the first
+call wrote them.
+
+Serving engines call a writer again and again on the same tensors: the index, the sources and a
+mapping are rewritten in place between steps, at the same addresses and of the same sizes. A kernel
+that keeps state between calls (a translation memoized on ``mapping.data_ptr()``, a scale read to
+the host once, an index checked once per address) is right on its first call and wrong on the
+next. So a repeat case builds its inputs twice, from two seeds, with the same layout: the first
+call runs on the first set; then every allocation that holds no cache takes the bytes of the
+second set, the per-tensor and per-head scales are doubled (a redrawn scale of 1.0 or 0.0123 would
+otherwise be the same), and the second call is judged. Under ``repeat="bad"`` the second set holds
+an illegal slot (the op's ``out_of_range`` bad input), which a validating kernel must reject with
+nothing written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..buffers import Arena
+from ..contract import Contract
+from .base import Case, OpSpec, Prepared
+
+SECOND_SEED = 0x9E3779B9  # xored into the case's seed for the second set of inputs
+SCALE_FACTOR = 2.0  # the scales of the second call: exact in float32, so only the scale changes
+
+
+def redraw_in_place(spec: OpSpec, case: Case, prepared: Prepared, contract: Contract) -> None:
+    """Give ``prepared`` the second call's inputs, in place (same tensors, same addresses), and
+    record the memory as it was before the first call in ``prepared.earlier``. Raises
+    RuntimeError where the spec builds the second set in another layout (a catalogue bug)."""
+    arena = prepared.arena
+    prepared.earlier = prepared.before
+    params = {k: v for k, v in case.p.items() if k != "repeat"}
+    if case.p.get("repeat") == "bad":
+        params["bad"] = "out_of_range"
+    second_case = Case.make(case.op, case.cls, **params)
+    seed = (case.seed ^ SECOND_SEED) & 0xFFFFFFFF
+    second = Arena(arena.device, seed)
+    spec.build(second_case, second, np.random.default_rng(seed), contract)
+    if second.views != arena.views or {n: r.payload for n, r in second.regions.items()} != {
+            n: r.payload for n, r in arena.regions.items()}:
+        raise RuntimeError(f"{case.op} {case.id}: the second set of inputs has another layout")
+    caches = {view.region for view in arena.views.values() if view.role == "cache"}
+    for name, region in arena.regions.items():
+        if name not in caches:
+            region.tensor.copy_(second.regions[name].tensor)
+    for view in arena.views.values():
+        if view.role == "scale" and view.dtype == "float32":
+            arena.torch_view(view).mul_(SCALE_FACTOR)
+
+
+__all__ = ["redraw_in_place", "SCALE_FACTOR"]

@@ -1,0 +1,273 @@
+"""Meta-tests: the catalogue reaches what careless or clever kernels do outside the ordinary case.
+
+Kernels that keep state between calls, take a fast path on a consecutive run of slots, round-trip
+rows through another float type, address V with K's strides, drop the rows past the last whole
+tile, hard-code the block size, or check only large batches. Each test builds the inputs a case
+actually gets, then runs a kernel that gets it wrong: it must fail, with its cause named where the
+oracle can replay one, and the torch baseline must pass the same cases.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from oracle.bundle import replay, write_bundle
+from oracle.buffers import Arena
+from oracle.cases import catalogue
+from oracle.contract import Contract
+from oracle.kernels import torch_native as tn
+from oracle.ops import SPECS
+from oracle.ops._build import SPECIAL_BITS
+from oracle.ops._repeat import SCALE_FACTOR, redraw_in_place
+from oracle.ops.base import Case
+from oracle.registry import Kernel
+from oracle.runner import FAIL, PASS, run_case
+
+ALL = ("float32", "float16", "bfloat16", "uint8")
+
+
+def kernel(op: str, fn, **fields) -> Kernel:
+    return Kernel(Contract(op=op, name="reach." + fn.__name__, backend="test", **fields), fn, "test")
+
+
+def baseline(op: str, **fields) -> Kernel:
+    return kernel(op, getattr(tn, op), **fields)
+
+
+def cases(op: str, pick, contract=None) -> list:
+    return [c for c in catalogue(op, "quick", contract) if pick(c)]
+
+
+# --- repeat: two calls on the same tensors ------------------------------------------------------
+
+def test_every_op_gets_a_repeat_case_and_every_indexed_op_a_repeated_bad_one():
+    for op, spec in SPECS.items():
+        repeats = cases(op, lambda c: c.cls == "repeat")
+        assert any(c.p["repeat"] == "inplace" for c in repeats), op
+        if "out_of_range" in spec.bad_inputs():
+            assert {c.p.get("n", 133) for c in repeats if c.p["repeat"] == "bad"} == {133, 1}, op
+
+
+@pytest.mark.parametrize("op", sorted(SPECS))
+def test_the_second_call_gets_every_input_redrawn_in_place_and_the_caches_as_they_were(op):
+    case = next(c for c in cases(op, lambda c: c.cls == "repeat" and c.p["repeat"] == "inplace"))
+    contract = Contract(op=op, name="probe", backend="test")
+    arena = Arena("cpu", case.seed)
+    prepared = SPECS[op].build(case, arena, np.random.default_rng(case.seed), contract)
+    prepared.before = arena.snapshot()
+    pointers = [t.data_ptr() for t in prepared.args if isinstance(t, torch.Tensor)]
+    redraw_in_place(SPECS[op], case, prepared, contract)
+    second = arena.snapshot()
+    assert [t.data_ptr() for t in prepared.args if isinstance(t, torch.Tensor)] == pointers
+    for name, view in arena.views.items():
+        first, now = arena.numpy_view(prepared.earlier, name), arena.numpy_view(second, name)
+        if view.role == "cache":
+            assert first.tobytes() == now.tobytes(), f"{op}: cache {name} changed"
+        elif view.role == "scale" and view.dtype == "float32":
+            assert np.array_equal(now[np.isfinite(now)] / SCALE_FACTOR,
+                                  first[np.isfinite(first)]) or first.tobytes() != now.tobytes(), name
+            assert first.tobytes() != now.tobytes(), f"{op}: scale {name} not changed"
+        elif view.role in ("source", "index") and first.size > 1:
+            assert first.tobytes() != now.tobytes(), f"{op}: {name} not redrawn"
+
+
+_MAPPINGS = {}
+
+
+def translate_keeps_its_table(mapping, loc):
+    key = (mapping.data_ptr(), mapping.numel())
+    table = _MAPPINGS.setdefault(key, mapping.clone())
+    return tn.translate_full_to_swa(table, loc)
+
+
+def test_a_translation_memoized_on_the_mapping_address_fails_its_repeat_case_with_its_cause(tmp_path):
+    _MAPPINGS.clear()
+    stale = kernel("translate_full_to_swa", translate_keeps_its_table, padding="negative")
+    case = next(c for c in cases("translate_full_to_swa", lambda c: c.id == "repeat_inplace"))
+    outcome = run_case(stale, case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "stale_state", outcome.message
+    assert "the second call read the first call's mapping" in outcome.message
+    assert run_case(baseline("translate_full_to_swa", padding="negative"), case).status == PASS
+    # the bundle replays both calls, so the stale table is reproduced on a fresh process's memo
+    bundle = write_bundle(tmp_path, stale, case, outcome)
+    _MAPPINGS.clear()
+    passed, text = replay(bundle, stale)
+    assert not passed and "entries differ" in text
+    assert replay(bundle, baseline("translate_full_to_swa", padding="negative"))[0]
+
+
+def checks_loc_once():
+    checked = set()
+
+    def store_cache(k, v, k_cache, v_cache, loc):
+        if loc.data_ptr() not in checked:
+            checked.add(loc.data_ptr())
+            return tn.store_cache(k, v, k_cache, v_cache, loc)
+        index = loc.long().clamp(0, k_cache.shape[0] - 1)
+        k_cache[index] = k[: len(loc)]
+        v_cache[index] = v[: len(loc)]
+    return store_cache
+
+
+def test_a_check_kept_from_the_first_call_fails_the_repeated_bad_cases():
+    once = Kernel(Contract(op="store_cache", name="once", backend="test", dtypes=ALL, validates=True),
+                  checks_loc_once(), "test")
+    bad = cases("store_cache", lambda c: c.p.get("repeat") == "bad")
+    outcomes = [run_case(once, c) for c in bad]
+    assert all(o.status == FAIL and o.cause["id"] == "validation_missing" for o in outcomes), outcomes
+    assert "written in place into the index of a call the kernel had accepted" in outcomes[0].message
+    assert all(run_case(baseline("store_cache", dtypes=ALL, validates=True), c).status == PASS for c in bad)
+
+
+def test_a_first_call_failure_of_a_repeat_case_says_so_and_names_its_cause():
+    def k_into_v(k, v, k_cache, v_cache, loc):
+        tn.store_cache(k, k, k_cache, v_cache, loc)
+
+    case = next(c for c in cases("store_cache", lambda c: c.id == "repeat_inplace"))
+    outcome = run_case(kernel("store_cache", k_into_v, dtypes=ALL), case)
+    assert outcome.status == FAIL and outcome.message.startswith("the first of the case's two calls failed")
+    assert outcome.cause["id"] == "sources_swapped"
+
+
+def test_a_case_that_passes_when_run_again_is_called_not_reproducible():
+    calls = []
+
+    def fails_first(k, v, k_cache, v_cache, loc):
+        calls.append(1)
+        tn.store_cache(k if len(calls) > 1 else v, v, k_cache, v_cache, loc)
+
+    case = next(c for c in cases("store_cache", lambda c: c.id == "bf16-int64"))
+    outcome = run_case(kernel("store_cache", fails_first, dtypes=ALL), case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "not_reproducible", outcome.message
+
+
+# --- slots a prefill writes: one consecutive run --------------------------------------------------
+
+def copies_a_slab_when_the_ends_are_consecutive(k, v, k_cache, v_cache, loc):
+    n = loc.shape[0]
+    if n > 1 and int(loc[-1]) - int(loc[0]) == n - 1:  # "contiguous": one slab copy
+        k_cache[int(loc[0]): int(loc[0]) + n] = k[:n]
+        v_cache[int(loc[0]): int(loc[0]) + n] = v[:n]
+        return None
+    return tn.store_cache(k, v, k_cache, v_cache, loc)
+
+
+def test_a_run_of_slots_has_consecutive_ends_but_not_order():
+    runs = cases("store_cache", lambda c: c.p.get("slots") == "run")
+    assert {c.p["n"] for c in runs} == {133, 4096}
+    for case in runs:
+        arena = Arena("cpu", case.seed)
+        contract = Contract(op="store_cache", name="probe", backend="test")
+        loc = SPECS["store_cache"].build(case, arena, np.random.default_rng(case.seed), contract).args[4]
+        entries = loc.long().numpy()
+        assert entries[-1] - entries[0] == len(entries) - 1 and not (np.diff(entries) == 1).all()
+        assert sorted(entries.tolist()) == list(range(entries[0], entries[-1] + 1))
+
+
+def test_a_slab_copy_on_consecutive_ends_fails_the_run_cases_and_names_the_run():
+    slab = kernel("store_cache", copies_a_slab_when_the_ends_are_consecutive, dtypes=ALL)
+    runs = cases("store_cache", lambda c: c.p.get("slots") == "run")
+    outcomes = [run_case(slab, c) for c in runs]
+    assert all(o.status == FAIL for o in outcomes), [o.message for o in outcomes]
+    assert all(o.cause and o.cause["id"] == "index_assumed_consecutive" for o in outcomes), outcomes[0].message
+    assert all(run_case(baseline("store_cache", dtypes=ALL), c).status == PASS for c in runs)
+
+
+# --- rows copied as bits ----------------------------------------------------------------------------
+
+def through_float32(k, v, k_cache, v_cache, loc):
+    """Rows converted to float32 and back on the way (bit patterns a float type cannot hold, NaN
+    payloads and signalling NaNs, come out changed)."""
+    tn.store_cache(k.float().to(k.dtype), v.float().to(v.dtype), k_cache, v_cache, loc)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
+def test_bit_pattern_cases_hold_every_special_pattern_and_catch_a_round_trip(dtype):
+    case = Case.make("store_cache", "dtypes", dtype=dtype, values="bits")
+    assert case in catalogue("store_cache", "quick")
+    arena = Arena("cpu", case.seed)
+    contract = Contract(op="store_cache", name="probe", backend="test")
+    k = SPECS["store_cache"].build(case, arena, np.random.default_rng(case.seed), contract).args[0]
+    width = {"float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}[dtype]
+    first = k.reshape(k.shape[0], -1)[0].view(torch.int16 if width is np.uint16 else torch.int32).numpy()
+    assert [int(x) & (2 ** (8 * np.dtype(width).itemsize) - 1) for x in first[: len(SPECIAL_BITS[dtype])]] == \
+        list(SPECIAL_BITS[dtype])
+    if dtype != "float32":  # a float32 round trip keeps every float32 pattern on this CPU but NaN quieting
+        assert run_case(kernel("store_cache", through_float32, dtypes=ALL), case).status == FAIL
+    assert run_case(baseline("store_cache", dtypes=ALL), case).status == PASS
+
+
+# --- K's strides for V, tiles, block sizes, small batches -------------------------------------------
+
+def v_with_k_strides(k, v, k_cache, v_cache, loc):
+    tn.store_cache(k, v, k_cache, v_cache.as_strided(v_cache.shape, k_cache.stride(), v_cache.storage_offset()), loc)
+
+
+def test_unequal_caches_catch_v_addressed_with_k_strides():
+    unequal = cases("store_cache", lambda c: c.p.get("cache") == "unequal")
+    assert unequal
+    wrong = kernel("store_cache", v_with_k_strides, dtypes=ALL)
+    outcomes = [run_case(wrong, c) for c in unequal]
+    assert all(o.status == FAIL and o.cause["id"] == "cache_strides_swapped" for o in outcomes), outcomes
+    assert all(run_case(baseline("store_cache", dtypes=ALL), c).status == PASS for c in unequal)
+
+
+def dense_path_on_k_strides(key, value, key_cache, value_cache, slot_mapping, *rest):
+    """Takes its dense path when key_cache is contiguous, and then treats value_cache as dense."""
+    if key_cache.is_contiguous() and not value_cache.is_contiguous():
+        value_cache = value_cache.as_strided(value_cache.shape, key_cache.stride(), value_cache.storage_offset())
+    tn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, *rest)
+
+
+def test_a_dense_fast_path_chosen_on_k_alone_fails_the_unequal_paged_cases():
+    unequal = cases("reshape_and_cache_flash", lambda c: c.p.get("cache") == "unequal")
+    wrong = kernel("reshape_and_cache_flash", dense_path_on_k_strides, padding="negative")
+    assert unequal and all(run_case(wrong, c).status == FAIL for c in unequal)
+
+
+def test_n_4099_catches_a_grid_that_drops_the_rows_past_its_last_tile():
+    def bulk(k, v, k_cache, v_cache, loc):
+        n = loc.shape[0]
+        keep = n if n < 1024 else n - n % 8
+        tn.store_cache(k[:keep], v[:keep], k_cache, v_cache, loc[:keep])
+
+    case = next(c for c in cases("store_cache", lambda c: c.id == "int32-N4099"))
+    outcome = run_case(kernel("store_cache", bulk, dtypes=ALL), case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "rows_dropped", outcome.message
+    assert "the last 3 entries of loc not written" in outcome.message
+    assert run_case(kernel("store_cache", bulk, dtypes=ALL),
+                    next(c for c in cases("store_cache", lambda c: c.id == "int32-N4096"))).status == PASS
+
+
+def blocks_of_16(key, value, key_cache, value_cache, slot_mapping, *rest):
+    """Slot s at block s >> 4, token s & 15, in the caches' own block stride: blocks of 16 tokens
+    whatever the cache's block size (the slots past 16 blocks are dropped: it bounds-checks)."""
+    blocks = key_cache.shape[0]
+    views = [c.as_strided((blocks, 16) + c.shape[2:], c.stride(), c.storage_offset()) for c in (key_cache, value_cache)]
+    tn.reshape_and_cache_flash(key, value, views[0], views[1],
+                               torch.where(slot_mapping < blocks * 16, slot_mapping, -1), *rest)
+
+
+def test_block_sizes_32_and_64_catch_a_hard_coded_16():
+    shaped = cases("reshape_and_cache_flash", lambda c: len(c.p.get("shape", ())) == 3)
+    assert {c.p["shape"][2] for c in shaped} == {32, 64}
+    wrong = kernel("reshape_and_cache_flash", blocks_of_16, padding="negative", dtypes=("bfloat16",))
+    outcomes = [run_case(wrong, c) for c in shaped if c.p["dtype"] == "bfloat16"]
+    assert outcomes and all(o.status == FAIL and o.cause["id"] == "block_size_hardcoded" for o in outcomes), \
+        [o.message for o in outcomes]
+    assert all(run_case(baseline("reshape_and_cache_flash", padding="negative"), c).status == PASS for c in shaped)
+
+
+def checks_only_large_batches(k, v, k_cache, v_cache, loc):
+    if loc.shape[0] > 32:
+        return tn.store_cache(k, v, k_cache, v_cache, loc)
+    k_cache[loc.long().clamp(0, k_cache.shape[0] - 1)] = k[: len(loc)]
+    v_cache[loc.long().clamp(0, v_cache.shape[0] - 1)] = v[: len(loc)]
+
+
+def test_an_illegal_slot_in_a_decode_step_is_a_bad_input_case():
+    decode = cases("store_cache", lambda c: c.cls == "bad_input" and c.p.get("n") == 1)
+    assert decode
+    wrong = kernel("store_cache", checks_only_large_batches, dtypes=ALL, validates=True)
+    assert all(run_case(wrong, c).status == FAIL for c in decode)
+    assert run_case(wrong, next(c for c in cases("store_cache", lambda c: c.id == "bad_out_of_range"))).status == PASS
