@@ -91,7 +91,7 @@ stage_blockbench() {
 stage_sanitize() {
   local san
   san=$(mktemp -d)  # the lane's own conformance report stays behind
-  time timeout 480 oracle run --sanitize "$san" --backend cuda,triton | tail -30
+  time timeout "${SANITIZE_LIMIT:-480}" oracle run --sanitize "$san" --backend cuda,triton | tail -30
   cp "$san/summary.json" "$OUT/sanitize.json"
   tail -200 "$san/sanitizer.log" > "$OUT/sanitizer-tail.log"
 }
