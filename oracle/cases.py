@@ -48,6 +48,8 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
     for n in spec.sizes:
         for index in (spec.index_dtypes if profile != "quick" else spec.index_dtypes[:1]) or (None,):
             yield {"n": n, "index": index}
+    for dtype in spec.dtypes[1:]:  # an empty call in every dtype: an early return keeps its dtypes
+        yield {"n": 0, "dtype": dtype, "index": (spec.index_dtypes or (None,))[0]}
     for shape in spec.shapes:
         for dtype in (spec.dtypes if profile != "quick" else spec.dtypes[:1]) or (None,):
             yield {"shape": shape, "n": 7 if profile == "quick" else 133, "dtype": dtype}
@@ -114,6 +116,8 @@ def _fp8(spec: OpSpec, profile: str, contract=None):
         for scale in spec.fp8_scales:
             for values in ("random", "special", "double_rounding"):
                 yield {"fp8": fmt, "scale": scale, "values": values}
+    if spec.large_n_shape:  # past the size gates, where a fast path may convert another way
+        yield {"fp8": "e4m3fn", "scale": "0.0123", "values": "random", "n": LARGE_N, "shape": spec.large_n_shape}
     if spec.fp8_tail_shape:  # rows of no multiple of 16 elements: a vector loop's scalar tail
         for fmt in ("e4m3fn", "e5m2"):
             yield {"fp8": fmt, "scale": "1.0", "values": "special", "shape": spec.fp8_tail_shape}
@@ -165,6 +169,8 @@ def _bad_input(spec: OpSpec, profile: str, contract=None):
     if "out_of_range" in spec.bad_inputs():
         yield {"bad": "out_of_range", "n": 1}
         yield {"bad": "out_of_range", "n": LARGE_N}
+    if "negative_two" in spec.bad_inputs():  # a -2 that plain indexing wraps instead of raising
+        yield {"bad": "negative_two", "n": 1}
 
 
 GENERATORS = {"dtypes": _dtypes, "sizes": _sizes, "strides": _strides, "aliasing": _aliasing,

@@ -537,3 +537,35 @@ def test_torch_2_13_preset_equals_torch(fmt, source):
     expected = t.to(target).view(torch.uint8).numpy()
     o.assert_codes_equal(quantize(x, fmt, preset="torch_2_13"), expected, x,
                          f"torch {torch.__version__} {source} -> {fmt}")
+
+
+# --- rounding="ties_away" ----------------------------------------------------------------------
+# The oracle: ml_dtypes rounds to nearest even; at an exact midpoint between two adjacent values
+# of the format, ties_away takes the larger magnitude instead, and everywhere else agrees.
+
+@pytest.mark.parametrize("fmt", o.FORMAT_NAMES)
+def test_ties_away_takes_the_larger_magnitude_at_every_midpoint_and_agrees_elsewhere(fmt):
+    values = o.representable_magnitudes(fmt)
+    midpoints = (values[1:] + values[:-1]) / 2
+    x = o.near(o.boundary_magnitudes(fmt))
+    x = x[np.isfinite(x) & (np.abs(x) <= values[-1])]  # overflow is saturate's business
+    magnitude = np.abs(x.astype(np.float64))
+    at_tie = np.isin(magnitude, midpoints)
+    upper = values[np.searchsorted(values, magnitude)]  # the larger neighbour of a midpoint
+    signed_upper = np.where(np.signbit(x), -upper, upper).astype(np.float32)
+    expected = np.where(at_tie, o.ml_codes(signed_upper, fmt), o.ml_codes(x, fmt))
+    if o.FNUZ[fmt]:  # no -0: a negative value rounding to zero is +0
+        expected = np.where(expected == 0x80, 0, expected)
+    actual = quantize(x, fmt, rounding="ties_away")
+    assert at_tie.sum() >= len(midpoints)
+    listed, count = o.mismatches(actual, expected, x)
+    assert count == 0, listed
+
+
+def test_ties_away_hand_vectors():
+    # e4m3fn: 17 lies halfway between 16 (0x58) and 18 (0x59); to even gives 16, away 18.
+    # 0.5 * 2**-9 (half the smallest subnormal) rounds to 0 to even, to 2**-9 (0x01) away.
+    assert q1(17.0, "e4m3fn") == 0x58 and q1(17.0, "e4m3fn", rounding="ties_away") == 0x59
+    assert q1(-17.0, "e4m3fn", rounding="ties_away") == 0xD9
+    assert q1(2.0 ** -10, "e4m3fn") == 0x00 and q1(2.0 ** -10, "e4m3fn", rounding="ties_away") == 0x01
+    assert q1(17.5, "e4m3fn", rounding="ties_away") == 0x59  # not a tie: nearest

@@ -96,6 +96,14 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
     return _probe(failed, case, contract, rerun, inside) or _with_pattern(failed, diagnosis)
 
 
+def explain_returned(failed, case, *, rerun):
+    """A wrong returned tensor that no misread explains (spec.check_returned): whether the case
+    passes when run again (then it depends on earlier calls)."""
+    if not case.p.get("repeat") and rerun(case, _unchanged):
+        return _not_reproducible(failed)
+    return failed
+
+
 def explain_raise(failed, case, contract, *, rerun, inside):
     """Name the cause of a kernel that raised: only probes can (nothing was compared)."""
     return _probe(failed, case, contract, rerun, inside) or failed

@@ -32,6 +32,7 @@ CAUSES = {
     "only_minus_one_padding": "only -1 is treated as padding; other negatives are written",
     "padding_policy": "another padding policy than the declared one",
     "round_toward_zero": "fp8 codes are rounded toward zero",
+    "ties_away": "fp8 ties are rounded away from zero",
     "subnormals_flushed": "fp8 subnormal results are flushed to zero",
     "nan_mishandled": "NaN is written with another byte or sign",
     "negative_zero_mishandled": "-0 is written as +0",

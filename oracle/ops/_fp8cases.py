@@ -231,6 +231,9 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
     if declared.rounding != "toward_zero":
         out.append(Hypothesis("round_toward_zero", "fp8 codes rounded toward zero (the mantissa "
                               "truncated) instead of to nearest even", {"rounding": "toward_zero"}))
+    if declared.rounding != "ties_away":
+        out.append(Hypothesis("ties_away", "fp8 ties rounded away from zero (round half up on the "
+                              "magnitude) instead of to even", {"rounding": "ties_away"}))
     if declared.subnormals != "flush":
         out.append(Hypothesis("subnormals_flushed", "fp8 subnormal results flushed to zero of "
                               "their sign", {"subnormals": "flush"}))

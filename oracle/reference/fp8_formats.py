@@ -124,7 +124,7 @@ class Fp8Knobs:
       further rounding. Zeros, inf, NaN and elements whose scale is 1 (no division happens) are
       left alone. 0 (the default) is the correctly rounded quotient. ``-2`` and ``2`` bound what
       an approximate division within 2 ulps (Triton's ``div.full.f32``) can produce.
-    - ``rounding``: ``"nearest_even"`` (the default) or ``"toward_zero"``: the fp8 rounding
+    - ``rounding``: ``"nearest_even"`` (the default), ``"ties_away"`` or ``"toward_zero"``: the fp8 rounding
       truncates the magnitude to the code at or below it (the 16-bit ``intermediate``, if any,
       still rounds to nearest even). Overflow is then decided on the truncated value, as always:
       a magnitude between max and the step past max (the value code ``max + 1`` would have:

@@ -34,14 +34,15 @@ class BinaryFormat:
         return 1 - self.bias
 
 
-ROUNDINGS = ("nearest_even", "toward_zero")
+ROUNDINGS = ("nearest_even", "ties_away", "toward_zero")
 
 
 def round_float32(bits: np.ndarray, fmt: BinaryFormat, rounding: str = "nearest_even"):
     """Round float32 values (given as uint32 bit patterns) to ``fmt``.
 
-    ``rounding``: ``"nearest_even"`` (to nearest, ties to even) or ``"toward_zero"`` (the
-    magnitude truncated to the code at or below it).
+    ``rounding``: ``"nearest_even"`` (to nearest, ties to even), ``"ties_away"`` (to nearest,
+    ties to the larger magnitude) or ``"toward_zero"`` (the magnitude truncated to the code at or
+    below it).
 
     Returns ``(sign, code, is_nan, is_inf, overflow)``: ``sign`` is 0/1 (uint32), ``code`` the
     rounded magnitude code (int64; meaningless where a mask is set), ``overflow`` marks finite
@@ -72,6 +73,8 @@ def round_float32(bits: np.ndarray, fmt: BinaryFormat, rounding: str = "nearest_
     half = np.int64(1) << (shift - 1)
     if rounding == "nearest_even":
         kept += (remainder > half) | ((remainder == half) & ((kept & 1) == 1))
+    elif rounding == "ties_away":
+        kept += remainder >= half
     # A carry out of the mantissa lands in the exponent field by plain addition.
     code = ((quantum_exponent + fmt.bias - 1) << fmt.mantissa_bits) + kept
 
