@@ -49,7 +49,7 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
         for index in (spec.index_dtypes if profile != "quick" else spec.index_dtypes[:1]) or (None,):
             yield {"n": n, "index": index}
     for dtype in spec.dtypes[1:]:  # an empty call in every dtype: an early return keeps its dtypes
-        yield {"n": 0, "dtype": dtype, "index": (spec.index_dtypes or (None,))[0]}
+        yield {"n": 0, "dtype": dtype, "index": (spec.index_dtypes or (None,))[-1]}
     for shape in spec.shapes:
         for dtype in (spec.dtypes if profile != "quick" else spec.dtypes[:1]) or (None,):
             yield {"shape": shape, "n": 7 if profile == "quick" else 133, "dtype": dtype}
