@@ -63,7 +63,8 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
             rerun, inside):
     """Name the cause of a failed comparison, in order: what the comparison itself observed (a
     torn row, a modified input), whether the same case passes when run again (then it depends on
-    earlier calls), the hypotheses replayed through the reference, nothing written, then the probes (``rerun(case, edit)`` runs the kernel again and says whether it passed;
+    earlier calls), the hypotheses replayed through the reference, nothing written, then the
+    probes (``rerun(case, edit)`` runs the kernel again and says whether it passed;
     ``inside(case)`` whether a case lies inside the contract). Else the difference's pattern."""
     prepared = failed.prepared
     if any("torn row" in p for p in problems):
@@ -93,7 +94,8 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
     if all(same_bytes(after[r], prepared.before[r]) for r in after):  # after the hypotheses: a
         # kernel that skips slot 0 writes nothing when slot 0 is all there is
         return named(failed, Hypothesis("nothing_written", "nothing was written"))
-    return _probe(failed, case, contract, rerun, inside) or _with_pattern(failed, diagnosis)
+    return (_probe(failed, case, contract, rerun, inside, rerun_first=bool(case.p.get("repeat")))
+            or _with_pattern(failed, diagnosis))
 
 
 def explain_returned(failed, case, *, rerun):
@@ -109,10 +111,11 @@ def explain_raise(failed, case, contract, *, rerun, inside):
     return _probe(failed, case, contract, rerun, inside) or failed
 
 
-def _probe(failed, case, contract, rerun, inside):
+def _probe(failed, case, contract, rerun, inside, rerun_first: bool = True):
     # a probe is judged by the case run again: where the unchanged case passes on its own, no probe
-    # can tell anything, and the failure depends on what ran before it (or on timing)
-    if rerun(case, _unchanged):
+    # can tell anything, and the failure depends on what ran before it (or on timing); explain has
+    # run that check already for every case but a repeat case
+    if rerun_first and rerun(case, _unchanged):
         return _not_reproducible(failed)
     for hypothesis, change in probes(case, contract, failed.prepared):
         if rerun(case, change):
