@@ -269,3 +269,13 @@ def test_an_illegal_slot_in_a_decode_step_is_a_bad_input_case():
     wrong = kernel("store_cache", checks_only_large_batches, dtypes=ALL, validates=True)
     assert all(run_case(wrong, c).status == FAIL for c in decode)
     assert run_case(wrong, next(c for c in cases("store_cache", lambda c: c.id == "bad_out_of_range"))).status == PASS
+
+
+def test_a_translation_that_clamps_minus_one_to_slot_zero_is_named():
+    def clamps(mapping, loc):
+        return mapping[loc.long().clamp(min=0)].to(mapping.dtype)
+
+    case = next(c for c in cases("translate_full_to_swa", lambda c: c.id == "int64-int64"))
+    outcome = run_case(kernel("translate_full_to_swa", clamps, padding="negative"), case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "padding_policy", outcome.message
+    assert "-1 entries clamped to slot 0" in outcome.message

@@ -24,6 +24,7 @@ from .. import reference
 from ..buffers import NUMPY_DTYPES, TORCH_DTYPES, Arena, dtype_name, numpy_view, to_numpy
 from ..contract import Contract
 from ..diagnose.generic import index_hypotheses, stale_hypotheses
+from ..diagnose.hypothesis import Hypothesis
 from . import _build
 from .base import Case, OpSpec, Prepared
 
@@ -158,7 +159,7 @@ class TranslateFullToSwa(OpSpec):
     def _misreads(prepared: Prepared):
         """What a kernel returns when it reads loc as the generic index hypotheses say (its stride
         or its storage offset ignored), or, on a repeat case's second call, the first call's loc or
-        mapping: (hypothesis, the translation of what it read, flat)."""
+        mapping, or with -1 clamped to slot 0: (hypothesis, the translation of what it read, flat)."""
         arena = prepared.arena
         for hypothesis in stale_hypotheses(prepared):
             read = {name: hypothesis.inputs.get(name, lambda a: a)(prepared.numpy(name)).astype(np.int64)
@@ -168,6 +169,11 @@ class TranslateFullToSwa(OpSpec):
             except (ValueError, IndexError):
                 continue
         mapping = prepared.numpy("mapping").astype(np.int64)
+        loc = prepared.numpy("loc").astype(np.int64).reshape(-1)
+        if (loc == SENTINEL).any() and np.all((loc >= SENTINEL) & (loc < len(mapping))):
+            yield (Hypothesis("padding_policy", "-1 entries clamped to slot 0 (translated as mapping[0]) "
+                              "instead of through the sentinel"),
+                   mapping[np.where(loc == SENTINEL, 0, loc)])
         for hypothesis in index_hypotheses(arena):
             if hypothesis.cause not in ("index_stride_ignored", "index_offset_ignored"):
                 continue
