@@ -143,10 +143,9 @@ def _first_call(arena: Arena, arrays: dict, kernel, args: list) -> None:
     """A repeat case's first call (oracle.ops._repeat), on the same tensors as the second: the
     memory as it was before the first call, the call, then the memory as it was before the
     second (inputs redrawn in place, the caches as the first call wrote them)."""
+    second = {name: region.tensor.clone() for name, region in arena.regions.items()}
     for name, region in arena.regions.items():
-        saved = region.tensor.clone()
         region.tensor.copy_(torch.from_numpy(arrays[f"earlier.{name}"]).to(arena.device))
-        arrays[f"second.{name}"] = saved
     try:
         kernel.fn(*args)
         if arena.device.startswith("cuda"):
@@ -154,7 +153,7 @@ def _first_call(arena: Arena, arrays: dict, kernel, args: list) -> None:
     except Exception as exc:
         raise _FirstCallFailed(f"{type(exc).__name__}: {exc}") from exc
     for name, region in arena.regions.items():
-        region.tensor.copy_(arrays.pop(f"second.{name}"))
+        region.tensor.copy_(second[name])
 
 
 def _packed(data):

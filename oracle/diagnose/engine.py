@@ -75,10 +75,12 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
     view = difference.first.get("view")
     if view and prepared.arena.views[view].role != "cache":
         return named(failed, Hypothesis("input_modified", f"an input ({view}) was modified"))
-    if not case.p.get("repeat") and rerun(case, _unchanged):
-        # before any hypothesis, which might match a stateful kernel's result by chance (a repeat
-        # case's second call is what its stale-state hypotheses are for)
-        return _not_reproducible(failed)
+    repeat = bool(case.p.get("repeat"))
+    # before any hypothesis, which might match a stateful kernel's result by chance (a repeat
+    # case's second call is what its stale-state hypotheses are for: there it comes before probes)
+    again = None if repeat else _passes_again(failed, case, rerun)
+    if again is not None:
+        return again
     diagnosis = diagnose(spec, case, contract, prepared, after, regions)
     failed.pattern = diagnosis.pattern
     if diagnosis.matched:
@@ -94,29 +96,29 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
     if all(same_bytes(after[r], prepared.before[r]) for r in after):  # after the hypotheses: a
         # kernel that skips slot 0 writes nothing when slot 0 is all there is
         return named(failed, Hypothesis("nothing_written", "nothing was written"))
-    return (_probe(failed, case, contract, rerun, inside, rerun_first=bool(case.p.get("repeat")))
-            or _with_pattern(failed, diagnosis))
+    return ((_passes_again(failed, case, rerun) if repeat else None)
+            or _probe(failed, case, contract, rerun, inside) or _with_pattern(failed, diagnosis))
 
 
 def explain_returned(failed, case, *, rerun):
     """A wrong returned tensor that no misread explains (spec.check_returned): whether the case
     passes when run again (then it depends on earlier calls)."""
-    if not case.p.get("repeat") and rerun(case, _unchanged):
-        return _not_reproducible(failed)
-    return failed
+    return (None if case.p.get("repeat") else _passes_again(failed, case, rerun)) or failed
 
 
 def explain_raise(failed, case, contract, *, rerun, inside):
-    """Name the cause of a kernel that raised: only probes can (nothing was compared)."""
-    return _probe(failed, case, contract, rerun, inside) or failed
+    """Name the cause of a kernel that raised: only probes can (nothing was compared), and they are
+    judged by the case run again, so first whether the unchanged case passes on its own."""
+    return _passes_again(failed, case, rerun) or _probe(failed, case, contract, rerun, inside) or failed
 
 
-def _probe(failed, case, contract, rerun, inside, rerun_first: bool = True):
-    # a probe is judged by the case run again: where the unchanged case passes on its own, no probe
-    # can tell anything, and the failure depends on what ran before it (or on timing); explain has
-    # run that check already for every case but a repeat case
-    if rerun_first and rerun(case, _unchanged):
-        return _not_reproducible(failed)
+def _passes_again(failed, case, rerun):
+    """``failed`` named not_reproducible where the same case, built and run once more, passes (the
+    failure depends on what ran before it, or on timing; no probe could tell anything); else None."""
+    return _not_reproducible(failed) if rerun(case, _unchanged) else None
+
+
+def _probe(failed, case, contract, rerun, inside):
     for hypothesis, change in probes(case, contract, failed.prepared):
         if rerun(case, change):
             return named(failed, hypothesis)

@@ -232,7 +232,8 @@ def stale_hypotheses(prepared) -> list[Hypothesis]:
 def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
     """Every generic hypothesis for this case, most specific first."""
     views = prepared.arena.views
-    return (stale_hypotheses(prepared) + run_hypotheses(prepared) + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
+    return (stale_hypotheses(prepared) + run_hypotheses(prepared)
+            + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
             + source_hypotheses(views) + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches) + overrun_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared))

@@ -98,8 +98,8 @@ class ReshapeAndCacheFlash(OpSpec):
         cache_dtype = "uint8" if fmt and bad != "cache_dtype" else dtype
         if p.get("large"):
             key_cache, value_cache = _build.large_caches(arena, ("key_cache", "value_cache"),
-                                                         ((num_blocks, BLOCK_SIZE, heads, dim),) * 2)
-            entries = _build.large_slots(rng, n, BLOCK_SIZE)
+                                                         ((num_blocks, block_size, heads, dim),) * 2)
+            entries = _build.large_slots(rng, n, block_size)
         else:
             key_cache, value_cache = _caches(arena, (num_blocks, block_size, heads, dim), cache_dtype,
                                              p["cache"], p["layout"])
