@@ -30,6 +30,11 @@ NUMPY_DTYPES = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16), "uint8": np.dtype(np.uint8),
     "int32": np.dtype(np.int32), "int64": np.dtype(np.int64),
 }
+# fp8 caches handed over as torch float8 tensors (Contract.fp8_cache="float8"): their numpy twins
+# hold the codes as uint8, as the reference writes them
+for _fmt in ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz"):
+    TORCH_DTYPES[f"float8_{_fmt}"] = getattr(torch, f"float8_{_fmt}")
+    NUMPY_DTYPES[f"float8_{_fmt}"] = np.dtype(np.uint8)
 SHORT_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "uint8": "u8"}
 
 

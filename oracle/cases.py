@@ -122,6 +122,9 @@ def _fp8(spec: OpSpec, profile: str, contract=None):
         for fmt in ("e4m3fn", "e5m2"):
             yield {"fp8": fmt, "scale": "1.0", "values": "special", "shape": spec.fp8_tail_shape}
             yield {"fp8": fmt, "scale": spec.fp8_scales[-1], "values": "random", "shape": spec.fp8_tail_shape}
+    for name, fmt in getattr(contract, "kv_cache_dtypes", ()):  # every name the kernel takes
+        yield {"fp8": fmt, "spelling": name, "scale": spec.fp8_scales[-1], "values": "random"}
+        yield {"fp8": fmt, "spelling": name, "scale": "1.0", "values": "special"}
 
 
 def _block_scaled(spec: OpSpec, profile: str, contract=None):

@@ -31,13 +31,14 @@ SOURCE_ROWS_BY_OP = {"reshape_and_cache_flash": "index", "concat_and_cache_mla":
 DCP_MODULI = ("truncate", "floor")
 FP8_DIVISIONS = ("ieee", "approx")
 ERRORS = ("raise", "deferred")
+FP8_CACHES = ("uint8", "float8")
 
 
 def always_available() -> str | None:
     return None
 
 
-GAP_KEYS = ("dtype", "index_dtype", "fp8_format", "block_format", "scale_layout", "scale", "layout",
+GAP_KEYS = ("dtype", "index_dtype", "fp8_format", "kv_cache_dtype", "block_format", "scale_layout", "scale", "layout",
             "padding", "duplicates",
             "strided_source", "longer_source", "strided_index", "aliased_caches", "large_cache",
             "row_bytes", "dcp", "bad_input")
@@ -64,6 +65,10 @@ class Contract:
     dtypes: tuple = ("float32", "float16", "bfloat16")
     index_dtypes: tuple = INDEX_DTYPES
     fp8_formats: tuple = ()  # kv_cache_dtype values besides "auto" that it implements
+    # (name, format) pairs: the kv_cache_dtype strings it takes where they are not the format names
+    # (vLLM: ("fp8", "e4m3fn"), ("fp8_e4m3", "e4m3fn"), ("fp8_e5m2", "e5m2")); every name is tested
+    kv_cache_dtypes: tuple = ()
+    fp8_cache: str = "uint8"  # fp8 caches handed over as "uint8" codes or as torch "float8" tensors
     fp8_preset: str = "ocp_satfinite"  # how it converts to fp8 (oracle.reference.presets)
     fp8_knobs: tuple = ()  # (knob, value) pairs overriding the preset, e.g. (("scale_op", "mul_reciprocal"),)
     scales: tuple = SCALES  # per-tensor ("tensor") and/or per-head ("head") fp8 scales
@@ -131,7 +136,8 @@ class Contract:
         if self.duplicates not in ("forbid", "any"):
             out.append(f"duplicates={self.duplicates!r} is not 'forbid' or 'any'")
         for attr, allowed in (("source_rows", SOURCE_ROWS), ("dcp_modulo", DCP_MODULI),
-                              ("fp8_division", FP8_DIVISIONS), ("errors", ERRORS)):
+                              ("fp8_division", FP8_DIVISIONS), ("errors", ERRORS),
+                              ("fp8_cache", FP8_CACHES)):
             if getattr(self, attr) not in allowed:
                 out.append(f"{attr}={getattr(self, attr)!r} is not one of {', '.join(allowed)}")
         world, rank = self.dcp_world, self.dcp_rank
@@ -145,6 +151,7 @@ class Contract:
                     self.knobs(fmt)
             except (TypeError, ValueError) as exc:
                 out.append(f"fp8: {exc}")
+        out += self._kv_cache_dtype_problems()
         if self.block_formats and self.op not in BLOCK_OPS:
             out.append(f"block_formats={self.block_formats!r}: only {', '.join(BLOCK_OPS)} write block-scaled formats")
         for fmt in self.block_formats if isinstance(self.block_formats, tuple) else ():
@@ -163,6 +170,25 @@ class Contract:
                        f"after the device synchronizes, got {self.raise_deferred!r}")
         return out
 
+    def _kv_cache_dtype_problems(self) -> list[str]:
+        names = self.kv_cache_dtypes
+        if not isinstance(names, tuple) or any(
+                not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and pair[0])
+                for pair in names):
+            return [f"kv_cache_dtypes must be (name, format) pairs of strings, got {names!r}"]
+        out = [f"kv_cache_dtypes: {name!r} names {fmt!r}, which is not among fp8_formats {self.fp8_formats!r}"
+               for name, fmt in names if fmt not in self.fp8_formats]
+        spelled = [name for name, _ in names]
+        out += [f"kv_cache_dtypes names {name!r} twice" for name in sorted(set(spelled)) if spelled.count(name) > 1]
+        return out
+
+    def kv_cache_dtype(self, fmt: str | None) -> str:
+        """The kv_cache_dtype string a case passes for fp8 format ``fmt`` (None: "auto"): the first
+        name :attr:`kv_cache_dtypes` gives it, else the format's own name."""
+        if fmt is None:
+            return "auto"
+        return next((name for name, meaning in self.kv_cache_dtypes if meaning == fmt), fmt)
+
     def knobs(self, fmt: str) -> _fp8.Fp8Knobs:
         """The fp8 knobs this kernel declares for ``fmt``."""
         return _fp8.resolve_knobs(_fp8.get_format(fmt), self.fp8_preset, dict(self.fp8_knobs))
@@ -179,6 +205,10 @@ class Contract:
         if self.fp8_formats:
             knobs = ",".join(f"{k}={v}" for k, v in self.fp8_knobs)
             parts.append("fp8 " + "/".join(self.fp8_formats) + f" ({self.fp8_preset}{',' + knobs if knobs else ''})")
+            if self.kv_cache_dtypes:
+                parts.append("kv_cache_dtype " + "/".join(f"{n}={f}" for n, f in self.kv_cache_dtypes))
+            if self.fp8_cache != "uint8":
+                parts.append(f"fp8 caches as torch {self.fp8_cache}")
         parts += [f"padding={self.padding}", f"duplicates={self.duplicates}"]
         if self.source_rows == "index":
             parts.append("sources may be longer than the index")
@@ -232,6 +262,8 @@ def gaps(contract: Contract, needs: dict) -> list[Gap]:
     lacks("dtype", contract.dtypes, needs.get("dtype"), True)
     lacks("index_dtype", contract.index_dtypes, needs.get("index_dtype"), True)
     lacks("fp8_format", contract.fp8_formats, needs.get("fp8_format"), True, "fp8 format")
+    lacks("kv_cache_dtype", tuple(name for name, _ in contract.kv_cache_dtypes), needs.get("kv_cache_dtype"),
+          True, "kv_cache_dtype name")
     lacks("block_format", contract.block_formats, needs.get("block_format"), True, "block format")
     lacks("scale_layout", contract.scale_layouts, needs.get("scale_layout"), True, "scale layout")
     lacks("scale", contract.scales, needs.get("scale"), True, "scale kind")

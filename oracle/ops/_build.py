@@ -241,8 +241,8 @@ def caches(arena: Arena, names: tuple, shapes: tuple, dtype: str, layout: str, s
     return tuple(out)
 
 
-def large_caches(arena: Arena, names: tuple, shapes: tuple):
-    """uint8 caches ``[LARGE_UNITS, *row]`` in one sparse region, each row a contiguous block at
+def large_caches(arena: Arena, names: tuple, shapes: tuple, dtype: str = "uint8"):
+    """Byte-wide caches (``dtype`` uint8 or a float8 one) ``[LARGE_UNITS, *row]`` in one sparse region, each row a contiguous block at
     a stride of LARGE_STRIDE, the caches interleaved within that stride after LARGE_LEAD bytes."""
     share = LARGE_STRIDE // len(names)
     rows = [int(np.prod(shape[1:])) for shape in shapes]
@@ -252,7 +252,7 @@ def large_caches(arena: Arena, names: tuple, shapes: tuple):
     region = "_".join(names) + "_large"
     arena.region(region, payload, GUARD_MIN, sparse=True)
     return tuple(arena.view(name, region, shape, (LARGE_STRIDE,) + contiguous_strides(shape[1:]),
-                            LARGE_LEAD + i * share, "uint8", role="cache")
+                            LARGE_LEAD + i * share, dtype, role="cache")
                  for i, (name, shape) in enumerate(zip(names, shapes)))
 
 

@@ -58,6 +58,18 @@ def with_defaults(p: dict, case_params: dict) -> dict:
     return p
 
 
+def kv_cache_dtype(contract: Contract, p: dict) -> str:
+    """The kv_cache_dtype string the kernel is called with: the case's ``spelling`` (one of the
+    contract's ``kv_cache_dtypes`` names), else the contract's name for the case's format."""
+    return p.get("spelling") or contract.kv_cache_dtype(p.get("fp8"))
+
+
+def cache_dtype(contract: Contract, fmt: str) -> str:
+    """The view dtype of an fp8 cache: uint8 codes, or the format's torch float8 dtype where the
+    contract takes float8 caches (a Triton writer that stores through the cache's element type)."""
+    return "uint8" if contract.fp8_cache == "uint8" else f"float8_{fmt}"
+
+
 def scale_values(choice: str, heads: int, tensor: int = 0) -> np.ndarray:
     """The float32 scale of case parameter ``choice``: shape (1,), or (heads,) for "head".
     ``tensor`` 0 is the first (or only) tensor's scale, 1 the second's."""
@@ -209,7 +221,8 @@ def alternatives(p: dict, contract: Contract) -> list[Hypothesis]:
             out.append(Hypothesis("fp8_conversion", f"preset {name!r} ({_short(preset.models)})",
                                   {"preset": name}))
     covered = PRESETS[contract.fp8_preset].formats if contract.fp8_preset in PRESETS else ()
-    out += [Hypothesis("wrong_fp8_format", f"{other} codes written where {fmt} is asked",
+    asked = f"kv_cache_dtype {p['spelling']!r} asks for {fmt}" if p.get("spelling") else f"{fmt} is asked"
+    out += [Hypothesis("wrong_fp8_format", f"{other} codes written where {asked}",
                        {"format": other})
             for other in _fp8.FORMATS if other != fmt and other in covered]
     return out

@@ -15,7 +15,7 @@ import numpy as np
 from ..buffers import Arena, SHORT_NAMES
 from ..contract import Contract
 
-PARAM_ORDER = ("dtype", "fp8", "block", "index", "shape", "layout", "scale_layout", "src", "index_layout", "cache",
+PARAM_ORDER = ("dtype", "fp8", "spelling", "block", "index", "shape", "layout", "scale_layout", "src", "index_layout", "cache",
                "padding", "dups", "dcp", "scale", "values", "slots", "bad", "repeat", "large", "n")
 
 
@@ -56,6 +56,8 @@ class Case:
                 parts.append("pad_" + str(value).replace(":", ""))
             elif key in ("src", "index_layout", "cache"):
                 parts.append(f"{value}_{ {'src': 'src', 'index_layout': 'index', 'cache': 'cache'}[key]}")
+            elif key == "spelling":
+                parts.append(f"as_{value}")
             elif key == "scale_layout":
                 parts.append(f"{value}_scales")
             elif key == "scale":
@@ -148,7 +150,7 @@ class OpSpec:
         """What a kernel must declare for this case to be inside its contract."""
         p = self.p_with_defaults(case)
         out = {"dtype": p.get("dtype"), "index_dtype": p.get("index") if self.index_dtypes else None,
-               "fp8_format": p.get("fp8"), "scale": "head" if p.get("scale") == "head" else
+               "fp8_format": p.get("fp8"), "kv_cache_dtype": p.get("spelling"), "scale": "head" if p.get("scale") == "head" else
                ("tensor" if p.get("fp8") else None),
                "layout": p.get("layout"), "padding": p.get("padding"),
                "duplicates": bool(p.get("dups")), "strided_source": p.get("src") == "fused",

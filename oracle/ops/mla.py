@@ -211,11 +211,12 @@ class ConcatAndCacheMla(OpSpec):
             arrays = tuple(_build.values(rng, (n, w), dtype, p["values"]) for w in (rank, rope_w))
         kv_c, k_pe = _build.rows(arena, ("kv_c", "k_pe"), arrays, p["src"], rng)
         width = rank + rope_w + (1 if bad == "cache_width" else 0)
-        cache_dtype = "uint8" if fmt else dtype
+        cache_dtype = _fp8cases.cache_dtype(contract, fmt) if fmt else dtype
         if bad == "fp8_cache_dtype":
             cache_dtype = dtype
         if p.get("large"):
-            kv_cache, = _build.large_caches(arena, ("kv_cache",), ((num_blocks, block_size, width),))
+            kv_cache, = _build.large_caches(arena, ("kv_cache",), ((num_blocks, block_size, width),),
+                                            cache_dtype)
             entries = _build.large_slots(rng, n, block_size)
         else:
             kv_cache = _cache(arena, "kv_cache", (num_blocks, block_size, width), cache_dtype, p["cache"])
@@ -231,7 +232,8 @@ class ConcatAndCacheMla(OpSpec):
             k_pe = k_pe[: max(n - 1, 0)]
         elif bad == "index_dtype":
             slot_mapping = slot_mapping.to(torch.int16)
-        return Prepared(arena, (kv_c, k_pe, kv_cache, slot_mapping, fmt or "auto", scale), ("kv_cache",))
+        return Prepared(arena, (kv_c, k_pe, kv_cache, slot_mapping, _fp8cases.kv_cache_dtype(contract, p), scale),
+                        ("kv_cache",))
 
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
         """Overrides: the policies, the fp8 ones of :func:`_fp8cases.resolve` (scale mode,

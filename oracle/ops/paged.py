@@ -95,10 +95,11 @@ class ReshapeAndCacheFlash(OpSpec):
         else:
             arrays = tuple(_build.values(rng, (n, heads, dim), dtype, p["values"]) for _ in range(2))
         key, value = _build.rows(arena, ("key", "value"), arrays, p["src"], rng)
-        cache_dtype = "uint8" if fmt and bad != "cache_dtype" else dtype
+        cache_dtype = _fp8cases.cache_dtype(contract, fmt) if fmt and bad != "cache_dtype" else dtype
         if p.get("large"):
             key_cache, value_cache = _build.large_caches(arena, ("key_cache", "value_cache"),
-                                                         ((num_blocks, block_size, heads, dim),) * 2)
+                                                         ((num_blocks, block_size, heads, dim),) * 2,
+                                                         cache_dtype)
             entries = _build.large_slots(rng, n, block_size)
         else:
             key_cache, value_cache = _caches(arena, (num_blocks, block_size, heads, dim), cache_dtype,
@@ -107,7 +108,7 @@ class ReshapeAndCacheFlash(OpSpec):
         if bad == "out_of_range" and n:
             entries[n // 2] = num_slots
         slot_mapping = _build.index_of(arena, "slot_mapping", entries, p, num_slots, rng)
-        kv_cache_dtype = fmt or "auto"
+        kv_cache_dtype = _fp8cases.kv_cache_dtype(contract, p)
         if bad == "dtype_mismatch":
             key = key.to(torch.float16 if key.dtype != torch.float16 else torch.float32)
         elif bad == "shape_mismatch":
