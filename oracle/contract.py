@@ -40,7 +40,7 @@ def always_available() -> str | None:
 
 GAP_KEYS = ("dtype", "index_dtype", "fp8_format", "kv_cache_dtype", "block_format", "scale_layout", "scale", "layout",
             "padding", "duplicates",
-            "strided_source", "longer_source", "strided_index", "aliased_caches", "large_cache",
+            "strided_source", "longer_source", "strided_index", "aliased_caches", "cache_strides", "large_cache",
             "row_bytes", "dcp", "bad_input")
 
 
@@ -86,6 +86,7 @@ class Contract:
     # (sglang). None: the op's own convention (SOURCE_ROWS_BY_OP, else "equal").
     strided_index: bool = True  # honours the index tensor's stride and storage offset
     aliased_caches: bool = True  # caches may be views of one tensor or at a storage offset
+    shared_cache_strides: bool = False  # reads one cache's strides for both (K's and V's must match)
     row_bytes_multiple: int = 1  # rows whose byte width is not a multiple are out of contract
     large_caches: bool = True  # offsets past 2**31 elements (64-bit offset arithmetic)
     dcp_world: int = 1  # set_mla_kv_buffer under decode-context parallelism: this rank keeps the
@@ -264,6 +265,9 @@ def gaps(contract: Contract, needs: dict) -> list[Gap]:
     lacks("fp8_format", contract.fp8_formats, needs.get("fp8_format"), True, "fp8 format")
     lacks("kv_cache_dtype", tuple(name for name, _ in contract.kv_cache_dtypes), needs.get("kv_cache_dtype"),
           True, "kv_cache_dtype name")
+    if needs.get("cache_strides") and contract.shared_cache_strides:
+        out.append(Gap("cache_strides", "K's and V's caches have different strides; the kernel declares "
+                       "shared_cache_strides (it reads one cache's strides for both)", False))
     lacks("block_format", contract.block_formats, needs.get("block_format"), True, "block format")
     lacks("scale_layout", contract.scale_layouts, needs.get("scale_layout"), True, "scale layout")
     lacks("scale", contract.scales, needs.get("scale"), True, "scale kind")

@@ -46,7 +46,8 @@ def cases(draw, op: str, contract: Contract) -> Case:
     if spec.sources and len(sources) > 1:
         params["src"] = draw(st.sampled_from(sources))
     if spec.aliasing and contract.aliased_caches:
-        params["cache"] = draw(st.sampled_from(("plain",) + tuple(spec.aliasing)))
+        shared = ("padded", "unequal") if contract.shared_cache_strides else ()  # K's and V's strides differ
+        params["cache"] = draw(st.sampled_from(("plain",) + tuple(a for a in spec.aliasing if a not in shared)))
     layouts = [l for l in spec.layouts if l in contract.layouts]
     if layouts:
         params["layout"] = draw(st.sampled_from(layouts))
@@ -54,6 +55,9 @@ def cases(draw, op: str, contract: Contract) -> Case:
         fmt = draw(st.sampled_from((None,) + tuple(contract.fp8_formats)))
         if fmt is not None or not spec.dtypes:
             params["fp8"] = fmt or contract.fp8_formats[0]
+            names = [name for name, meaning in contract.kv_cache_dtypes if meaning == params["fp8"]]
+            if len(names) > 1:  # the first is every case's; any other is drawn now and then
+                params["spelling"] = draw(st.sampled_from([None] + names[1:]))
             scales = [s for s in spec.fp8_scales if s != "head" or "head" in contract.scales]
             params["scale"] = draw(st.sampled_from(scales))
             params["values"] = draw(st.sampled_from(["random", "special"]))

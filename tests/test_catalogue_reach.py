@@ -21,7 +21,7 @@ from oracle.ops._build import SPECIAL_BITS
 from oracle.ops._repeat import redraw_in_place
 from oracle.ops.base import Case
 from oracle.registry import Kernel
-from oracle.runner import FAIL, PASS, run_case
+from oracle.runner import FAIL, NOT_SUPPORTED, PASS, run_case
 
 ALL = ("float32", "float16", "bfloat16", "uint8")
 
@@ -221,6 +221,16 @@ def test_a_dense_fast_path_chosen_on_k_alone_fails_the_unequal_paged_cases():
     unequal = cases("reshape_and_cache_flash", lambda c: c.p.get("cache") == "unequal")
     wrong = kernel("reshape_and_cache_flash", dense_path_on_k_strides, padding="negative")
     assert unequal and all(run_case(wrong, c).status == FAIL for c in unequal)
+
+
+def test_a_kernel_declaring_shared_cache_strides_is_not_given_caches_of_different_strides():
+    different = cases("reshape_and_cache_flash", lambda c: c.p.get("cache") in ("padded", "unequal"))
+    same = cases("reshape_and_cache_flash", lambda c: c.p.get("cache") in ("aliased", "offset"))
+    declared = kernel("reshape_and_cache_flash", dense_path_on_k_strides, padding="negative",
+                      shared_cache_strides=True)
+    outcomes = [run_case(declared, c) for c in different]
+    assert different and all(o.status == NOT_SUPPORTED and "shared_cache_strides" in o.message for o in outcomes)
+    assert same and all(run_case(declared, c).status == PASS for c in same)
 
 
 def test_n_4099_catches_a_grid_that_drops_the_rows_past_its_last_tile():

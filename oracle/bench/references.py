@@ -9,12 +9,11 @@ Each reference is a ``(name, fn)`` with the op's calling convention
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
-import types
 from pathlib import Path
 
 import torch
+
+from .. import peers
 
 FP8_TORCH = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 
@@ -91,50 +90,6 @@ def seed_mla_writer():
 
 # ---------------------------------------------------------------- peers, from their own files
 
-def _stub(name: str, **attrs) -> types.ModuleType:
-    module = sys.modules.get(name) or types.ModuleType(name)
-    for key, value in attrs.items():
-        setattr(module, key, value)
-    sys.modules[name] = module
-    return module
-
-
-class _CudaPlatform:
-    """What vLLM's ``current_platform`` answers on a CUDA GPU, for its Triton file alone."""
-
-    @staticmethod
-    def has_device_capability(capability: int) -> bool:
-        major, minor = torch.cuda.get_device_capability()
-        return major * 10 + minor >= capability
-
-    is_xpu = staticmethod(lambda: False)
-    is_rocm = staticmethod(lambda: False)
-    fp8_dtype = staticmethod(lambda: torch.float8_e4m3fn)
-
-
-def _vllm_stubs() -> None:
-    """vLLM's Triton file imports four names from the rest of vLLM; where vLLM is not installed,
-    provide them as vLLM defines them for a CUDA GPU (the file itself runs unmodified)."""
-    try:
-        import vllm  # noqa: F401
-        return
-    except ImportError:
-        pass
-    import enum
-
-    import triton
-    import triton.language as tl
-    for name in ("vllm", "vllm.model_executor", "vllm.model_executor.layers", "vllm.model_executor.layers.quantization",
-                 "vllm.model_executor.layers.quantization.utils", "vllm.v1"):
-        _stub(name)
-    _stub("vllm.model_executor.layers.quantization.utils.quant_utils", FP8_DTYPE=torch.float8_e4m3fn,
-          get_fp8_min_max=lambda: (-448.0, 448.0))
-    _stub("vllm.platforms", current_platform=_CudaPlatform())
-    _stub("vllm.triton_utils", tl=tl, triton=triton)
-    _stub("vllm.v1.kv_cache_interface", KVQuantMode=enum.Enum("KVQuantMode", "NONE FP8_PER_TENSOR FP8_PER_TOKEN_HEAD"),
-          is_quantized_kv_cache=lambda dtype: str(dtype).startswith("fp8"))
-
-
 def _fp8_view(cache: torch.Tensor, variant: str) -> torch.Tensor:
     return cache if variant == "auto" else cache.view(getattr(torch, FP8_TORCH[variant]))
 
@@ -143,14 +98,8 @@ def load_peers(path: str) -> list[tuple[str, str, object]]:
     """``(name, op, fn)`` for each writer found in the Python file ``path``, adapted to our
     calling convention: sglang's ``launch_reshape_and_cache_flash`` and vLLM's
     ``triton_reshape_and_cache_flash``. The file is loaded as it is, by path."""
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"--peer-file {path!r} is not a file")
-    _vllm_stubs()
-    spec = importlib.util.spec_from_file_location(f"oracle_peer_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # as an import would: Triton and inspect look modules up by name
-    spec.loader.exec_module(module)
+    module = peers.load_module(path, "--peer-file")
+    stem = Path(path).stem
     found = []
     if hasattr(module, "launch_reshape_and_cache_flash"):
         launch = module.launch_reshape_and_cache_flash
@@ -159,13 +108,13 @@ def load_peers(path: str) -> list[tuple[str, str, object]]:
             scaled = variant != "auto"
             launch(key, value, _fp8_view(key_cache, variant), _fp8_view(value_cache, variant), slots, None,
                    k_scale if scaled else None, v_scale if scaled else None)
-        found.append((f"sglang.{file.stem}", "reshape_and_cache_flash", sglang))
+        found.append((f"sglang.{stem}", "reshape_and_cache_flash", sglang))
     if hasattr(module, "triton_reshape_and_cache_flash"):
         write = module.triton_reshape_and_cache_flash
 
         def vllm(key, value, key_cache, value_cache, slots, variant, k_scale, v_scale):
             write(key, value, key_cache, value_cache, slots, "auto" if variant == "auto" else "fp8", k_scale, v_scale)
-        found.append((f"vllm.{file.stem}", "reshape_and_cache_flash", vllm))
+        found.append((f"vllm.{stem}", "reshape_and_cache_flash", vllm))
     if not found:
         raise ValueError(f"--peer-file {path!r} defines neither launch_reshape_and_cache_flash (sglang) nor "
                          "triton_reshape_and_cache_flash (vLLM)")

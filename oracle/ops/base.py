@@ -157,6 +157,7 @@ class OpSpec:
                "longer_source": p.get("src") == "longer", "dcp": bool(p.get("dcp")),
                "strided_index": p.get("index_layout") in ("strided", "offset"),
                "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted", "unequal") or bool(p.get("large")),
+               "cache_strides": p.get("cache") in ("padded", "unequal"),  # K's and V's strides differ
                "large_cache": bool(p.get("large")), "bad_input": is_bad(case),
                "row_bytes": self.row_bytes(case)}
         return out
