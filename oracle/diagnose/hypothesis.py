@@ -22,6 +22,7 @@ CAUSES = {
     "block_size_hardcoded": "the block size is a constant (16), not the cache's",
     "scale_collapsed": "the per-head scale is collapsed to the first head's",
     "scale_swapped": "one tensor's fp8 scale is used for the other",
+    "scale_misindexed": "the per-head scale is applied to the wrong elements (indexed another way)",
     "part_unscaled": "one part of the row is stored without the fp8 scale",
     "scale_missing": "the fp8 scale is not applied",
     "scale_inverted": "the fp8 scale multiplies where it should divide",

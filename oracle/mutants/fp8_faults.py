@@ -13,6 +13,7 @@ import torch
 
 from ..kernels import _checks as checks
 from ..kernels import torch_native as tn
+from ..kernels._nan_signs import with_signs_of
 from .bases import check_quantize
 from .kernels import Mutant, paged_write
 
@@ -33,6 +34,39 @@ def paged_v_uses_k_scale(key, value, key_cache, value_cache, slot_mapping, kv_ca
     paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
            write=False)  # the checks, on the real arguments
     paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, k_scale)
+
+
+def paged_v_unscaled(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+    paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
+                write=False)  # the checks, on the real arguments
+    paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, torch.ones_like(v_scale))
+
+
+def _codes_of(quotient: torch.Tensor, rows: torch.Tensor, fmt: str) -> torch.Tensor:
+    return with_signs_of(quotient, rows).to(tn.FP8_DTYPES[fmt]).view(torch.uint8)
+
+
+def paged_repeats_head_scale(*args):
+    def codes(rows, scale, fmt):  # scale.repeat(D): element j of the [H * D] row gets scale[j % H]
+        m, heads, dim = rows.shape
+        per_element = scale.reshape(-1).repeat(heads * dim // scale.numel()).reshape(1, heads, dim)
+        return _codes_of(rows.float() / per_element, rows, fmt)
+    paged_write(*args, codes=codes)
+
+
+def paged_nan_clamped(*args):
+    def codes(rows, scale, fmt):  # fminf(fmaxf(q, -max), max): fmaxf returns -max for a NaN q
+        top = torch.finfo(tn.FP8_DTYPES[fmt]).max
+        q = rows.float() / scale.reshape(1, -1, 1)
+        clamped = torch.where(torch.isnan(q), torch.full_like(q, -top), q.clamp(-top, top))
+        return clamped.to(tn.FP8_DTYPES[fmt]).view(torch.uint8)  # no NaN left to sign
+    paged_write(*args, codes=codes)
+
+
+def paged_clamps_e5m2_at_448(*args):
+    def codes(rows, scale, fmt):  # one saturation bound for every format: e4m3fn's
+        return _codes_of((rows.float() / scale.reshape(1, -1, 1)).clamp(-448.0, 448.0), rows, fmt)
+    paged_write(*args, codes=codes)
 
 
 # --- concat_and_cache_mla (base torch.concat_and_cache_mla) ------------------------------------
@@ -105,6 +139,15 @@ _ROWS = [
     ("reshape_and_cache_flash.v_uses_k_scale", "reshape_and_cache_flash",
      T + "reshape_and_cache_flash", "quantizes V with K's scale (k_scale for both caches)",
      "scale_swapped", paged_v_uses_k_scale),
+    ("reshape_and_cache_flash.v_unscaled", "reshape_and_cache_flash", T + "reshape_and_cache_flash",
+     "quantizes V without its scale (K with k_scale)", "scale_missing", paged_v_unscaled),
+    ("reshape_and_cache_flash.repeats_head_scale", "reshape_and_cache_flash", T + "reshape_and_cache_flash",
+     "broadcasts the per-head scale with repeat, not repeat_interleave (element j gets scale[j % H])",
+     "scale_misindexed", paged_repeats_head_scale),
+    ("reshape_and_cache_flash.nan_clamped", "reshape_and_cache_flash", T + "reshape_and_cache_flash",
+     "clamps the quotient with fmaxf/fminf, which write NaN as -max", "nan_mishandled", paged_nan_clamped),
+    ("reshape_and_cache_flash.clamps_e5m2_at_448", "reshape_and_cache_flash", T + "reshape_and_cache_flash",
+     "saturates every format at e4m3fn's 448 (e5m2 included)", "fp8_conversion", paged_clamps_e5m2_at_448),
     ("concat_and_cache_mla.k_pe_unscaled", "concat_and_cache_mla", T + "concat_and_cache_mla",
      "stores k_pe as fp8(k_pe) without the scale (kv_c scaled)",
      "part_unscaled", concat_mla_k_pe_unscaled),

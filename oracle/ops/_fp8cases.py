@@ -220,11 +220,28 @@ def alternatives(p: dict, contract: Contract) -> list[Hypothesis]:
         if declared is None or _fp8.resolve_knobs(_fp8.get_format(fmt), name, {}) != declared:
             out.append(Hypothesis("fp8_conversion", f"preset {name!r} ({_short(preset.models)})",
                                   {"preset": name}))
+    out += _quotient_hypotheses(fmt)
     covered = PRESETS[contract.fp8_preset].formats if contract.fp8_preset in PRESETS else ()
     asked = f"kv_cache_dtype {p['spelling']!r} asks for {fmt}" if p.get("spelling") else f"{fmt} is asked"
     out += [Hypothesis("wrong_fp8_format", f"{other} codes written where {asked}",
                        {"format": other})
             for other in _fp8.FORMATS if other != fmt and other in covered]
+    return out
+
+
+def _quotient_hypotheses(fmt: str) -> list[Hypothesis]:
+    """NaN quotients written as a number (a clamp through ``fmaxf``/``fminf``, which return the
+    operand that is not NaN, or ``nan_to_num``), and an e5m2 quotient clamped at e4m3fn's 448."""
+    top = float(_fp8.code_values(fmt)[np.isfinite(_fp8.code_values(fmt))].max())
+    out = [Hypothesis("nan_mishandled", f"NaN written as {text} ({how})", {"scale": mode})
+           for mode, text, how in ((f"clamp={top!r};nan={-top!r}", f"-max ({-top:g})",
+                                    "the quotient clamped as fminf(fmaxf(q, -max), max), which drops NaN"),
+                                   (f"clamp={top!r};nan={top!r}", f"+max ({top:g})",
+                                    "the quotient clamped as fmaxf(fminf(q, max), -max), which drops NaN"),
+                                   ("nan=0.0", "0", "nan_to_num"))]
+    if top > 448:
+        out.append(Hypothesis("fp8_conversion", "quotients clamped to [-448, 448], e4m3fn's range, "
+                              f"before the {fmt} conversion", {"scale": "clamp=448.0"}))
     return out
 
 
@@ -297,12 +314,23 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
         out.append(Hypothesis("scale_collapsed", "the per-head scale collapsed to head 0's ("
                               + ", ".join(names) + ")",
                               inputs={name: _first_head for name in names}))
+    if choice == "head" and heads > 1:
+        out.append(Hypothesis("scale_misindexed", "the per-head scale broadcast over each [H * D] row as "
+                              "scale[j % H] (torch's repeat where repeat_interleave was meant)",
+                              {"scale": "repeated"}))
     if len(names) == 2:
+        out += [Hypothesis("scale_missing", f"{name} not applied (stored as x, not x / {name}); "
+                           f"{other} applied", inputs={name: _ones})
+                for name, other in zip(names, names[::-1])]
         values = [scale_values(choice, heads, t) for t in (0, 1)]
         for t, (name, used) in enumerate(zip(names, names[::-1])):
             out.append(Hypothesis("scale_swapped", f"{used} used for {name}",
                                   inputs={name: functools.partial(_replaced, values[1 - t])}))
     return out
+
+
+def _ones(scale: np.ndarray) -> np.ndarray:
+    return np.ones_like(scale)
 
 
 def _first_head(scale: np.ndarray) -> np.ndarray:
@@ -356,14 +384,33 @@ def resolve(contract: Contract, fmt: str | None, override: dict) -> tuple[str | 
 
 def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_axis: int = -2):
     """(source, scale) as the reference should see them under a scale mode: None (as given),
-    "one" (the scale ignored) or "inverted" (``x * scale`` in float32, then no scale)."""
+    "one" (the scale ignored), or a quotient the kernel computed otherwise, in float32, handed on
+    with no scale: "inverted" (``x * scale``), "repeated" (a per-head scale broadcast over each
+    ``[H * D]`` row as ``scale[j % H]``: ``repeat`` where ``repeat_interleave`` was meant),
+    "nan=V" (``x / scale`` with NaN quotients replaced by V, as ``fminf``/``fmaxf`` clamps and
+    ``nan_to_num`` do), "clamp=M" (``x / scale`` clamped to [-M, M], NaN kept), or steps of
+    both in order, ";"-separated."""
     if mode is None:
         return source, scale
     if mode == "one":
         return source, np.ones(1, _F32)
-    if mode == "inverted":
-        widened = source.astype(_F32)
-        with np.errstate(all="ignore"):  # special values: inf and NaN sources
-            product = (widened * broadcast_scale(scale, widened.ndim, head_axis)).astype(_F32)
-        return product, np.ones(1, _F32)
-    raise ValueError(f"scale mode {mode!r} is not 'one' or 'inverted'")
+    widened = source.astype(_F32)
+    with np.errstate(all="ignore"):  # special values: inf and NaN sources
+        if mode == "inverted":
+            quotient = widened * broadcast_scale(scale, widened.ndim, head_axis)
+        elif mode == "repeated":
+            flat = np.asarray(scale, _F32).reshape(-1)
+            heads, dim = widened.shape[head_axis], widened.shape[-1]
+            per_element = flat[np.arange(heads * dim) % flat.size].reshape(heads, dim)
+            quotient = widened / per_element
+        elif mode.startswith(("nan=", "clamp=")):
+            quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
+            for step in mode.split(";"):  # in order, e.g. "clamp=448.0;nan=-448.0"
+                kind, value = step.split("=")
+                if kind == "nan":
+                    quotient = np.where(np.isnan(quotient), _F32(value), quotient)
+                else:
+                    quotient = np.where(np.isnan(quotient), quotient, np.clip(quotient, -_F32(value), _F32(value)))
+        else:
+            raise ValueError(f"scale mode {mode!r} is not 'one', 'inverted', 'repeated', 'nan=V' or 'clamp=M'")
+    return quotient.astype(_F32), np.ones(1, _F32)
