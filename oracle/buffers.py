@@ -333,7 +333,7 @@ def dtype_name(dtype) -> str:
 
 
 def to_torch(values: np.ndarray) -> torch.Tensor:
-    values = np.ascontiguousarray(values)
+    values = np.ascontiguousarray(values).reshape(np.shape(values))  # 0-d stays 0-d
     if values.dtype == NUMPY_DTYPES["bfloat16"]:
         return torch.from_numpy(values.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(values)

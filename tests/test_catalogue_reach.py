@@ -289,3 +289,16 @@ def test_a_translation_that_clamps_minus_one_to_slot_zero_is_named():
     outcome = run_case(kernel("translate_full_to_swa", clamps, padding="negative"), case)
     assert outcome.status == FAIL and outcome.cause["id"] == "padding_policy", outcome.message
     assert "-1 entries clamped to slot 0" in outcome.message
+
+
+def flattens_a_scalar_loc(mapping, loc):
+    return tn.translate_full_to_swa(mapping, loc).reshape(-1)
+
+
+def test_a_zero_d_loc_catches_a_translation_that_returns_a_1_d_result():
+    scalar = cases("translate_full_to_swa", lambda c: len(c.p.get("shape", ())) > 2 and c.p["shape"][2] == 0)
+    assert scalar
+    for case in scalar:
+        outcome = run_case(kernel("translate_full_to_swa", flattens_a_scalar_loc, padding="negative"), case)
+        assert outcome.status == FAIL and "returned shape (1,); expected ()" in outcome.message
+        assert run_case(baseline("translate_full_to_swa", padding="negative"), case).status == PASS

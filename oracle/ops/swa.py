@@ -36,7 +36,8 @@ class TranslateFullToSwa(OpSpec):
     signature = "translate_full_to_swa(mapping, loc) -> Tensor"
     dtypes = ("int64", "int32")  # the mapping's dtype
     default_shape = (1024, 16)  # (size_full, page_size)
-    shapes = ((1024, 1), (1024, 16), (8192, 64), (16, 16), (1024, 16, 3))
+    # (size_full, page_size[, cols]): loc [N, cols]; cols 0 is a 0-d loc (one index, shape ())
+    shapes = ((1024, 1), (1024, 16), (8192, 64), (16, 16), (1024, 16, 3), (1024, 16, 0))
     aliasing = ("offset",)
     returns = True
 
@@ -44,7 +45,7 @@ class TranslateFullToSwa(OpSpec):
         out = super().needs(case)
         p = self.p_with_defaults(case)
         out["dtype"] = None
-        count = p["n"] * (p["shape"][2] if len(p["shape"]) > 2 else 1)
+        count = self._count(p)
         out["padding"] = "negative" if count >= 2 else None
         return out
 
@@ -59,7 +60,7 @@ class TranslateFullToSwa(OpSpec):
             values[-1] = values[table - 1] or page_size
         mapping = self._mapping(arena, values.astype(NUMPY_DTYPES[p["dtype"]]), p["cache"], rng)
 
-        count = n * (cols or 1)
+        count = self._count(p)
         entries = rng.integers(0, table, size=count).astype(np.int64)
         if p.get("slots") == "run":  # a prefill's consecutive slots (wrapping past the table)
             entries = _build.run_of_slots(count, count) % table
@@ -76,9 +77,9 @@ class TranslateFullToSwa(OpSpec):
             entries[where] = table
         elif bad == "out_of_range" and count:
             entries[where] = table + 1 + 7
-        if cols:
-            loc = arena.tensor("loc", entries.reshape(n, cols).astype(NUMPY_DTYPES[p["index"]]),
-                               role="index")
+        if cols is not None:
+            shape = (n, cols) if cols else ()
+            loc = arena.tensor("loc", entries.reshape(shape).astype(NUMPY_DTYPES[p["index"]]), role="index")
         else:
             loc = _build.index(arena, "loc", entries, p["index"], p["index_layout"], table, rng)
         if bad == "index_dtype":
@@ -86,6 +87,12 @@ class TranslateFullToSwa(OpSpec):
         elif bad == "mapping_dtype":
             mapping = mapping.to(torch.float32)
         return Prepared(arena, (mapping, loc), ())
+
+    @staticmethod
+    def _count(p: dict) -> int:
+        """How many entries loc holds: N, N * cols, or 1 for a 0-d loc."""
+        cols = p["shape"][2] if len(p["shape"]) > 2 else None
+        return 1 if cols == 0 else p["n"] * (cols or 1)
 
     @staticmethod
     def _table(rng: np.random.Generator, size_full: int, page_size: int) -> np.ndarray:
