@@ -67,6 +67,29 @@ def source_hypotheses(views: dict) -> list[Hypothesis]:
     return out
 
 
+def offset_hypotheses(arena, written: tuple) -> list[Hypothesis]:
+    """A source's or a cache's storage offset ignored (its base pointer taken from the storage,
+    as ``untyped_storage().data_ptr()`` gives it): each such tensor addressed from its storage's
+    start, alone, and every cache at once."""
+    out, caches = [], {}
+    for view in arena.views.values():
+        if view.role not in ("source", "cache") or (view.role == "cache" and view.name not in written):
+            continue
+        start = -arena.regions[view.region].guard  # the storage starts at the leading guard band
+        if view.offset == start or not view.shape or 0 in view.shape:
+            continue
+        moved = {view.name: (view.shape, view.strides, start)}
+        if view.role == "cache":
+            caches.update(moved)
+        out.append(Hypothesis("storage_offset_ignored", f"{view.name} addressed from its storage's start "
+                              f"(its storage offset of {(view.offset - start) // view.itemsize} elements ignored)",
+                              views=moved))
+    if len(caches) > 1:
+        out.append(Hypothesis("storage_offset_ignored", f"{' and '.join(caches)} addressed from their "
+                              "storages' starts (their storage offsets ignored)", views=caches))
+    return out
+
+
 def swapped_source_hypotheses(views: dict) -> list[Hypothesis]:
     """One source written where another belongs (K into the V cache)."""
     sources = _by_role(views, "source")
@@ -234,6 +257,7 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
     views = prepared.arena.views
     return (stale_hypotheses(prepared) + run_hypotheses(prepared)
             + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
-            + source_hypotheses(views) + swapped_source_hypotheses(views)
+            + source_hypotheses(views) + offset_hypotheses(prepared.arena, prepared.caches)
+            + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches) + overrun_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared))

@@ -157,6 +157,12 @@ def set_mla_clobbers_row_tail(kv_buffer, loc, cache_k_nope, cache_k_rope):
     kv_buffer.index_put_((loc.long(),), torch.cat([cache_k_nope, cache_k_rope, tail], dim=1))
 
 
+def set_mla_ignores_buffer_offset(kv_buffer, loc, cache_k_nope, cache_k_rope):
+    _check_mla(kv_buffer, loc, cache_k_nope, cache_k_rope)
+    # a kernel that takes the buffer's storage pointer (untyped_storage().data_ptr()), not its data pointer
+    tn.set_mla_kv_buffer(kv_buffer.as_strided(kv_buffer.shape, kv_buffer.stride(), 0), loc, cache_k_nope, cache_k_rope)
+
+
 # --- concat_and_cache_mla (base torch.concat_and_cache_mla) ------------------------------------
 
 def concat_mla_ignores_scale(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
@@ -294,6 +300,7 @@ CAUSES = {  # mutant -> the cause its failures must name
     "set_mla_kv_buffer.swaps_nope_rope": "parts_swapped",
     "set_mla_kv_buffer.rope_at_row_end": "part_misplaced",
     "set_mla_kv_buffer.clobbers_row_tail": "row_tail_written",
+    "set_mla_kv_buffer.ignores_buffer_offset": "storage_offset_ignored",
     "concat_and_cache_mla.ignores_scale": "scale_missing",
     "concat_and_cache_mla.swaps_parts": "parts_swapped",
     "reshape_and_cache_flash.v_uses_k_strides": "cache_strides_swapped",
@@ -345,6 +352,9 @@ MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn, CAUSES[name
     ("store_cache.accepts_out_of_range", "store_cache", T + "store_cache",
      "declares validates=True but clamps out-of-range slots instead of raising",
      ("bad_input",), store_cache_accepts_out_of_range),
+    ("set_mla_kv_buffer.ignores_buffer_offset", "set_mla_kv_buffer", T + "set_mla_kv_buffer",
+     "addresses kv_buffer from its storage's start, ignoring its storage offset",
+     ("dtypes",), set_mla_ignores_buffer_offset),
     ("set_mla_kv_buffer.swaps_nope_rope", "set_mla_kv_buffer", T + "set_mla_kv_buffer",
      "swaps nope and rope (rope at offset 0, nope after it)",
      ("dtypes",), set_mla_swaps_nope_rope),
