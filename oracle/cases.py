@@ -65,6 +65,8 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
 def _strides(spec: OpSpec, profile: str, contract=None):
     if spec.sources:
         yield from _with_large_n(spec, {"src": "fused"})
+        if len(spec.sources) > 1:
+            yield {"src": "gapped"}
     for layout in ("strided", "offset") if spec.index_dtypes else ():
         for index in spec.index_dtypes:
             yield {"index_layout": layout, "index": index}

@@ -302,3 +302,35 @@ def test_a_zero_d_loc_catches_a_translation_that_returns_a_1_d_result():
         outcome = run_case(kernel("translate_full_to_swa", flattens_a_scalar_loc, padding="negative"), case)
         assert outcome.status == FAIL and "returned shape (1,); expected ()" in outcome.message
         assert run_case(baseline("translate_full_to_swa", padding="negative"), case).status == PASS
+
+
+def reads_k_pe_after_kv_c(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """A fused-row fast path: a strided kv_c taken as the first part of one latent row, so k_pe is
+    read right after it through kv_c's pointer and stride."""
+    if kv_c.stride(0) > kv_c.shape[1]:
+        k_pe = kv_c.as_strided(k_pe.shape, (kv_c.stride(0), 1), kv_c.storage_offset() + kv_c.shape[1])
+    tn.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+
+
+def test_a_gap_between_fused_sources_catches_a_kernel_that_assumes_them_adjacent():
+    gapped = cases("concat_and_cache_mla", lambda c: c.p.get("src") == "gapped")
+    fused = cases("concat_and_cache_mla", lambda c: c.p.get("src") == "fused")
+    wrong = kernel("concat_and_cache_mla", reads_k_pe_after_kv_c, padding="negative")
+    assert fused and all(run_case(wrong, c).status == PASS for c in fused)  # adjacent: right by luck
+    outcomes = [run_case(wrong, c) for c in gapped]
+    assert gapped and all(o.status == FAIL and o.cause["id"] == "sources_assumed_adjacent" for o in outcomes)
+    assert all(run_case(baseline("concat_and_cache_mla", padding="negative"), c).status == PASS for c in gapped)
+
+
+def out_written_packed(out, x, scale, fmt):
+    packed = torch.empty(out.shape, dtype=out.dtype)
+    tn.quantize_fp8(packed, x, scale, fmt)
+    out.as_strided((out.numel(),), (1,)).copy_(packed.reshape(-1))  # from out's data pointer, packed
+
+
+def test_a_padded_out_catches_a_quantizer_that_writes_packed_rows():
+    padded = cases("quantize_fp8", lambda c: c.p.get("cache") == "padded")
+    fields = dict(fp8_formats=("e4m3fn", "e5m2"), fp8_preset=tn._torch_fp8_preset())
+    outcomes = [run_case(kernel("quantize_fp8", out_written_packed, **fields), c) for c in padded]
+    assert padded and all(o.status == FAIL and o.cause["id"] == "dense_cache_assumed" for o in outcomes), outcomes
+    assert all(run_case(baseline("quantize_fp8", **fields), c).status == PASS for c in padded)

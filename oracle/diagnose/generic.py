@@ -90,6 +90,20 @@ def offset_hypotheses(arena, written: tuple) -> list[Hypothesis]:
     return out
 
 
+def adjacency_hypotheses(views: dict) -> list[Hypothesis]:
+    """A source read right after the one before it in their shared row (a fused-row fast path that
+    assumes the layout instead of reading the source's own pointer), where something lies between."""
+    out = []
+    sources = sorted(_by_role(views, "source"), key=lambda v: (v.region, v.offset))
+    for a, b in zip(sources, sources[1:]):
+        right_after = a.offset + int(np.prod(a.shape[1:])) * a.itemsize
+        if a.region == b.region and a.shape and a.shape[0] == b.shape[0] and b.offset != right_after:
+            out.append(Hypothesis("sources_assumed_adjacent", f"{b.name} read right after {a.name} in their fused "
+                                  f"row (at byte {right_after - a.offset} of {a.name}'s row, not its own "
+                                  f"{b.offset - a.offset})", views={b.name: (b.shape, b.strides, right_after)}))
+    return out
+
+
 def swapped_source_hypotheses(views: dict) -> list[Hypothesis]:
     """One source written where another belongs (K into the V cache)."""
     sources = _by_role(views, "source")
@@ -258,6 +272,7 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
     return (stale_hypotheses(prepared) + run_hypotheses(prepared)
             + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
             + source_hypotheses(views) + offset_hypotheses(prepared.arena, prepared.caches)
+            + adjacency_hypotheses(views)
             + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches) + overrun_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared))

@@ -41,6 +41,7 @@ CAUSES = {
     "wrong_fp8_format": "another fp8 format is written",
     "fp8_conversion": "another fp8 conversion (saturation, scale op, double rounding, preset)",
     "approximate_division": "the fp8 quotient comes from an approximate division",
+    "sources_assumed_adjacent": "a source is read right after another in a fused row, not from its own pointer",
     "sources_swapped": "one source is written into another's cache",
     "index_assumed_consecutive": "the index is taken as a consecutive run because its ends are",
     "rows_dropped": "the last rows are not written (a loop bound short of the index's length)",

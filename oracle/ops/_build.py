@@ -180,11 +180,17 @@ def _decoy_guards(arena: Arena, region: str, dtype, num_slots: int, rng: np.rand
         reg.tensor[start: start + band.size].copy_(torch.from_numpy(band).to(reg.tensor.device))
 
 
+SOURCE_GAP_BYTES = 16  # other columns between the sources of a "gapped" fused row (alignment kept)
+
+
 def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.Generator | None = None):
     """Source tensors ``[N, *row]``: each in its own allocation, or ("fused") all sliced out of one
     row-major tensor that also holds a leading block of other columns (a fused qkv projection),
-    so each one's row stride exceeds its row. "longer": each followed by :func:`extra_rows` more
-    rows of other random values (drawn from ``rng``), which the kernel must not read."""
+    so each one's row stride exceeds its row; ("gapped") the same with SOURCE_GAP_BYTES of other columns
+    between one source and the next, so a kernel that reads a source right after the one before
+    it (the adjacency assumed, not the source's own pointer) reads the gap. "longer": each
+    followed by :func:`extra_rows` more rows of other random values (drawn from ``rng``), which
+    the kernel must not read."""
     if layout == "longer":
         arrays = tuple(np.concatenate([a, values(rng, (extra_rows(len(a)),) + a.shape[1:], _dtype_name(a.dtype))])
                        for a in arrays)
@@ -195,7 +201,8 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
     n = arrays[0].shape[0]
     widths = [int(np.prod(a.shape[1:])) for a in arrays]
     lead = widths[0]  # the "q" columns no kernel should touch
-    row = lead + sum(widths)
+    gap = SOURCE_GAP_BYTES // dtype.itemsize if layout == "gapped" else 0
+    row = lead + sum(widths) + gap * (len(arrays) - 1)
     region = "_".join(names) + "_fused"
     arena.region(region, max(n * row * dtype.itemsize, 1), GUARD_MIN)
     out, column = [], lead
@@ -203,7 +210,7 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
         strides = (row,) + contiguous_strides(a.shape[1:])
         out.append(arena.view(name, region, a.shape, strides, column * dtype.itemsize,
                               _dtype_name(dtype), role="source", values=a))
-        column += w
+        column += w + gap
     return tuple(out)
 
 
@@ -214,15 +221,16 @@ def caches(arena: Arena, names: tuple, shapes: tuple, dtype: str, layout: str, s
     """Cache tensors, poisoned: separate allocations ("plain"), each at a storage offset of three
     slots ("offset"), ("unequal") separate allocations where every cache but the first has a slot
     stride UNEQUAL_PAD bytes past its slot (a dense K cache beside a padded V cache: their strides
-    differ), or ("aliased") interleaved views of one allocation, slot by slot, the way a fused kv
-    tensor ``[S, 2, ...]`` is split into K and V. ``slot_axes`` leading axes address a slot; the
+    differ), ("padded") every one so, or ("aliased") interleaved views of one allocation, slot by
+    slot, the way a fused kv tensor ``[S, 2, ...]`` is split into K and V. ``slot_axes`` leading axes address a slot; the
     guard band is at least two slot strides, so a -1 or -2 write lands in it."""
     itemsize = NUMPY_DTYPES[dtype].itemsize
-    if layout in ("plain", "offset", "unequal"):
+    if layout in ("plain", "offset", "unequal", "padded"):
         out = []
         for i, (name, shape) in enumerate(zip(names, shapes)):
             slot = int(np.prod(shape[1:]))
-            stride0 = slot + (UNEQUAL_PAD // itemsize if layout == "unequal" and i else 0)
+            padded = layout == "padded" or (layout == "unequal" and i)
+            stride0 = slot + (UNEQUAL_PAD // itemsize if padded else 0)
             lead = 3 * slot * itemsize if layout == "offset" else 0
             arena.region(name + "_storage", lead + shape[0] * stride0 * itemsize,
                          max(GUARD_MIN, 2 * stride0 * itemsize))

@@ -153,11 +153,12 @@ class OpSpec:
                "fp8_format": p.get("fp8"), "kv_cache_dtype": p.get("spelling"), "scale": "head" if p.get("scale") == "head" else
                ("tensor" if p.get("fp8") else None),
                "layout": p.get("layout"), "padding": p.get("padding"),
-               "duplicates": bool(p.get("dups")), "strided_source": p.get("src") == "fused",
+               "duplicates": bool(p.get("dups")), "strided_source": p.get("src") in ("fused", "gapped"),
                "longer_source": p.get("src") == "longer", "dcp": bool(p.get("dcp")),
                "strided_index": p.get("index_layout") in ("strided", "offset"),
-               "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted", "unequal") or bool(p.get("large")),
-               "cache_strides": p.get("cache") in ("padded", "unequal"),  # K's and V's strides differ
+               "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted", "unequal", "padded") or bool(p.get("large")),
+               # K's and V's strides differ
+               "cache_strides": p.get("cache") in ("padded", "unequal") and len(self.sources) > 1,
                "large_cache": bool(p.get("large")), "bad_input": is_bad(case),
                "row_bytes": self.row_bytes(case)}
         return out

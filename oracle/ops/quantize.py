@@ -34,7 +34,7 @@ class QuantizeFp8(OpSpec):
     default_shape = (8, 128)  # (heads, head_dim)
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (13, 46), (8, 96), (1, 97))
     sources = ("x",)
-    aliasing = ("offset",)
+    aliasing = ("offset", "padded")  # out at a storage offset; out's rows past their end (a strided out)
 
     def p_with_defaults(self, case: Case) -> dict:
         p = super().p_with_defaults(case)
