@@ -118,6 +118,10 @@ def _fp8(spec: OpSpec, profile: str, contract=None):
         for scale in spec.fp8_scales:
             for values in ("random", "special", "double_rounding"):
                 yield {"fp8": fmt, "scale": scale, "values": values}
+    for fmt in (f for f in getattr(contract, "fp8_formats", ()) if f not in formats):  # quick: the
+        # other formats a kernel declares (fnuz: one NaN, no -0) get their special values too
+        yield {"fp8": fmt, "scale": "1.0", "values": "special"}
+        yield {"fp8": fmt, "scale": spec.fp8_scales[-1], "values": "random"}
     if spec.large_n_shape:  # past the size gates, where a fast path may convert another way
         yield {"fp8": "e4m3fn", "scale": "0.0123", "values": "special", "n": LARGE_N, "shape": spec.large_n_shape}
     if spec.fp8_tail_shape:  # rows of no multiple of 16 elements: a vector loop's scalar tail
@@ -140,6 +144,8 @@ def _block_scaled(spec: OpSpec, profile: str, contract=None):
             for scale in scales if profile != "quick" or values == "special" else scales[:1]:
                 yield {"block": fmt, "values": values, "scale": scale}
         yield {"block": fmt, "shape": spec.straddle_shape, "values": "special"}
+        # float16 sources at its own extremes: a scale computed in the source dtype under- or overflows
+        yield {"block": fmt, "values": "special", "dtype": "float16"}
         if spec.layouts:
             yield {"block": fmt, "layout": spec.layouts[-1]}
             yield {"block": fmt, "scale_layout": "swizzled"}

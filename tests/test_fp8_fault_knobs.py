@@ -87,6 +87,8 @@ def oracle(x: np.ndarray, fmt: str, saturate: bool, rounding="nearest_even", sub
     codes = toward_zero(x, fmt, saturate) if rounding == "toward_zero" else nearest(x, fmt, saturate)
     if subnormals == "flush":
         codes = flushed(codes, x, fmt)
+    if negative_zero == "signed" and o.FNUZ[fmt]:  # a zero result keeps x's sign bit: 0x80
+        return np.where((codes == 0) & np.signbit(x), 0x80, codes).astype(np.uint8)
     return positive_zero(codes, fmt) if negative_zero == "positive" else codes
 
 
@@ -135,6 +137,8 @@ KNOB_SETTINGS = [
     {"rounding": "toward_zero", "subnormals": "flush"},
     {"rounding": "toward_zero", "subnormals": "flush", "negative_zero": "positive"},
     {"subnormals": "flush", "negative_zero": "positive"},
+    {"negative_zero": "signed"},
+    {"subnormals": "flush", "negative_zero": "signed"},
 ]
 
 
@@ -245,6 +249,13 @@ HAND = [
     ("e5m2", -0.0, {"negative_zero": "positive"}, 0x00),
     ("e5m2", float("-nan"), {"negative_zero": "positive"}, 0xFF),
     ("e4m3fnuz", -0.0, {"negative_zero": "positive"}, 0x00),
+    # the sign bit kept on a zero result: in fnuz that is 0x80, its NaN; elsewhere "keep"
+    ("e4m3fnuz", -0.0, {"negative_zero": "signed"}, 0x80),
+    ("e4m3fnuz", -(2.0 ** -12), {"negative_zero": "signed"}, 0x80),
+    ("e4m3fnuz", -(2.0 ** -9), {"negative_zero": "signed"}, 0x82),
+    ("e5m2fnuz", -0.0, {"negative_zero": "signed"}, 0x80),
+    ("e4m3fn", -0.0, {"negative_zero": "signed"}, 0x80),
+    ("e4m3fn", -(2.0 ** -11), {"negative_zero": "signed"}, 0x80),
 ]
 
 
@@ -337,6 +348,10 @@ def _by_cause(hypotheses) -> dict:
     return out
 
 
+def _nan_bytes(found: dict) -> list:
+    return [h.override["nan"] for h in found["nan_mishandled"] if "nan" in h.override]
+
+
 def test_fp8_hypotheses_per_cause():
     p = {"fp8": "e4m3fn", "scale": "0.0123"}
     found = _by_cause(_fp8cases.alternatives(p, _contract()))
@@ -347,7 +362,10 @@ def test_fp8_hypotheses_per_cause():
     assert [h.override for h in found["wrong_fp8_format"]] == [
         {"format": "e5m2"}, {"format": "e4m3fnuz"}, {"format": "e5m2fnuz"}]
     # e4m3fn's NaN is S.1111.111 only: declared 0x7F|sign, so 0x7F (sign dropped) and 0xFF
-    assert [h.override["nan"] for h in found["nan_mishandled"]] == ["0x7F", "0xFF"]
+    assert _nan_bytes(found) == ["0x7F", "0xFF"]
+    # NaN quotients written as numbers: clamped through fmaxf/fminf (-max or +max), or nan_to_num's 0
+    assert [h.override["scale"] for h in found["nan_mishandled"] if "scale" in h.override] == [
+        "clamp=448.0;nan=-448.0", "clamp=448.0;nan=448.0", "nan=0.0"]
     conversions = [h.override for h in found["fp8_conversion"]]
     assert {"scale_op": "mul_reciprocal"} in conversions
     assert {"intermediate": "float16"} in conversions and {"saturate": False, "inf": None} in conversions
@@ -358,34 +376,40 @@ def test_fp8_hypotheses_depend_on_format_scale_and_preset():
     e5m2 = _by_cause(_fp8cases.alternatives({"fp8": "e5m2", "scale": "1.0"}, _contract()))
     assert "scale_missing" not in e5m2 and "scale_inverted" not in e5m2
     assert {"scale_op": "mul_reciprocal"} not in [h.override for h in e5m2["fp8_conversion"]]
-    nans = [h.override["nan"] for h in e5m2["nan_mishandled"]]  # NaN magnitudes 0x7D..0x7F
+    nans = _nan_bytes(e5m2)  # NaN magnitudes 0x7D..0x7F
     assert nans[0] == "0x7F" and "0x7F|sign" not in nans and len(nans) == len(set(nans)) == 8
     assert {"0x7E|sign", "0x7D", "0xFE"} <= set(nans)
+    assert {"scale": "clamp=448.0"} in [h.override for h in e5m2["fp8_conversion"]]  # e4m3fn's range
     fnuz = _by_cause(_fp8cases.alternatives({"fp8": "e4m3fnuz", "scale": "head"}, _contract()))
-    assert "negative_zero_mishandled" not in fnuz and "nan_mishandled" not in fnuz
+    # one NaN and no -0: only a zero written with its sign bit (0x80, the NaN), and NaN as a number
+    assert [h.override for h in fnuz["negative_zero_mishandled"]] == [{"negative_zero": "signed"}]
+    assert _nan_bytes(fnuz) == [] and len(fnuz["nan_mishandled"]) == 3
     # an OCP-only preset describes no fnuz format: the only other format is e5m2
     ocp = _by_cause(_fp8cases.alternatives({"fp8": "e4m3fn"}, _contract("cuda_satfinite", OCP)))
     assert [h.override for h in ocp["wrong_fp8_format"]] == [{"format": "e5m2"}]
-    assert [h.override["nan"] for h in ocp["nan_mishandled"]] == ["0x7F|sign", "0xFF"]
+    assert _nan_bytes(ocp) == ["0x7F|sign", "0xFF"]
     assert _fp8cases.alternatives({"dtype": "float16"}, _contract()) == []
 
 
 def test_scale_hypotheses():
     p = {"fp8": "e4m3fn", "scale": "head"}
     hs = _fp8cases.scale_hypotheses(p, ("k_scale", "v_scale"), 8)
-    assert [h.cause for h in hs] == ["scale_collapsed", "scale_swapped", "scale_swapped"]
+    assert [h.cause for h in hs] == ["scale_collapsed", "scale_misindexed", "scale_missing", "scale_missing",
+                                     "scale_swapped", "scale_swapped"]
     k, v = (_fp8cases.scale_values("head", 8, t) for t in (0, 1))
     collapsed = hs[0].inputs["k_scale"](k)
     assert collapsed.dtype == np.float32 and np.all(collapsed == k[0]) and not np.all(k == k[0])
-    assert np.array_equal(hs[1].inputs["k_scale"](k), v)  # V's scale used for K
-    assert np.array_equal(hs[2].inputs["v_scale"](v), k)  # K's scale used for V
+    assert hs[1].override == {"scale": "repeated"}
+    assert np.array_equal(hs[2].inputs["k_scale"](k), np.ones_like(k)) and list(hs[3].inputs) == ["v_scale"]
+    assert np.array_equal(hs[4].inputs["k_scale"](k), v)  # V's scale used for K
+    assert np.array_equal(hs[5].inputs["v_scale"](v), k)  # K's scale used for V
     with pytest.raises(ValueError):
-        hs[2].inputs["v_scale"](np.ones(1, np.float32))
-    assert [h.cause for h in _fp8cases.scale_hypotheses(p, ("scale",), 8)] == ["scale_collapsed"]
+        hs[5].inputs["v_scale"](np.ones(1, np.float32))
+    assert [h.cause for h in _fp8cases.scale_hypotheses(p, ("scale",), 8)] == ["scale_collapsed", "scale_misindexed"]
     assert _fp8cases.scale_hypotheses(p, ("scale",), 1) == []
     assert _fp8cases.scale_hypotheses({"fp8": "e4m3fn", "scale": "1.0"}, ("k_scale", "v_scale"), 8) == []
     tensor = _fp8cases.scale_hypotheses({"fp8": "e4m3fn", "scale": "0.0123"}, ("k_scale", "v_scale"), 8)
-    assert [h.cause for h in tensor] == ["scale_swapped", "scale_swapped"]
+    assert [h.cause for h in tensor] == ["scale_missing", "scale_missing", "scale_swapped", "scale_swapped"]
 
 
 def test_spec_hypotheses(contracts):

@@ -62,10 +62,12 @@ def values(rng: np.random.Generator, kind: str, fmt: str, shape: tuple, dtype: s
     count = -(-width // block)
     x = _build.values(rng, (rows, count, block), "float32").astype(np.float64)
     choice = (np.arange(rows * count).reshape(rows, count) % 8)[..., None]  # each block's role
-    if kind == "special":
-        k = np.where(choice > 0, rng.integers(-140, 121, (rows, count, 1)), rng.integers(-8, 9, (rows, count, 1)))
+    if kind == "special":  # block exponents across the source dtype's whole range, its subnormals included
+        low, high = (-26, 14) if dtype == "float16" else (-140, 120)
+        k = np.where(choice > 0, rng.integers(low, high + 1, (rows, count, 1)), rng.integers(-8, 9, (rows, count, 1)))
         m = rng.choice(_MANTISSAS, x.shape) * rng.choice([-1.0, 1.0], x.shape)
-        x = np.clip(m * np.exp2(k.astype(np.float64)), -3.4e38, 3.4e38)
+        top = float(np.finfo(np.float16).max) if dtype == "float16" else 3.4e38
+        x = np.clip(m * np.exp2(k.astype(np.float64)), -top, top)
     elif kind == "zero_blocks":
         tiny = 1e-40 * rng.integers(1, 9, x.shape)
         x = np.where(choice == 0, 0.0, np.where(choice == 3, -0.0, np.where(choice == 5, tiny, x)))

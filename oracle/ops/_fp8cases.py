@@ -270,6 +270,10 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
     if declared.negative_zero != "positive" and not form.fnuz:  # fnuz has no -0 to lose
         out.append(Hypothesis("negative_zero_mishandled", "-0 written as +0 (0x00 instead of 0x80)",
                               {"negative_zero": "positive"}))
+    if declared.negative_zero != "signed" and form.fnuz:
+        out.append(Hypothesis("negative_zero_mishandled", f"a negative zero result written as 0x80, "
+                              f"which is {form.name}'s NaN (the sign bit kept on a zero)",
+                              {"negative_zero": "signed"}))
     out += [Hypothesis("nan_mishandled", text, {"nan": spelling})
             for spelling, text in _other_nans(declared.nan, form)]
     return out

@@ -48,7 +48,7 @@ SCALE_OPS = ("div", "mul_reciprocal")
 INTERMEDIATES = {None: None, "float16": FLOAT16, "bfloat16": BFLOAT16}
 INF_POLICIES = ("max", "nan", "inf")
 SUBNORMALS = ("keep", "flush")
-NEGATIVE_ZEROS = ("keep", "positive")
+NEGATIVE_ZEROS = ("keep", "positive", "signed")
 
 
 def get_format(fmt: str) -> Fp8Format:
@@ -137,7 +137,8 @@ class Fp8Knobs:
       (fnuz: +0, its only zero). A value that rounds up to the smallest normal is kept.
     - ``negative_zero``: ``"keep"`` (the default) or ``"positive"``: a result of -0 (0x80: -0.0 and
       negative values that round, or are flushed, to zero) is written as +0, 0x00. The fnuz
-      formats always do this.
+      formats always do this, unless ``"signed"``: a negative zero result keeps its sign bit even
+      in fnuz, where 0x80 is the NaN (elsewhere "signed" is "keep").
     """
 
     saturate: bool = True
