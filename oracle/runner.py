@@ -11,7 +11,7 @@ import torch
 from .buffers import Arena, same_bytes
 from .compare import expected_regions, first_difference
 from .contract import gaps
-from .diagnose.engine import cause_record, explain, explain_raise, explain_returned, named
+from .diagnose.engine import explain, explain_raise, explain_returned, named
 from .diagnose.replay import within_approx_division
 from .diagnose.hypothesis import Hypothesis
 from .ops import get_spec
@@ -108,7 +108,7 @@ def _judged_call(kernel: Kernel, spec, case: Case, prepared: Prepared, *, diagno
         if returned_problem:
             failed = Outcome(FAIL, returned_problem, prepared=prepared, expected=expected)
             if matched is not None:
-                failed.cause = cause_record(matched)
+                failed = named(failed, matched)
             elif diagnose:
                 failed = explain_returned(failed, case, rerun=rerun)
             return failed

@@ -52,6 +52,7 @@ CAUSES = {
     "validation_missing": "bad input not rejected before anything is written",
     "stale_state": "a later call reuses what an earlier call read (state kept between calls)",
     "not_reproducible": "the case passes when run again: the result depends on earlier calls or on timing",
+    "returned_layout": "the returned tensor has another dtype, shape or device than the contract's",
     "input_modified": "an input (a source, the index, a scale) was modified",
     "nothing_written": "nothing was written",
     "row_overrun": "rows written past their end (whole vectors, no tail handling)",

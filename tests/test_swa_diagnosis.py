@@ -1,0 +1,61 @@
+"""A wrong SWA translation is named by what it returned: the wrong dtype or shape
+(returned_layout), -1 read through pointer arithmetic (padding_policy), the mapping read from its
+storage's start (storage_offset_ignored), the last entries left unwritten (rows_dropped). Every
+failure of each such kernel in the quick catalogue names its cause; the baseline passes the same
+cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oracle.cases import catalogue
+from oracle.contract import Contract
+from oracle.kernels import torch_native as tn
+from oracle.registry import Kernel
+from oracle.runner import FAIL, PASS, run_case
+
+OP = "translate_full_to_swa"
+
+
+def always_int32(mapping, loc):
+    return tn.translate_full_to_swa(mapping, loc).to(torch.int32)
+
+
+def minus_one_reads_the_word_before(mapping, loc):
+    out = tn.translate_full_to_swa(mapping, loc)
+    before = mapping.as_strided((1,), (1,), mapping.storage_offset() - 1)[0]  # mapping_ptr + (-1)
+    return torch.where(loc == -1, before, out)
+
+
+def mapping_from_storage_start(mapping, loc):
+    tn.translate_full_to_swa(mapping, loc.reshape(-1)[:0])  # the checks
+    return mapping.as_strided(mapping.shape, mapping.stride(), 0)[loc.long()]  # storage pointer, plain gather
+
+
+def last_entry_unwritten(mapping, loc):
+    out = tn.translate_full_to_swa(mapping, loc)
+    if out.numel() > 1:
+        out.view(-1)[-1] = 0  # a tail mask one short: the zero-initialised result shows through
+    return out
+
+
+@pytest.mark.parametrize("fn, cause", [(always_int32, "returned_layout"),
+                                       (minus_one_reads_the_word_before, "padding_policy"),
+                                       (mapping_from_storage_start, "storage_offset_ignored"),
+                                       (last_entry_unwritten, "rows_dropped")])
+def test_every_failure_names_the_translation_bug(fn, cause):
+    contract = Contract(op=OP, name="swa." + fn.__name__, backend="test", padding="negative")
+    wrong, right = Kernel(contract, fn, "test"), Kernel(contract, tn.translate_full_to_swa, "test")
+    failed = {}
+    for case in catalogue(OP, "quick", contract):
+        if case.cls in ("bad_input", "repeat", "property"):
+            continue
+        outcome = run_case(wrong, case)
+        if outcome.status == FAIL:
+            failed[case.id] = outcome
+            assert run_case(right, case).status == PASS
+    assert failed, fn.__name__
+    assert {cid: o.cause["id"] if o.cause else None for cid, o in failed.items()
+            if not o.cause or o.cause["id"] != cause} == {}
+    assert all(f"[{cause}]" in o.message for o in failed.values())
