@@ -45,6 +45,8 @@ def block_exponent(block: list, fmt: str, rule: str, zero_block: str = "min") ->
         exponent = -127 if zero_block == "min" else 0
     elif rule == "floor":
         exponent = floor_log2(amax) - emax
+    elif rule == "round":  # the nearest binade, in float64 logarithms
+        exponent = int(round(math.log2(amax))) - emax
     else:
         exponent = ceil_log2(float(np.float32(np.float32(amax) / np.float32(FMAX[fmt]))))
     return max(-127, min(127, exponent))

@@ -38,7 +38,7 @@ FAULT_KNOB_CHOICES = {  # bugs the reference can model: scale the elements by th
 DEFAULTS = {"global_scale_at": "block_scale", "nibble_order": "low_first", "nan_element": "max",
             "nonfinite": "ignore_nan", "zero_guard": "stored", "element_rounding": "nearest_even",
             "element_scale": "stored",
-            "global_scale_uses": 1}
+            "global_scale_uses": 1, "scale_conversion": "satfinite"}
 
 
 def f32(value) -> np.float32:
@@ -81,10 +81,16 @@ def e2m1_value(code: int) -> float:
     return -magnitude if code & 8 else magnitude
 
 
-def e4m3_code(sf: np.float32) -> int:
-    """Saturating round-to-nearest-even e4m3fn code of a float32 value >= 0 (inf -> 0x7E): an
-    explicit clamp to 448, then ml_dtypes' cast."""
-    sf = f32(min(float(sf), E4M3_MAX))
+def e4m3_code(sf: np.float32, conversion: str = "satfinite") -> int:
+    """The e4m3fn code of a float32 value >= 0. "satfinite": round to nearest even, saturating
+    (inf -> 0x7E): an explicit clamp to 448, then ml_dtypes' cast. "nonsaturating": ml_dtypes'
+    cast alone (NaN, 0x7F, from 464 up). "toward_zero": the largest e4m3fn value not above sf,
+    found among all 127 of them (448 for anything larger)."""
+    if conversion == "toward_zero":
+        values = [e4m3_value(code) for code in range(0x7F)]
+        return max((code for code, value in enumerate(values) if float(value) <= float(sf)), default=0)
+    if conversion == "satfinite":
+        sf = f32(min(float(sf), E4M3_MAX))
     return int(np.array([sf], dtype=np.float32).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)[0])
 
 
@@ -104,7 +110,7 @@ def quantize_block(block: list, gs: float, knobs: dict) -> tuple[list, int]:
             values = [f32(v) for v in block]
         amax = max((abs(float(v)) for v in values if not math.isnan(v)), default=0.0)
         sf = f32(encode * f32(f32(amax) * ONE_SIXTH))
-        scale = e4m3_code(sf)
+        scale = e4m3_code(sf, knobs["scale_conversion"])
         sfq = e4m3_value(scale) if knobs["element_scale"] == "stored" else sf
         guard = sf if knobs["zero_guard"] == "unrounded" else sfq  # the value tested against 0
         if float(guard) == 0:

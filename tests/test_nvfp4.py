@@ -107,6 +107,16 @@ def test_fault_knobs_match_the_oracle(element_scale, uses, at):
         check_against_oracle(x, 3.0, element_scale=element_scale, global_scale_uses=uses, global_scale_at=at)
 
 
+@pytest.mark.parametrize("conversion", ["toward_zero", "nonsaturating"])
+@pytest.mark.parametrize("gs", [3.0, 448 * 6 / 2.0 ** -3])  # the second puts block scales past 448
+def test_the_block_scale_conversion_faults_match_the_oracle(conversion, gs):
+    for x in (rows(seed(f"{conversion}-{gs}"), gs=gs), near_ties(seed(f"{conversion}{gs}"), gs)):
+        check_against_oracle(x, gs, scale_conversion=conversion)
+    scales = nvfp4.quantize_nvfp4(rows(seed(f"{conversion}-{gs}"), gs=gs), gs, scale_conversion=conversion)[1]
+    if conversion == "nonsaturating" and gs > 3:
+        assert (scales == 0x7F).any()  # past 448: the NaN byte
+
+
 @pytest.mark.parametrize("preset", sorted(nvfp4.NVFP4_PRESETS))
 def test_presets_are_their_knobs(preset):
     x = rows(seed(preset), gs=268.8)

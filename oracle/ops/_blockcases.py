@@ -155,6 +155,8 @@ def alternatives(fmt: str, contract: Contract) -> list[Hypothesis]:
         for uses in (0, 2):
             other("global_scale_misapplied", "global_scale_uses", uses,
                   "the per-tensor scale is " + ("never applied" if uses == 0 else "applied twice"))
+        for conversion, how in (("toward_zero", "truncated"), ("nonsaturating", "not saturated (past 448: the NaN byte)")):
+            other("block_scaling_rule", "scale_conversion", conversion, f"the e4m3fn block scale is {how}")
         other("nibbles_swapped", "nibble_order", "high_first" if declared.nibble_order == "low_first" else "low_first",
               "the two codes of each byte are in swapped nibbles")
     for cause, knob, values, text in MX_ALTERNATIVES if family == "mx" else NVFP4_ALTERNATIVES:

@@ -13,7 +13,9 @@ Where implementations legitimately differ, :class:`MxKnobs` says how:
   15 for e5m2), so elements up to twice the element format's largest binade may saturate;
   ``"ceil"``: the E8M0 of the float32 quotient ``amax / max_elem`` rounded up to a power of two
   (``cvt.rp.satfinite.ue8m0x2.f32``; TransformerEngine's and torchao's "RCEIL"), so no element
-  exceeds the element format's maximum.
+  exceeds the element format's maximum; ``"round"``: ``round(log2(amax)) - emax_elem``, the
+  nearest binade (``torch.round(torch.log2(amax))``: a hand-written rule no spec gives, whose
+  blocks with a mantissa of sqrt(2) or more get the next exponent up).
 - ``zero_block``: the scale of a block whose elements are all zero: ``"min"`` (E = -127, code 0:
   what both rules give for ``amax = 0`` once ``E`` is clamped) or ``"one"`` (E = 0, code 127).
 - ``nonfinite``: a block holding NaN or ±inf: ``"nan_scale"`` (the scale is NaN, 0xFF: the spec
@@ -55,7 +57,7 @@ BLOCK = 32
 E8M0_BIAS, E8M0_NAN = 127, 0xFF
 E_MIN, E_MAX = -127, 127
 ELEMENT_FORMATS = ("e4m3fn", "e5m2")
-EXPONENT_RULES = ("floor", "ceil")
+EXPONENT_RULES = ("floor", "ceil", "round")
 ZERO_BLOCKS = ("min", "one")
 NONFINITE_BLOCKS = ("nan_scale", "finite_amax", "nan_block", "inf_saturates")
 MIN_SCALE_FACTORS = ("exact", "one")
@@ -128,6 +130,9 @@ def shared_exponents(amax: np.ndarray, fmt: str, knobs: MxKnobs) -> np.ndarray:
     safe = np.where(positive, amax, np.float32(1))
     if knobs.exponent == "floor":
         exponent = _floor_log2(safe) - emax
+    elif knobs.exponent == "round":  # log2 of the mantissa in [1, 2) is >= 0.5 from sqrt(2) on
+        mantissa = np.frexp(safe.astype(np.float64))[0] * 2
+        exponent = _floor_log2(safe) + (mantissa >= np.sqrt(2.0)) - emax
     else:  # ceil: the E8M0 of fl32(amax / max_elem), rounded up
         quotient = (safe / np.float32(largest)).astype(np.float32)
         mantissa, power = np.frexp(quotient.astype(np.float64))

@@ -38,8 +38,11 @@ Where implementations differ, :class:`Nvfp4Knobs` says how:
   midpoint) or ``"toward_zero"`` (truncation).
 
 Fault knobs (never a real writer's choice; the diagnosis replays them to name a bug):
-``element_scale="unrounded"`` (elements scaled by the block scale before its e4m3fn rounding)
-and ``global_scale_uses`` (how many times ``gs`` is applied: 1, or the bugs 0 and 2).
+``element_scale="unrounded"`` (elements scaled by the block scale before its e4m3fn rounding),
+``global_scale_uses`` (how many times ``gs`` is applied: 1, or the bugs 0 and 2) and
+``scale_conversion`` (the block scale's e4m3fn conversion: ``"satfinite"``, or the bugs
+``"toward_zero"``, truncated, and ``"nonsaturating"``, ``sf`` past 448 made the NaN byte 0x7F,
+whose NaN then reaches every element of the block).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ NAN_ELEMENTS = ("max", "zero")
 NONFINITE_BLOCKS = ("ignore_nan", "nan_scale", "all_nan_scale")
 ZERO_GUARDS = ("stored", "unrounded")
 ELEMENT_SCALES = ("stored", "unrounded")
+SCALE_CONVERSIONS = ("satfinite", "toward_zero", "nonsaturating")
 ELEMENT_ROUNDINGS = ("nearest_even", "ties_away", "toward_zero")
 
 
@@ -79,6 +83,7 @@ class Nvfp4Knobs:
     element_rounding: str = "nearest_even"
     element_scale: str = "stored"  # fault knob: "unrounded"
     global_scale_uses: int = 1  # fault knob: 0 or 2
+    scale_conversion: str = "satfinite"  # fault knob: "toward_zero" or "nonsaturating"
 
     def validated(self) -> "Nvfp4Knobs":
         v.require_choice("global_scale_at", self.global_scale_at, GLOBAL_SCALE_AT)
@@ -89,6 +94,7 @@ class Nvfp4Knobs:
         v.require_choice("element_rounding", self.element_rounding, ELEMENT_ROUNDINGS)
         v.require_choice("element_scale", self.element_scale, ELEMENT_SCALES)
         v.require_choice("global_scale_uses", self.global_scale_uses, (0, 1, 2))
+        v.require_choice("scale_conversion", self.scale_conversion, SCALE_CONVERSIONS)
         return self
 
 
@@ -215,7 +221,9 @@ def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nv
         amax = np.fmax.reduce(magnitude, axis=-1)  # fmax ignores NaN, as CUDA's fmaxf does
         amax = np.where(np.isnan(amax), f32(0), amax).astype(f32)
         sf = (encode * (amax * SIXTH).astype(f32)).astype(f32)
-        scale_codes = fp8_quantize(sf, "e4m3fn", preset="ocp_satfinite")
+        conversion = {"satfinite": {}, "toward_zero": {"rounding": "toward_zero"},
+                      "nonsaturating": {"saturate": False, "inf": "nan", "overflow_nan": "0x7F"}}
+        scale_codes = fp8_quantize(sf, "e4m3fn", preset="ocp_satfinite", **conversion[k.scale_conversion])
         sfq = code_values("e4m3fn")[scale_codes] if k.element_scale == "stored" else sf
         if k.nonfinite != "ignore_nan":  # the elements keep the finite scale, as MX's nan_scale
             nan = np.isnan(blocks) & real
