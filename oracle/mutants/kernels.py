@@ -271,7 +271,7 @@ def quantize_not_saturating(out, x, scale, fmt):
 # --- translate_full_to_swa (base torch.translate_full_to_swa) ----------------------------------
 
 def translate_wraps_negative(mapping, loc):
-    tn.translate_full_to_swa(mapping, loc[:0])  # the table checks
+    tn.translate_full_to_swa(mapping, loc.reshape(-1)[:0])  # the table checks
     if loc.dtype not in tn.INDEX_DTYPES:
         raise TypeError(f"loc has dtype {loc.dtype}; expected torch.int32 or torch.int64")
     if (loc >= mapping.numel() - 1).any():  # only the upper bound is checked

@@ -56,7 +56,7 @@ ForgetsInvalidateOnFreeSwa = forgets_invalidation("free_swa")
 def translate_wrapping_negatives(mapping: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
     """Plain ``mapping[loc]`` with only the upper bound checked: -1 reaches the sentinel, but -2
     wraps to ``mapping[-2]`` (the last full slot's SWA slot) instead of raising."""
-    translate_full_to_swa(mapping, loc[:0])  # the mapping and dtype checks
+    translate_full_to_swa(mapping, loc.reshape(-1)[:0])  # the mapping and dtype checks
     if bool((loc >= mapping.numel() - 1).any()):
         raise ValueError("loc reaches past the table")
     return mapping[loc.long()]
