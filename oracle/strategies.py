@@ -40,7 +40,7 @@ def cases(draw, op: str, contract: Contract) -> Case:
         if spec.dcp and contract.dcp_world > 1:  # negatives legal under the declared modulo
             params["dcp"] = draw(st.booleans()) or None
     params["shape"] = spec.large_n_shape if large and spec.large_n_shape else draw(spec.shape_strategy())
-    sources = ["contig"] + ["fused"] * contract.strided_sources
+    sources = ["contig"] + ["fused", "gapped"][: 1 + (len(spec.sources) > 1)] * contract.strided_sources
     if spec.index_dtypes and not spec.returns and contract.source_rows == "index":
         sources.append("longer")
     if spec.sources and len(sources) > 1:
