@@ -191,8 +191,22 @@ def test_bit_pattern_cases_hold_every_special_pattern_and_catch_a_round_trip(dty
     assert [int(x) & (2 ** (8 * np.dtype(width).itemsize) - 1) for x in first[: len(SPECIAL_BITS[dtype])]] == \
         list(SPECIAL_BITS[dtype])
     if dtype != "float32":  # a float32 round trip keeps every float32 pattern on this CPU but NaN quieting
-        assert run_case(kernel("store_cache", through_float32, dtypes=ALL), case).status == FAIL
+        outcome = run_case(kernel("store_cache", through_float32, dtypes=ALL), case)
+        assert outcome.status == FAIL and outcome.cause["id"] == "nan_bits_changed", outcome.message
     assert run_case(baseline("store_cache", dtypes=ALL), case).status == PASS
+
+
+def whole_vectors_only(k, v, k_cache, v_cache, loc):
+    """Each row copied in whole 16-byte vectors, no tail loop: the last bytes of an odd row never written."""
+    whole = k[0].numel() * k.element_size() // 16 * 16 // k.element_size()
+    flat = lambda t: t.reshape(t.shape[0], -1)[:, :whole]  # noqa: E731
+    tn.store_cache(flat(k), flat(v), flat(k_cache), flat(v_cache), loc)
+
+
+def test_an_odd_row_catches_a_copy_without_a_tail_loop_and_names_it():
+    odd = cases("store_cache", lambda c: c.cls == "sizes" and c.p.get("shape") in ((1, 46), (1, 97)))
+    outcomes = [run_case(kernel("store_cache", whole_vectors_only, dtypes=ALL), c) for c in odd]
+    assert odd and all(o.status == FAIL and o.cause["id"] == "row_tail_dropped" for o in outcomes), outcomes
 
 
 # --- K's strides for V, tiles, block sizes, small batches -------------------------------------------

@@ -104,6 +104,42 @@ def adjacency_hypotheses(views: dict) -> list[Hypothesis]:
     return out
 
 
+# (bits dtype, exponent mask, quiet bit) of the 16-bit float formats a copy moves
+_HALF_BITS = {"float16": (np.uint16, 0x7C00, 0x0200), "bfloat16": (np.uint16, 0x7F80, 0x0040)}
+
+
+def nan_bits_hypotheses(case, views: dict) -> list[Hypothesis]:
+    """A copy that does not move NaN bit patterns bit for bit (a round trip through float32, a
+    float unit's canonical NaN): every NaN of the sources quieted (sign and payload kept), made the
+    canonical positive quiet NaN, that NaN with the input's sign, or all bits set."""
+    if case.p.get("fp8") or case.p.get("block"):
+        return []
+    sources = [v for v in _by_role(views, "source") if v.dtype in ("float32", "float16", "bfloat16")]
+    if not sources:
+        return []
+    how = {"quieted": "quieted (the quiet bit set, sign and payload kept)",
+           "canonical": "written as the canonical quiet NaN, positive",
+           "canonical_signed": "written as the canonical quiet NaN with the input's sign",
+           "all_ones": "written with every bit set (torch's vectorized float32-to-bfloat16 NaN)"}
+    return [Hypothesis("nan_bits_changed", f"NaN inputs {text}: not copied bit for bit (a round trip "
+                       "through float32 or a float unit)",
+                       inputs={v.name: (lambda a, mode=mode: _nan_bits(a, mode)) for v in sources})
+            for mode, text in how.items()]
+
+
+def _nan_bits(array: np.ndarray, mode: str) -> np.ndarray:
+    name = "float32" if array.dtype == np.float32 else ("float16" if array.dtype == np.float16 else "bfloat16")
+    kind, exponent, quiet = (np.uint32, 0x7F800000, 0x00400000) if name == "float32" else _HALF_BITS[name]
+    bits = np.ascontiguousarray(array).view(kind)
+    sign = 1 << (8 * bits.itemsize - 1)
+    mantissa = (sign - 1) & ~exponent
+    nan = ((bits & kind(exponent)) == kind(exponent)) & ((bits & kind(mantissa)) != 0)
+    canonical = kind(exponent | quiet)
+    out = {"quieted": bits | kind(quiet), "canonical": np.full_like(bits, canonical),
+           "canonical_signed": (bits & kind(sign)) | canonical, "all_ones": np.full_like(bits, (sign << 1) - 1)}[mode]
+    return np.where(nan, out, bits).astype(kind).view(array.dtype).reshape(array.shape)
+
+
 def swapped_source_hypotheses(views: dict) -> list[Hypothesis]:
     """One source written where another belongs (K into the V cache)."""
     sources = _by_role(views, "source")
@@ -165,8 +201,8 @@ VECTOR_BYTES = 16  # the widest plain vector store
 
 def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     """Rows copied in whole 16-byte vectors with no tail loop: each row's bytes rounded up to a
-    multiple of 16, read past the source row and written past the cache row (flat [S, H, D]
-    caches with packed rows only)."""
+    multiple of 16, read past the source row and written past the cache row, or rounded down, the
+    row's tail never written (flat [S, H, D] caches with packed rows only)."""
     caches = [views[n] for n in written if n in views]
     sources = _by_role(views, "source")
     rows = caches + sources
@@ -179,10 +215,18 @@ def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     rounded = -(-width * itemsize // VECTOR_BYTES) * VECTOR_BYTES // itemsize
     if rounded == width or any(int(np.prod(v.shape[1:])) != width for v in rows):
         return []
-    return [Hypothesis("row_overrun", f"each row copied as whole {VECTOR_BYTES}-byte vectors: "
-                       f"{rounded * itemsize} bytes where a row has {width * itemsize}, past its end",
-                       views={v.name: ((v.shape[0], 1, rounded), (v.strides[0], rounded, 1), v.offset)
-                              for v in rows})]
+    out = [Hypothesis("row_overrun", f"each row copied as whole {VECTOR_BYTES}-byte vectors: "
+                      f"{rounded * itemsize} bytes where a row has {width * itemsize}, past its end",
+                      views={v.name: ((v.shape[0], 1, rounded), (v.strides[0], rounded, 1), v.offset)
+                             for v in rows})]
+    whole = width * itemsize // VECTOR_BYTES * VECTOR_BYTES // itemsize
+    if whole:
+        out.append(Hypothesis("row_tail_dropped", f"each row copied as whole {VECTOR_BYTES}-byte vectors "
+                              f"only: {whole * itemsize} of its {width * itemsize} bytes, the rest (no tail "
+                              "loop) left as it was",
+                              views={v.name: ((v.shape[0], 1, whole), (v.strides[0], whole, 1), v.offset)
+                                     for v in rows}))
+    return out
 
 
 def index_past_end_hypotheses(views: dict, prepared) -> list[Hypothesis]:
@@ -272,7 +316,7 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
     return (stale_hypotheses(prepared) + run_hypotheses(prepared)
             + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
             + source_hypotheses(views) + offset_hypotheses(prepared.arena, prepared.caches)
-            + adjacency_hypotheses(views)
+            + adjacency_hypotheses(views) + nan_bits_hypotheses(case, views)
             + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches) + overrun_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared))
