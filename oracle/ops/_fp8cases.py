@@ -189,10 +189,12 @@ def double_rounding_pool(fmt: str) -> np.ndarray:
 
 # --- hypotheses: the fp8 bugs a failing kernel may have -----------------------------------------
 
-def alternatives(p: dict, contract: Contract) -> list[Hypothesis]:
+def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> list[Hypothesis]:
     """The fp8 behaviours a failing kernel may implement instead of its contract's, as
     :class:`~oracle.diagnose.Hypothesis` objects whose overrides :func:`resolve` understands (a
     scale mode, a preset, single knobs, another ``format``). Empty when the case does not quantize.
+    ``row_width``: the elements of a source row's last axis, where a vector loop's unscaled tail
+    is worth replaying (None: not for this op).
 
     Approximate division is not among them: its result mixes exact and neighbouring codes element
     by element, which no single expectation reproduces (the runner's ``_within_approx_division``
@@ -207,6 +209,7 @@ def alternatives(p: dict, contract: Contract) -> list[Hypothesis]:
         out += [Hypothesis("scale_missing", "no scale (scale 1)", {"scale": "one"}),
                 Hypothesis("scale_inverted", "an inverted scale (x * scale instead of x / scale)",
                            {"scale": "inverted"})]
+        out += _tail_hypotheses(row_width or 0)
     try:
         declared = contract.knobs(fmt)
     except (TypeError, ValueError):  # the contract's preset does not cover this format
@@ -226,6 +229,20 @@ def alternatives(p: dict, contract: Contract) -> list[Hypothesis]:
     out += [Hypothesis("wrong_fp8_format", f"{other} codes written where {asked}",
                        {"format": other})
             for other in _fp8.FORMATS if other != fmt and other in covered]
+    return out
+
+
+def _tail_hypotheses(width: int) -> list[Hypothesis]:
+    """A vector loop of V elements along each row of ``width`` elements whose scalar tail (the last
+    ``width % V``) forgot the scale, for each V that leaves a tail of its own."""
+    out, seen = [], set()
+    for vector in (4, 8, 16, 32, 64):
+        tail = width % vector if width else 0
+        if 0 < tail < width and tail not in seen:
+            seen.add(tail)
+            out.append(Hypothesis("part_unscaled", f"the last {tail} elements of each row of {width} (past its last "
+                                  f"whole {vector}-element vector) stored without the scale",
+                                  {"scale": f"tail_unscaled={vector}"}))
     return out
 
 
@@ -276,6 +293,9 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
                               {"negative_zero": "signed"}))
     out += [Hypothesis("nan_mishandled", text, {"nan": spelling})
             for spelling, text in _other_nans(declared.nan, form)]
+    if declared.nan.endswith("|sign") and declared.negative_zero == "keep":
+        out.append(Hypothesis("fp8_conversion", "the sign set from x < 0 (a sign-magnitude conversion): -0 "
+                              "and negative NaN written without their sign", {"scale": "sign_from_lt0"}))
     return out
 
 
@@ -393,7 +413,10 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     ``[H * D]`` row as ``scale[j % H]``: ``repeat`` where ``repeat_interleave`` was meant),
     "nan=V" (``x / scale`` with NaN quotients replaced by V, as ``fminf``/``fmaxf`` clamps and
     ``nan_to_num`` do), "clamp=M" (``x / scale`` clamped to [-M, M], NaN kept), or steps of
-    both in order, ";"-separated."""
+    both in order, ";"-separated; "tail_unscaled=V" (the last ``D % V`` elements of each row,
+    past its last whole V-element vector, left unscaled: a vector loop whose scalar tail forgot
+    the scale); "sign_from_lt0" (``x / scale`` with -0 and negative NaN made positive first: a
+    sign-magnitude conversion that takes the sign from ``x < 0``)."""
     if mode is None:
         return source, scale
     if mode == "one":
@@ -407,6 +430,14 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             heads, dim = widened.shape[head_axis], widened.shape[-1]
             per_element = flat[np.arange(heads * dim) % flat.size].reshape(heads, dim)
             quotient = widened / per_element
+        elif mode == "sign_from_lt0":  # sign-magnitude: -0 and negative NaN carry no sign (x < 0 is false)
+            unsigned = np.where(np.isnan(widened) | (widened == 0), np.abs(widened), widened)
+            quotient = unsigned / broadcast_scale(scale, widened.ndim, head_axis)
+        elif mode.startswith("tail_unscaled="):  # the last D % V elements of each row unscaled
+            width = widened.shape[-1]
+            main = width - width % int(mode.split("=")[1])
+            quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
+            quotient[..., main:] = widened[..., main:]
         elif mode.startswith(("nan=", "clamp=")):
             quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
             for step in mode.split(";"):  # in order, e.g. "clamp=448.0;nan=-448.0"

@@ -148,7 +148,7 @@ class ReshapeAndCacheFlash(OpSpec):
         """The fp8 hypotheses (:func:`_fp8cases.alternatives`) and the scale ones (k_scale and
         v_scale collapsed to head 0, each used for the other)."""
         p = self.p_with_defaults(case)
-        out = _fp8cases.alternatives(p, contract)
+        out = _fp8cases.alternatives(p, contract, row_width=p["shape"][1])
         return out + _fp8cases.scale_hypotheses(p, ("k_scale", "v_scale"), p["shape"][0])
 
     def bad_inputs(self) -> tuple:

@@ -80,7 +80,7 @@ class QuantizeFp8(OpSpec):
         """The fp8 hypotheses (:func:`_fp8cases.alternatives`) and a per-head scale collapsed to
         head 0."""
         p = self.p_with_defaults(case)
-        return (_fp8cases.alternatives(p, contract)
+        return (_fp8cases.alternatives(p, contract, row_width=p["shape"][1])
                 + _fp8cases.scale_hypotheses(p, ("scale",), p["shape"][0]))
 
     def bad_inputs(self) -> tuple:
