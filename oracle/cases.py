@@ -108,6 +108,8 @@ def _dcp(spec: OpSpec, profile: str, contract=None):
 def _large(spec: OpSpec, profile: str, contract=None):
     if spec.large_case:  # in every profile: int32 offsets are a common bug, and a case takes 1-7 s
         yield dict(spec.large_case, large=True)
+        if "int32" in spec.index_dtypes:  # an int32 index: offsets computed in its type wrap
+            yield dict(spec.large_case, large=True, index="int32")
 
 
 def _fp8(spec: OpSpec, profile: str, contract=None):

@@ -348,3 +348,37 @@ def test_a_padded_out_catches_a_quantizer_that_writes_packed_rows():
     outcomes = [run_case(kernel("quantize_fp8", out_written_packed, **fields), c) for c in padded]
     assert padded and all(o.status == FAIL and o.cause["id"] == "dense_cache_assumed" for o in outcomes), outcomes
     assert all(run_case(baseline("quantize_fp8", **fields), c).status == PASS for c in padded)
+
+
+def drops_the_head_tail(key, value, key_cache, value_cache, slot_mapping, *rest):
+    """A vector loop of 8 elements along D with no tail: the last D % 8 elements never written."""
+    main = key.shape[-1] // 8 * 8
+    tn.reshape_and_cache_flash(key[..., :main], value[..., :main], key_cache[..., :main], value_cache[..., :main],
+                               slot_mapping, *rest)
+
+
+def test_a_paged_writer_without_a_tail_loop_is_named():
+    odd = cases("reshape_and_cache_flash", lambda c: c.cls == "sizes" and c.p.get("shape") in ((1, 46), (8, 96), (1, 97)))
+    outcomes = [run_case(kernel("reshape_and_cache_flash", drops_the_head_tail, padding="negative"), c) for c in odd]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed and all(o.cause["id"] == "row_tail_dropped" for o in failed), [o.message for o in failed]
+
+
+def blocks_of_a_power_of_two(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """Block and offset by a shift and mask of the power of two below the block size (slot >> 2,
+    slot & 3 for blocks of 5), block indices past the cache dropped."""
+    block = 1 << (kv_cache.shape[1].bit_length() - 1)
+    staged = torch.full((kv_cache.shape[0] * block,) + kv_cache.shape[2:], 0, dtype=kv_cache.dtype)
+    slots = torch.where(slot_mapping < staged.shape[0], slot_mapping, -1)
+    written = torch.zeros(staged.shape[0], dtype=torch.bool)
+    tn.concat_and_cache_mla(kv_c, k_pe, staged.view(kv_cache.shape[0], block, -1), slots, kv_cache_dtype, scale)
+    written[slots[slots >= 0].long()] = True
+    for s in torch.nonzero(written).flatten().tolist():
+        kv_cache[s // block, s % block] = staged[s]
+
+
+def test_a_block_size_rounded_to_a_power_of_two_is_named():
+    odd = cases("concat_and_cache_mla", lambda c: len(c.p.get("shape", ())) > 2 and c.p["shape"][2] & (c.p["shape"][2] - 1))
+    outcomes = [run_case(kernel("concat_and_cache_mla", blocks_of_a_power_of_two, padding="negative"), c) for c in odd]
+    assert odd and all(o.status == FAIL and o.cause["id"] == "block_size_power_of_two" for o in outcomes), \
+        [o.message for o in outcomes]

@@ -149,7 +149,7 @@ def swapped_source_hypotheses(views: dict) -> list[Hypothesis]:
             if a is not b and a.shape == b.shape and a.dtype == b.dtype]
 
 
-def cache_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
+def cache_hypotheses(views: dict, written: tuple, paged_spec: bool = False) -> list[Hypothesis]:
     caches = [views[name] for name in written if name in views]
     out = []
     for a in caches:
@@ -158,7 +158,14 @@ def cache_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
                 out.append(Hypothesis("cache_strides_swapped", f"{b.name} addressed with {a.name}'s "
                                       f"strides {list(a.strides)} (its own are {list(b.strides)})",
                                       views={b.name: (b.shape, a.strides, b.offset)}))
-    paged = [c for c in caches if len(c.shape) == 4]  # [blocks, block_size, heads, dim]
+    # [blocks, block_size, heads, dim], or any cache of a paged op ([blocks, block_size, W] for MLA)
+    paged = [c for c in caches if len(c.shape) == 4 or (paged_spec and len(c.shape) >= 3)]
+    block_size = paged[0].shape[1] if paged else 0
+    if block_size & (block_size - 1):  # not a power of two: a shift and mask of the one below or above
+        for wrong in (1 << (block_size.bit_length() - 1), 1 << block_size.bit_length()):
+            out.append(_block_size_hypothesis(views, paged, wrong, "block_size_power_of_two",
+                                              f"the block size taken as {wrong} (a shift and mask of a power of "
+                                              f"two) where the cache's blocks hold {block_size}"))
     if paged and paged[0].shape[1] != COMMON_BLOCK_SIZE:
         out.append(_block_size_hypothesis(views, paged, COMMON_BLOCK_SIZE, "block_size_hardcoded",
                                           f"the block size taken as {COMMON_BLOCK_SIZE} (a constant, or its "
@@ -226,6 +233,24 @@ def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
                               "loop) left as it was",
                               views={v.name: ((v.shape[0], 1, whole), (v.strides[0], whole, 1), v.offset)
                                      for v in rows}))
+    return out
+
+
+def tail_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
+    """A vector loop of V elements along the last axis (a head's D) with no tail loop: the last
+    ``D % V`` elements of every row never written, for each V that leaves a tail of its own
+    (sources and caches of one last-axis width only)."""
+    rows = [views[n] for n in written if n in views] + _by_role(views, "source")
+    if not written or not rows or len({v.shape[-1] for v in rows if v.shape}) != 1 or not rows[0].shape:
+        return []
+    width, out, seen = rows[0].shape[-1], [], set()
+    for vector in (4, 8, 16, 32, 64):
+        main = width - width % vector
+        if 0 < main < width and main not in seen:
+            seen.add(main)
+            out.append(Hypothesis("row_tail_dropped", f"the last {width - main} of every {width} elements along "
+                                  f"the last axis not written (a {vector}-element vector loop with no tail)",
+                                  views={v.name: (v.shape[:-1] + (main,), v.strides, v.offset) for v in rows}))
     return out
 
 
@@ -318,5 +343,6 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + source_hypotheses(views) + offset_hypotheses(prepared.arena, prepared.caches)
             + adjacency_hypotheses(views) + nan_bits_hypotheses(case, views)
             + swapped_source_hypotheses(views)
-            + cache_hypotheses(views, prepared.caches) + overrun_hypotheses(views, prepared.caches)
+            + cache_hypotheses(views, prepared.caches, getattr(spec, "paged", False))
+            + overrun_hypotheses(views, prepared.caches) + tail_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared))

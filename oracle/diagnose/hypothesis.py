@@ -20,6 +20,7 @@ CAUSES = {
     "cache_strides_swapped": "one cache is addressed with the other cache's strides",
     "dense_cache_assumed": "the caches are assumed dense (their strides are ignored)",
     "block_size_wrong_dim": "the block size is taken from the wrong dimension of the cache",
+    "block_size_power_of_two": "the block size is rounded to a power of two (a shift and mask)",
     "block_size_hardcoded": "the block size is a constant (16), not the cache's",
     "scale_collapsed": "the per-head scale is collapsed to the first head's",
     "scale_swapped": "one tensor's fp8 scale is used for the other",

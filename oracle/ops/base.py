@@ -121,6 +121,7 @@ class OpSpec:
     fp8_tail_shape: tuple = ()  # a shape whose rows are no multiple of 16 elements, for fp8 cases too
     block_formats: tuple = ()  # block-scaled formats of the "block_scaled" case class
     large_case = None  # params (dict) of the "large" case (caches past 2**31 elements), or None
+    paged = False  # caches [blocks, block_size, ...]: slot s is token s % block_size of block s // block_size
 
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
         raise NotImplementedError

@@ -147,6 +147,7 @@ class QuantizeBlock(_BlockSpec):
 
 class ReshapeAndCacheBlock(_BlockSpec):
     name = "reshape_and_cache_block"
+    paged = True
     signature = ("reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, "
                  "value_scale_cache, slot_mapping, fmt, k_global_scale, v_global_scale)")
     large_n_shape = (2, 64)

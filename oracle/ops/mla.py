@@ -162,6 +162,7 @@ FP8_BAD = ("scale_dtype", "fp8_cache_dtype")  # bad inputs only an fp8 call can 
 
 class ConcatAndCacheMla(OpSpec):
     name = "concat_and_cache_mla"
+    paged = True
     signature = "concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)"
     dtypes = ("bfloat16", "float16", "float32")
     fp8 = True

@@ -39,6 +39,7 @@ PADDED_TOKENS = {"padded": (1, 2), "unequal": (0, 2)}
 
 class ReshapeAndCacheFlash(OpSpec):
     name = "reshape_and_cache_flash"
+    paged = True
     signature = ("reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, "
                  "kv_cache_dtype, k_scale, v_scale)")
     dtypes = ("bfloat16", "float16", "float32")
