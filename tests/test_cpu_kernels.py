@@ -121,12 +121,14 @@ def test_compiled_caller_writes_the_cache():
         torch.ops.kv_oracle_cpu.store_cache(k * 2, v, kc, vc, loc, "none")
         return kc.sum()
 
-    k, v = torch.randn(3, 4), torch.randn(3, 4)
+    generator = torch.Generator().manual_seed(7)
+    k, v = torch.randn(3, 4, generator=generator), torch.randn(3, 4, generator=generator)
     kc, vc = torch.zeros(8, 4), torch.zeros(8, 4)
     loc = torch.tensor([5, 0, 2])
     total = torch.compile(write, backend="aot_eager", fullgraph=True)(k, v, kc, vc, loc)
     assert torch.equal(kc[loc], k * 2) and torch.equal(vc[loc], v)
-    assert torch.allclose(total, (k * 2).sum())
+    # the sum of the written cache, in whatever order the graph adds: not bit-exact, a sum of 12 values
+    assert torch.allclose(total, (k * 2).sum(), rtol=0, atol=1e-5)
 
 
 def test_registered_python_functions_have_the_baseline_signatures():
