@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..buffers import ViewSpec, contiguous_strides
+from ..buffers import NUMPY_DTYPES, ViewSpec, contiguous_strides
 from ..reference.slots import Padding
 from .hypothesis import Hypothesis
 
@@ -25,6 +25,27 @@ def _by_role(views: dict, role: str) -> list[ViewSpec]:
 
 
 TILES = (2, 4, 8, 16, 32, 64, 128, 256)  # rows per program of a grid sized n // tile
+
+
+def dropped_counts(n: int) -> list[int]:
+    """How many trailing entries of ``n`` a short loop leaves unwritten: 1 (a bound one short) and
+    the entries past the last whole tile of each grid sized ``n // tile``, smallest first."""
+    return sorted({1} | {n % tile for tile in TILES if 0 < n % tile < n})
+
+
+VECTOR_LENGTHS = (4, 8, 16, 32, 64)  # elements per step of a vector loop along a row
+
+
+def vector_tails(width: int) -> list[tuple[int, int]]:
+    """(vector, whole) for each vector length that leaves a tail of its own in a row of ``width``
+    elements: ``whole`` elements in whole vectors, ``width - whole`` in the scalar tail."""
+    out, seen = [], set()
+    for vector in VECTOR_LENGTHS:
+        whole = width - width % vector
+        if 0 < whole < width and whole not in seen:
+            seen.add(whole)
+            out.append((vector, whole))
+    return out
 
 
 def index_hypotheses(arena) -> list[Hypothesis]:
@@ -45,7 +66,7 @@ def index_hypotheses(arena) -> list[Hypothesis]:
                                   override=ANY_DUPLICATES))
         if index.shape and index.shape[0] > 1 and len(index.shape) == 1:
             n = index.shape[0]
-            for k in sorted({1} | {n % tile for tile in TILES if 0 < n % tile < n}):
+            for k in dropped_counts(n):
                 what = (f"the last entry of {index.name} not written (a loop bound of {n - 1} instead of {n})"
                         if k == 1 else f"the last {k} entries of {index.name} not written (the rows past the last "
                         f"whole tile of {min(t for t in TILES if n % t == k)}: a grid of n // tile programs)")
@@ -104,8 +125,10 @@ def adjacency_hypotheses(views: dict) -> list[Hypothesis]:
     return out
 
 
-# (bits dtype, exponent mask, quiet bit) of the 16-bit float formats a copy moves
-_HALF_BITS = {"float16": (np.uint16, 0x7C00, 0x0200), "bfloat16": (np.uint16, 0x7F80, 0x0040)}
+# (bits dtype, exponent mask, quiet bit) of the float formats a copy moves
+_FLOAT_BITS = {np.dtype(np.float32): (np.uint32, 0x7F800000, 0x00400000),
+               np.dtype(np.float16): (np.uint16, 0x7C00, 0x0200),
+               NUMPY_DTYPES["bfloat16"]: (np.uint16, 0x7F80, 0x0040)}
 
 
 def nan_bits_hypotheses(case, views: dict) -> list[Hypothesis]:
@@ -128,8 +151,7 @@ def nan_bits_hypotheses(case, views: dict) -> list[Hypothesis]:
 
 
 def _nan_bits(array: np.ndarray, mode: str) -> np.ndarray:
-    name = "float32" if array.dtype == np.float32 else ("float16" if array.dtype == np.float16 else "bfloat16")
-    kind, exponent, quiet = (np.uint32, 0x7F800000, 0x00400000) if name == "float32" else _HALF_BITS[name]
+    kind, exponent, quiet = _FLOAT_BITS[array.dtype]
     bits = np.ascontiguousarray(array).view(kind)
     sign = 1 << (8 * bits.itemsize - 1)
     mantissa = (sign - 1) & ~exponent
@@ -243,15 +265,11 @@ def tail_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     rows = [views[n] for n in written if n in views] + _by_role(views, "source")
     if not written or not rows or len({v.shape[-1] for v in rows if v.shape}) != 1 or not rows[0].shape:
         return []
-    width, out, seen = rows[0].shape[-1], [], set()
-    for vector in (4, 8, 16, 32, 64):
-        main = width - width % vector
-        if 0 < main < width and main not in seen:
-            seen.add(main)
-            out.append(Hypothesis("row_tail_dropped", f"the last {width - main} of every {width} elements along "
-                                  f"the last axis not written (a {vector}-element vector loop with no tail)",
-                                  views={v.name: (v.shape[:-1] + (main,), v.strides, v.offset) for v in rows}))
-    return out
+    width = rows[0].shape[-1]
+    return [Hypothesis("row_tail_dropped", f"the last {width - whole} of every {width} elements along "
+                       f"the last axis not written (a {vector}-element vector loop with no tail)",
+                       views={v.name: (v.shape[:-1] + (whole,), v.strides, v.offset) for v in rows})
+            for vector, whole in vector_tails(width)]
 
 
 def index_past_end_hypotheses(views: dict, prepared) -> list[Hypothesis]:

@@ -151,8 +151,14 @@ def translate_full_to_swa(mapping, loc):
 
 def _fp8_codes(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
     """uint8 codes of ``x / scale`` (``scale`` > 0, broadcast against ``x``): the quotient in
-    float32, with ``x``'s sign (:mod:`._nan_signs`), then torch's own cast."""
-    return with_signs_of(x.float() / scale, x).to(FP8_DTYPES[fmt]).view(torch.uint8)
+    float32, then :func:`_quotient_codes`."""
+    return _quotient_codes(x.float() / scale, x, fmt)
+
+
+def _quotient_codes(quotient: torch.Tensor, x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """uint8 codes of a float32 ``quotient`` of ``x``: with ``x``'s sign on its NaNs
+    (:mod:`._nan_signs`), then torch's own cast."""
+    return with_signs_of(quotient, x).to(FP8_DTYPES[fmt]).view(torch.uint8)
 
 
 def _to_fp8_codes(rows: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:

@@ -13,7 +13,6 @@ import torch
 
 from ..kernels import _checks as checks
 from ..kernels import torch_native as tn
-from ..kernels._nan_signs import with_signs_of
 from .bases import check_quantize
 from .kernels import Mutant, paged_write
 
@@ -42,15 +41,11 @@ def paged_v_unscaled(key, value, key_cache, value_cache, slot_mapping, kv_cache_
     paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, torch.ones_like(v_scale))
 
 
-def _codes_of(quotient: torch.Tensor, rows: torch.Tensor, fmt: str) -> torch.Tensor:
-    return with_signs_of(quotient, rows).to(tn.FP8_DTYPES[fmt]).view(torch.uint8)
-
-
 def paged_repeats_head_scale(*args):
     def codes(rows, scale, fmt):  # scale.repeat(D): element j of the [H * D] row gets scale[j % H]
         m, heads, dim = rows.shape
         per_element = scale.reshape(-1).repeat(heads * dim // scale.numel()).reshape(1, heads, dim)
-        return _codes_of(rows.float() / per_element, rows, fmt)
+        return tn._fp8_codes(rows, per_element, fmt)
     paged_write(*args, codes=codes)
 
 
@@ -65,7 +60,7 @@ def paged_nan_clamped(*args):
 
 def paged_clamps_e5m2_at_448(*args):
     def codes(rows, scale, fmt):  # one saturation bound for every format: e4m3fn's
-        return _codes_of((rows.float() / scale.reshape(1, -1, 1)).clamp(-448.0, 448.0), rows, fmt)
+        return tn._quotient_codes((rows.float() / scale.reshape(1, -1, 1)).clamp(-448.0, 448.0), rows, fmt)
     paged_write(*args, codes=codes)
 
 

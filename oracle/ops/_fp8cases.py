@@ -37,6 +37,7 @@ import numpy as np
 
 from ..buffers import NUMPY_DTYPES
 from ..contract import Contract
+from ..diagnose.generic import vector_tails
 from ..diagnose.hypothesis import Hypothesis
 from ..reference import fp8 as _fp8
 from ..reference.presets import PRESETS
@@ -235,15 +236,10 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
 def _tail_hypotheses(width: int) -> list[Hypothesis]:
     """A vector loop of V elements along each row of ``width`` elements whose scalar tail (the last
     ``width % V``) forgot the scale, for each V that leaves a tail of its own."""
-    out, seen = [], set()
-    for vector in (4, 8, 16, 32, 64):
-        tail = width % vector if width else 0
-        if 0 < tail < width and tail not in seen:
-            seen.add(tail)
-            out.append(Hypothesis("part_unscaled", f"the last {tail} elements of each row of {width} (past its last "
-                                  f"whole {vector}-element vector) stored without the scale",
-                                  {"scale": f"tail_unscaled={vector}"}))
-    return out
+    return [Hypothesis("part_unscaled", f"the last {width - whole} elements of each row of {width} (past its "
+                       f"last whole {vector}-element vector) stored without the scale",
+                       {"scale": f"tail_unscaled={vector}"})
+            for vector, whole in vector_tails(width)]
 
 
 def _quotient_hypotheses(fmt: str) -> list[Hypothesis]:

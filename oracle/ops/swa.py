@@ -23,7 +23,7 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, TORCH_DTYPES, Arena, dtype_name, numpy_view, to_numpy
 from ..contract import Contract
-from ..diagnose.generic import TILES, index_hypotheses, offset_hypotheses, run_hypotheses, stale_hypotheses
+from ..diagnose.generic import dropped_counts, index_hypotheses, offset_hypotheses, run_hypotheses, stale_hypotheses
 from ..diagnose.hypothesis import Hypothesis
 from . import _build
 from .base import Case, OpSpec, Prepared
@@ -222,7 +222,7 @@ def _as_read(prepared: Prepared, hypothesis: Hypothesis, name: str) -> np.ndarra
 def _tail_dropped(differ: np.ndarray, n: int) -> Hypothesis | None:
     """rows_dropped where every differing entry lies in the result's last k, for k 1 or the
     entries past the last whole tile of a grid sized n // tile, and each of those k differs."""
-    for k in sorted({1} | {n % tile for tile in TILES if 0 < n % tile < n}):
+    for k in dropped_counts(n):
         if k < n and differ.size == k and int(differ[0]) == n - k:  # and the entries before it right
             return Hypothesis("rows_dropped", f"the last {k} entries of the result not written (a loop bound "
                               f"or tile mask that stops {k} short of loc's {n} entries)")
