@@ -32,13 +32,13 @@ KNOB_CHOICES = {
     "element_rounding": ("nearest_even", "ties_away", "toward_zero"),
 }
 FAULT_KNOB_CHOICES = {  # bugs the reference can model: scale the elements by the unrounded sf,
-    "element_scale": ("stored", "unrounded"),  # or apply gs 0 or 2 times instead of once
-    "global_scale_uses": (1, 0, 2),
+    "element_scale": ("stored", "unrounded"),  # or apply gs 0 or 2 times instead of once, or 1 / gs
+    "global_scale_uses": (1, 0, 2, -1),
 }
 DEFAULTS = {"global_scale_at": "block_scale", "nibble_order": "low_first", "nan_element": "max",
             "nonfinite": "ignore_nan", "zero_guard": "stored", "element_rounding": "nearest_even",
             "element_scale": "stored",
-            "global_scale_uses": 1, "scale_conversion": "satfinite"}
+            "global_scale_uses": 1, "scale_conversion": "satfinite", "product_dtype": None}
 
 
 def f32(value) -> np.float32:
@@ -102,7 +102,7 @@ def quantize_block(block: list, gs: float, knobs: dict) -> tuple[list, int]:
     """(e2m1 codes, e4m3fn scale byte) of one block of float32 values."""
     with np.errstate(all="ignore"):
         uses = knobs["global_scale_uses"]
-        encode = F32(1) if uses == 0 else f32(gs) if uses == 1 else f32(f32(gs) * f32(gs))
+        encode = {0: F32(1), 1: f32(gs), 2: f32(f32(gs) * f32(gs)), -1: f32(F32(1) / f32(gs))}[uses]
         if knobs["global_scale_at"] == "input":
             values = [f32(f32(v) * encode) for v in block]
             encode = F32(1)
@@ -117,7 +117,9 @@ def quantize_block(block: list, gs: float, knobs: dict) -> tuple[list, int]:
             out = F32(0)
         else:  # input: encode is 1, so this is fl(1 / sfq)
             out = f32(F32(1) / f32(sfq * f32(F32(1) / encode)))
-        codes = [e2m1_code(float(f32(v * out)), knobs["nan_element"], knobs["element_rounding"]) for v in values]
+        narrow = knobs["product_dtype"]  # None: the float32 product; else both factors and the product in it
+        products = [f32(v * out) if narrow is None else f32(narrow.type(v) * narrow.type(out)) for v in values]
+        codes = [e2m1_code(float(q), knobs["nan_element"], knobs["element_rounding"]) for q in products]
     if knobs["nonfinite"] == "nan_scale" and any(math.isnan(v) for v in block):
         scale = 0x7F
     if knobs["nonfinite"] == "all_nan_scale" and all(math.isnan(v) for v in block):

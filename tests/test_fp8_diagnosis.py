@@ -1,6 +1,7 @@
 """fp8 conversions a hand-written quantizer gets wrong in more than one place at once, named as the
-one bug they are: a vector loop whose scalar tail forgot the scale (part_unscaled), and a
-sign-magnitude conversion that takes the sign from ``x < 0`` (-0 and negative NaN lose it). Every
+one bug they are: a vector loop whose scalar tail forgot the scale (part_unscaled), a
+sign-magnitude conversion that takes the sign from ``x < 0`` (-0 and negative NaN lose it), and a
+quotient computed in the 16-bit source's own arithmetic (the scale rounded to it too). Every
 failure of each in the quick catalogue names it; the baseline passes the same cases."""
 
 from __future__ import annotations
@@ -34,8 +35,16 @@ def sign_magnitude(out, x, scale, fmt):
     out.copy_(magnitude | (negative.to(torch.uint8) << 7))
 
 
+def half_division(out, x, scale, fmt):
+    tn.quantize_fp8(out, x, scale, fmt)
+    if x.dtype in (torch.float16, torch.bfloat16):  # __hdiv: the scale and the quotient in x's type
+        quotient = (x / scale.reshape(1, -1, 1).to(x.dtype)).float()
+        out.copy_(tn._quotient_codes(quotient, x, fmt))
+
+
 @pytest.mark.parametrize("fn, cause, words", [(tail_unscaled, "part_unscaled", "stored without the scale"),
-                                              (sign_magnitude, "fp8_conversion", "sign-magnitude")])
+                                              (sign_magnitude, "fp8_conversion", "sign-magnitude"),
+                                              (half_division, "fp8_conversion", "half-precision")])
 def test_every_failure_names_the_conversion_bug(fn, cause, words):
     fields = dict(op="quantize_fp8", backend="test", fp8_formats=FORMATS, fp8_preset=tn._torch_fp8_preset())
     wrong = Kernel(Contract(name="q." + fn.__name__, **fields), fn, "test")

@@ -100,11 +100,35 @@ def test_quantize_matches_a_block_by_block_oracle(knobs, gs):
     check_against_oracle(near_ties(seed(f"ties-{sorted(knobs.items())}-{gs}"), gs), gs, **knobs)
 
 
-@pytest.mark.parametrize("element_scale, uses", list(itertools.product(("stored", "unrounded"), (0, 1, 2))))
+@pytest.mark.parametrize("element_scale, uses", list(itertools.product(("stored", "unrounded"), (0, 1, 2, -1))))
 @pytest.mark.parametrize("at", ("block_scale", "input"))
 def test_fault_knobs_match_the_oracle(element_scale, uses, at):
     for x in (rows(seed(f"{element_scale}-{uses}-{at}"), gs=3.0), near_ties(seed(f"{element_scale}{uses}{at}"), 3.0)):
         check_against_oracle(x, 3.0, element_scale=element_scale, global_scale_uses=uses, global_scale_at=at)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("gs", [1.0, 3.0, 448 * 6 / 37.5])
+def test_the_16_bit_element_product_fault_matches_the_oracle(dtype, gs):
+    """element_product="source_dtype": the multiplier and x * multiplier rounded to the source's
+    own type before the e2m1 conversion; on float32 sources it changes nothing."""
+    name = np.dtype(dtype).name
+    with np.errstate(over="ignore"):  # the random rows reach past float16's range: inf is a case too
+        cases = [a.astype(dtype) for a in (rows(seed(f"product-{name}-{gs}"), gs=gs),
+                                           near_ties(seed(f"product-ties-{name}-{gs}"), gs))]
+    for x in cases:
+        packed, scales = nvfp4.quantize_nvfp4(x, gs, element_product="source_dtype")
+        for r, row in enumerate(x.reshape(-1, x.shape[-1])):
+            want_packed, want_scales = o.quantize_row([float(v) for v in row], gs, product_dtype=np.dtype(dtype))
+            assert scales.reshape(-1, scales.shape[-1])[r].tolist() == want_scales
+            assert packed.reshape(-1, packed.shape[-1])[r].tolist() == want_packed, r
+        wide = x.astype(np.float32)
+        assert np.array_equal(nvfp4.quantize_nvfp4(wide, gs, element_product="source_dtype")[0],
+                              nvfp4.quantize_nvfp4(wide, gs)[0])
+    if gs != 1.0:  # near the e2m1 ties the double rounding shows
+        ties = cases[1]
+        assert not np.array_equal(nvfp4.quantize_nvfp4(ties, gs, element_product="source_dtype")[0],
+                                  nvfp4.quantize_nvfp4(ties, gs)[0])
 
 
 @pytest.mark.parametrize("conversion", ["toward_zero", "nonsaturating"])

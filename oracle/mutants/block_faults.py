@@ -30,18 +30,22 @@ def _e2m1_ties_away(q):
     return torch.where(torch.isnan(q), 7, code).to(torch.uint8)
 
 
-def _nvfp4(x, fmt, global_scale, *, unrounded=False, uses=1, swap=False, ties_away=False):
+def _nvfp4(x, fmt, global_scale, *, unrounded=False, uses=1, swap=False, ties_away=False, half_product=False):
     if fmt != "nvfp4":
         return tb.encode(x, fmt, global_scale)
     gs = global_scale.reshape(()).float()
-    gs = torch.ones_like(gs) if uses == 0 else gs * gs if uses == 2 else gs
+    gs = {0: torch.ones_like(gs), 1: gs, 2: gs * gs, -1: 1 / gs}[uses]
     blocks = tb._blocks(x.float(), 16)
     amax = torch.where(torch.isnan(blocks), 0, blocks.abs()).amax(dim=-1)
     sf = gs * (amax * tb.SIXTH)
     scales = sf.clamp(max=448).to(torch.float8_e4m3fn)
     sfq = sf if unrounded else scales.float()
     out = torch.where(sfq == 0, 0, 1 / (sfq * (1 / gs)))
-    codes = (_e2m1_ties_away if ties_away else tb._e2m1)(blocks * out[..., None]).flatten(-2)[..., :x.shape[-1]]
+    if half_product and x.dtype != torch.float32:  # __hmul2: the multiplier and the product in x's type
+        q = (blocks.to(x.dtype) * out[..., None].to(x.dtype)).float()
+    else:
+        q = blocks * out[..., None]
+    codes = (_e2m1_ties_away if ties_away else tb._e2m1)(q).flatten(-2)[..., :x.shape[-1]]
     even, odd = codes[..., 0::2], codes[..., 1::2]
     return (odd | (even << 4)) if swap else (even | (odd << 4)), scales.view(torch.uint8)
 
@@ -130,6 +134,10 @@ _ROWS = [
      "global_scale_misapplied", _quantize(lambda *a: _nvfp4(*a, uses=2)), ("block_scaled",)),
     (P + ".global_scale_ignored", P, "NVFP4 per-tensor scale never applied",
      "global_scale_misapplied", _paged(lambda *a: _nvfp4(*a, uses=0)), ("block_scaled",)),
+    (P + ".global_scale_inverted", P, "NVFP4 per-tensor scale taken as the decode scale (1 / gs applied)",
+     "global_scale_misapplied", _paged(lambda *a: _nvfp4(*a, uses=-1)), ("block_scaled",)),
+    (Q + ".half_product", Q, "NVFP4 elements multiplied in the 16-bit source's type (__hmul2) before the "
+     "e2m1 conversion", "element_rounding", _quantize(lambda *a: _nvfp4(*a, half_product=True)), ("block_scaled",)),
     (P + ".padding_into_slot_zero", P, "padding rows (negative slots) quantized into slot 0, as sglang's "
      "MXFP8 writers did", "padding_into_slot_zero", paged_padding_into_slot_zero, ("padding",)),
     (Q + ".blocks_straddle_heads", Q, "blocks run over each token's whole [H * D] row, across heads",

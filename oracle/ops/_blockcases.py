@@ -133,10 +133,11 @@ NVFP4_ALTERNATIVES = (
 )
 
 
-def alternatives(fmt: str, contract: Contract) -> list[Hypothesis]:
-    """What a block-scaled writer may compute instead: the other legitimate knob values, and the
-    faults the diagnosis names (the shared exponent off by one, an element scale taken before its
-    e4m3fn rounding, the per-tensor scale applied twice or never, swapped nibbles)."""
+def alternatives(fmt: str, contract: Contract, dtype: str = "float32") -> list[Hypothesis]:
+    """What a block-scaled writer may compute instead, for sources of ``dtype``: the other
+    legitimate knob values, and the faults the diagnosis names (the shared exponent off by one,
+    an element scale taken before its e4m3fn rounding, the per-tensor scale applied twice, never
+    or inverted, the element product rounded to a 16-bit source's type, swapped nibbles)."""
     declared = contract.block_knob_values(fmt)
     family = block_scaled.require_format(fmt)[0]
     out = []
@@ -152,9 +153,15 @@ def alternatives(fmt: str, contract: Contract) -> list[Hypothesis]:
     else:
         other("block_scale_unrounded", "element_scale", "unrounded",
               "the elements are scaled by the block scale before its e4m3fn rounding, not by the stored scale")
-        for uses in (0, 2):
-            other("global_scale_misapplied", "global_scale_uses", uses,
-                  "the per-tensor scale is " + ("never applied" if uses == 0 else "applied twice"))
+        for uses, how in ((0, "never applied (or read as 1.0, e.g. a value kept from an earlier call "
+                               "whose scale was 1.0)"), (2, "applied twice"),
+                          (-1, "inverted: its reciprocal applied (the decode scale's convention, "
+                               "amax / (448 * 6), taken for the encode scale's)")):
+            other("global_scale_misapplied", "global_scale_uses", uses, f"the per-tensor scale is {how}")
+        if dtype in ("float16", "bfloat16"):
+            other("element_rounding", "element_product", "source_dtype",
+                  f"the element product x * (1 / scale) computed in {dtype} (the multiplier and the "
+                  "product each rounded to it, as __hmul2), then converted to e2m1: double rounding")
         for conversion, how in (("toward_zero", "truncated"), ("nonsaturating", "not saturated (past 448: the NaN byte)")):
             other("block_scaling_rule", "scale_conversion", conversion, f"the e4m3fn block scale is {how}")
         other("nibbles_swapped", "nibble_order", "high_first" if declared.nibble_order == "low_first" else "low_first",

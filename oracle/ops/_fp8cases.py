@@ -211,6 +211,12 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
                 Hypothesis("scale_inverted", "an inverted scale (x * scale instead of x / scale)",
                            {"scale": "inverted"})]
         out += _tail_hypotheses(row_width or 0)
+        if p.get("dtype") in ("float16", "bfloat16"):
+            out += [Hypothesis("fp8_conversion", f"the quotient computed in {p['dtype']} ({how}), then "
+                               "converted to fp8: the scale and the quotient each rounded to "
+                               f"{p['dtype']} first", {"scale": mode})
+                    for mode, how in (("source_dtype_div", "x / scale in half-precision arithmetic"),
+                                      ("source_dtype_mul", "x * (1 / scale) in half-precision arithmetic"))]
     try:
         declared = contract.knobs(fmt)
     except (TypeError, ValueError):  # the contract's preset does not cover this format
@@ -412,7 +418,10 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     both in order, ";"-separated; "tail_unscaled=V" (the last ``D % V`` elements of each row,
     past its last whole V-element vector, left unscaled: a vector loop whose scalar tail forgot
     the scale); "sign_from_lt0" (``x / scale`` with -0 and negative NaN made positive first: a
-    sign-magnitude conversion that takes the sign from ``x < 0``)."""
+    sign-magnitude conversion that takes the sign from ``x < 0``); "source_dtype_div" and
+    "source_dtype_mul" (the quotient in the 16-bit source's own arithmetic: the scale, or its
+    float32 reciprocal, rounded to that type, the quotient or product rounded to it, as ``__hdiv``
+    and ``__hmul`` compute)."""
     if mode is None:
         return source, scale
     if mode == "one":
@@ -429,6 +438,14 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
         elif mode == "sign_from_lt0":  # sign-magnitude: -0 and negative NaN carry no sign (x < 0 is false)
             unsigned = np.where(np.isnan(widened) | (widened == 0), np.abs(widened), widened)
             quotient = unsigned / broadcast_scale(scale, widened.ndim, head_axis)
+        elif mode in ("source_dtype_div", "source_dtype_mul"):  # __hdiv / __hmul(x, hrcp(s)) on 16-bit x
+            narrow = source.dtype
+            divisor = broadcast_scale(scale, widened.ndim, head_axis).astype(narrow)
+            if mode == "source_dtype_div":
+                quotient = (source / divisor).astype(narrow).astype(_F32)
+            else:
+                reciprocal = (_F32(1) / divisor.astype(_F32)).astype(narrow)
+                quotient = (source * reciprocal).astype(narrow).astype(_F32)
         elif mode.startswith("tail_unscaled="):  # the last D % V elements of each row unscaled
             width = widened.shape[-1]
             main = width - width % int(mode.split("=")[1])

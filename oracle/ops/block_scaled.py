@@ -79,8 +79,8 @@ class _BlockSpec(OpSpec):
         return fmt, knobs, rest
 
     def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
-        fmt = self.p_with_defaults(case)["block"]
-        return _blockcases.alternatives(fmt, contract)
+        p = self.p_with_defaults(case)
+        return _blockcases.alternatives(p["block"], contract, p["dtype"])
 
 
 class QuantizeBlock(_BlockSpec):

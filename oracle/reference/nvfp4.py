@@ -39,7 +39,11 @@ Where implementations differ, :class:`Nvfp4Knobs` says how:
 
 Fault knobs (never a real writer's choice; the diagnosis replays them to name a bug):
 ``element_scale="unrounded"`` (elements scaled by the block scale before its e4m3fn rounding),
-``global_scale_uses`` (how many times ``gs`` is applied: 1, or the bugs 0 and 2) and
+``global_scale_uses`` (how many times ``gs`` is applied: 1, or the bugs 0, 2 and -1, its
+reciprocal applied: the decode scale's convention, ``amax / (448 * 6)``, taken for the encode
+scale's), ``element_product`` (the multiply ``x * out``: ``"float32"``, or the bug
+``"source_dtype"``, in a 16-bit source's own arithmetic, ``out`` and the product each rounded to
+that type, as ``__hmul2`` computes, before the e2m1 conversion) and
 ``scale_conversion`` (the block scale's e4m3fn conversion: ``"satfinite"``, or the bugs
 ``"toward_zero"``, truncated, and ``"nonsaturating"``, ``sf`` past 448 made the NaN byte 0x7F,
 whose NaN then reaches every element of the block).
@@ -69,6 +73,8 @@ ZERO_GUARDS = ("stored", "unrounded")
 ELEMENT_SCALES = ("stored", "unrounded")
 SCALE_CONVERSIONS = ("satfinite", "toward_zero", "nonsaturating")
 ELEMENT_ROUNDINGS = ("nearest_even", "ties_away", "toward_zero")
+GLOBAL_SCALE_USES = (0, 1, 2, -1)
+ELEMENT_PRODUCTS = ("float32", "source_dtype")
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,8 @@ class Nvfp4Knobs:
     zero_guard: str = "stored"
     element_rounding: str = "nearest_even"
     element_scale: str = "stored"  # fault knob: "unrounded"
-    global_scale_uses: int = 1  # fault knob: 0 or 2
+    global_scale_uses: int = 1  # fault knob: 0, 2 or -1 (its reciprocal)
+    element_product: str = "float32"  # fault knob: "source_dtype"
     scale_conversion: str = "satfinite"  # fault knob: "toward_zero" or "nonsaturating"
 
     def validated(self) -> "Nvfp4Knobs":
@@ -93,7 +100,8 @@ class Nvfp4Knobs:
         v.require_choice("zero_guard", self.zero_guard, ZERO_GUARDS)
         v.require_choice("element_rounding", self.element_rounding, ELEMENT_ROUNDINGS)
         v.require_choice("element_scale", self.element_scale, ELEMENT_SCALES)
-        v.require_choice("global_scale_uses", self.global_scale_uses, (0, 1, 2))
+        v.require_choice("global_scale_uses", self.global_scale_uses, GLOBAL_SCALE_USES)
+        v.require_choice("element_product", self.element_product, ELEMENT_PRODUCTS)
         v.require_choice("scale_conversion", self.scale_conversion, SCALE_CONVERSIONS)
         return self
 
@@ -202,18 +210,17 @@ def quantize_nvfp4(x, global_scale=1.0, *, block: int = BLOCK, preset: str | Non
     if width == 0:
         return (np.zeros(x32.shape[:-1] + (0,), np.uint8), np.zeros(x32.shape[:-1] + (0,), np.uint8))
     blocks, real = _blocks(x32, block)
-    codes, scales = _quantize_blocks(blocks, real, gs, k)
+    codes, scales = _quantize_blocks(blocks, real, gs, k, x.dtype)
     codes = codes.reshape(x32.shape[:-1] + (blocks.shape[-2] * block,))[..., :width]
     return pack(codes, k.nibble_order), scales
 
 
-def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nvfp4Knobs):
-    """(element codes ``[..., blocks, block]``, scale codes ``[..., blocks]``) of float32 blocks."""
+def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nvfp4Knobs, source_dtype):
+    """(element codes ``[..., blocks, block]``, scale codes ``[..., blocks]``) of float32 blocks
+    (``source_dtype``: the elements' own type, for ``element_product="source_dtype"``)."""
     f32 = np.float32
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        encode = f32(gs) if k.global_scale_uses else f32(1)
-        if k.global_scale_uses == 2:
-            encode = f32(encode * gs)
+        encode = {0: f32(1), 1: f32(gs), 2: f32(f32(gs) * gs), -1: f32(f32(1) / gs)}[k.global_scale_uses]
         if k.global_scale_at == "input":
             blocks = (blocks * encode).astype(f32)
             encode = f32(1)
@@ -232,7 +239,11 @@ def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nv
         decode = (f32(1) / encode).astype(f32)
         zero = (sf if k.zero_guard == "unrounded" else sfq) == 0
         out = np.where(zero, f32(0), (f32(1) / (sfq * decode).astype(f32))).astype(f32)
-        q = (blocks * out[..., None]).astype(f32)
+        if k.element_product == "source_dtype" and np.dtype(source_dtype).itemsize == 2:
+            narrow = np.dtype(source_dtype)
+            q = (blocks.astype(narrow) * out[..., None].astype(narrow)).astype(narrow).astype(f32)
+        else:
+            q = (blocks * out[..., None]).astype(f32)
     return e2m1_codes(q, nan_element=k.nan_element, rounding=k.element_rounding), scale_codes.astype(np.uint8)
 
 
