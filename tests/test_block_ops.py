@@ -131,3 +131,66 @@ def test_padding_quantized_into_slot_zero_is_named_in_either_scale_layout(case_i
     outcome = run_case(kernel, case)
     assert outcome.status == FAIL, outcome.message
     assert outcome.cause["id"] == "padding_into_slot_zero", (outcome.cause, outcome.message[:2000])
+
+
+def test_swizzle_faults_against_hand_derived_offsets():
+    """Each fault of the 128x4 tiled layout at 208 rows x 5 columns (two row tiles, two column
+    tiles), from the formula written out entry by entry."""
+    from oracle.reference import block_scaled as ref
+
+    rows, cols = 208, 5
+    for fault in (None,) + ref.SWIZZLE_FAULTS:
+        got = ref.swizzled_offsets(rows, cols, fault)
+        for r in range(rows):
+            for c in range(cols):
+                col_tiles = 1 if fault == "col_tiles_floor" else 2
+                tile = c // 4 * 2 + r // 128 if fault == "tiles_column_major" else r // 128 * col_tiles + c // 4
+                inside = (r % 128) * 4 if fault == "rows_not_interleaved" else (r % 32) * 16 + (r % 128) // 32 * 4
+                assert got[r, c] == tile * 512 + inside + c % 4, (fault, r, c)
+    assert ref.swizzled_offsets(rows, cols, "col_tiles_floor")[128, 0] == 512  # on top of (0, 4)
+    with pytest.raises(ValueError, match="fault"):
+        ref.swizzled_offsets(rows, cols, "transposed")
+
+
+def _swizzle_fault_writer(fault):
+    """The torch writer with its swizzled offsets table computed with ``fault``, one token after
+    another (where the faulty table maps two tokens' scales to one byte, the later one's stays)."""
+    import torch
+
+    from oracle.reference import block_scaled as ref
+
+    def offsets(rows, cols, device):
+        return torch.from_numpy(ref.swizzled_offsets(rows, cols, fault)).to(device)
+
+    def kernel(key, value, *rest):
+        *caches, slot_mapping, fmt, k_gs, v_gs = rest
+        real = torch_block._swizzled_offsets
+        torch_block._swizzled_offsets = offsets
+        try:
+            for i in range(len(slot_mapping)):
+                torch_block.reshape_and_cache_block(key[i:i + 1], value[i:i + 1], *caches, slot_mapping[i:i + 1],
+                                                    fmt, k_gs, v_gs)
+        finally:
+            torch_block._swizzled_offsets = real
+    return kernel
+
+
+@pytest.mark.parametrize("fault, words", [("col_tiles_floor", "rounded down"),
+                                          ("tiles_column_major", "column-major"),
+                                          ("rows_not_interleaved", "not interleaved")])
+def test_a_swizzle_fault_is_named(fault, words):
+    """A writer whose swizzled layout is wrong in one way fails the wide-page swizzled cases, and
+    every failure names that way."""
+    from oracle.registry import Kernel
+
+    fields = dict(op="reshape_and_cache_block", name="vendor.swizzle", backend="vendor", validates=True,
+                  padding="negative", layouts=("NHD", "HND"), scale_layouts=("linear", "swizzled"),
+                  block_formats=("mxfp8_e4m3fn", "mxfp8_e5m2", "nvfp4"))
+    kernel = Kernel(Contract(**fields), _swizzle_fault_writer(fault), "vendor")
+    failed = [run_case(kernel, case) for case in catalogue("reshape_and_cache_block", "quick", kernel.contract)
+              if case.p.get("scale_layout") == "swizzled"]
+    failed = [o for o in failed if o.status == FAIL]
+    assert failed
+    for outcome in failed:
+        assert outcome.cause and outcome.cause["id"] == "scale_layout_wrong", outcome.message[:1500]
+        assert words in outcome.cause["text"] + " ".join(a["text"] for a in outcome.cause["also"]), outcome.cause

@@ -235,6 +235,13 @@ class ReshapeAndCacheBlock(_BlockSpec):
                                   "[block_size, H, blocks] order of each page",
                                   views={name: (shape, strides, 0) for name in self.scale_names},
                                   override={"scale_layout": "linear"}))
+            out += [Hypothesis("scale_layout_wrong", f"the swizzled scale cache written with {how}",
+                               override={"swizzle_fault": fault})
+                    for fault, how in (("col_tiles_floor", f"its column tiles counted as {count} // 4 "
+                                        f"= {count // 4}, rounded down, not up"),
+                                       ("tiles_column_major", "its 128x4 tiles in column-major order"),
+                                       ("rows_not_interleaved", "each 128x4 tile's rows in order, not "
+                                        "interleaved 32 apart"))]
         return out
 
     def bad_inputs(self) -> tuple:

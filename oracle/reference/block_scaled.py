@@ -93,22 +93,38 @@ def swizzled_page_bytes(rows: int, cols: int) -> int:
     return (-(-rows // 128) * 128) * (-(-cols // 4) * 4)
 
 
-def swizzled_offsets(rows: int, cols: int) -> np.ndarray:
+SWIZZLE_FAULTS = ("col_tiles_floor", "tiles_column_major", "rows_not_interleaved")
+
+
+def swizzled_offsets(rows: int, cols: int, fault: str | None = None) -> np.ndarray:
     """int64 ``[rows, cols]``: the byte of entry ``(r, c)`` within its page,
     ``((r // 128) * (Cp // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4``
     with ``Cp = roundup(cols, 4)``: 128-row x 4-column tiles of 512 bytes in row-major tile
     order, each storing its rows 32 apart interleaved (cuBLAS, "1D block scaling factors
-    layout")."""
+    layout").
+
+    ``fault`` (never a real layout; the diagnosis replays them to name a bug, see
+    :data:`SWIZZLE_FAULTS`): ``"col_tiles_floor"``, the column tiles counted as ``cols // 4``
+    (rounded down); ``"tiles_column_major"``, the tiles in column-major order; and
+    ``"rows_not_interleaved"``, a tile's rows stored in order, ``(r % 128) * 4 + c % 4``."""
     r = np.arange(rows, dtype=np.int64)[:, None]
     c = np.arange(cols, dtype=np.int64)[None, :]
-    col_tiles = -(-cols // 4)
-    return (((r // 128) * col_tiles + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4)
+    if fault is not None:
+        v.require_choice("fault", fault, SWIZZLE_FAULTS)
+    col_tiles = cols // 4 if fault == "col_tiles_floor" else -(-cols // 4)
+    if fault == "tiles_column_major":
+        tile = (c // 4) * -(-rows // 128) + r // 128
+    else:
+        tile = (r // 128) * col_tiles + c // 4
+    inside = (r % 128) * 4 if fault == "rows_not_interleaved" else (r % 32) * 16 + ((r % 128) // 32) * 4
+    return tile * 512 + inside + c % 4
 
 
 def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale_cache,
                             slot_mapping, key, value, *, fmt: str, k_global_scale=1.0,
                             v_global_scale=1.0, scale_layout: str = "linear",
-                            padding="negative", duplicates="forbid", preset=None, **knobs):
+                            padding="negative", duplicates="forbid", preset=None, swizzle_fault=None,
+                            **knobs):
     """The four caches after writing token ``i`` of ``key``/``value`` to slot
     ``slot_mapping[i]`` in block format ``fmt``.
 
@@ -122,7 +138,8 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
     slot writes neither codes nor scales). Returns ``(key_cache, value_cache, key_scale_cache,
     value_scale_cache)``, new arrays (or :class:`~oracle.reference.slots.OneOfRows` where a slot
     is written twice under ``duplicates="any"``; in a swizzled scale cache the slot's "row" is its
-    scattered scale bytes). Inputs are never modified.
+    scattered scale bytes). Inputs are never modified. ``swizzle_fault``: a fault of the
+    swizzled layout (:func:`swizzled_offsets`), for the diagnosis.
     """
     parse_policies(padding, duplicates)
     require_format(fmt)
@@ -180,16 +197,27 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
         if scale_layout == "linear":
             scales_out.append(write_rows(scale_cache.copy(), plan, scales, slot_axes=(0, 1)))
             continue
-        offsets = swizzled_offsets(rows, count).reshape(block_size, heads, count)
-        scales_out.append(_write_swizzled(scale_cache.copy(), plan, scales, offsets, block_size))
+        offsets = swizzled_offsets(rows, count, swizzle_fault).reshape(block_size, heads, count)
+        scales_out.append(_write_swizzled(scale_cache.copy(), plan, scales, offsets, block_size,
+                                          in_order=swizzle_fault is not None))
     return out[0], out[1], scales_out[0], scales_out[1]
 
 
-def _write_swizzled(out: np.ndarray, plan, scales: np.ndarray, offsets: np.ndarray, block_size: int):
+def _write_swizzled(out: np.ndarray, plan, scales: np.ndarray, offsets: np.ndarray, block_size: int,
+                    in_order: bool = False):
     """Slot ``plan.slots[j]``'s scales ``scales[j]`` (``[H, nb]``) into its page's swizzled
     bytes ``offsets[token]``, as write_rows does for rows: each slot written once, by its last
-    position; where a slot is written twice, a OneOfRows whose row is that slot's scale bytes."""
+    position; where a slot is written twice, a OneOfRows whose row is that slot's scale bytes.
+    ``in_order``: the slots written one by one in the order of their positions, so where a
+    faulty layout maps two slots' scales to one byte, the later position's wins."""
     last = last_writers(plan)
+    if in_order:
+        last = np.sort(last)
+        for j in last:
+            page, token = divmod(int(plan.slots[j]), block_size)
+            out[page, offsets[token]] = scales[j]
+        return with_collisions(out, plan, scales,
+                               lambda slot: (int(slot) // block_size, offsets[int(slot) % block_size]))
     pages, tokens = np.divmod(plan.slots[last], block_size)
     out[pages[:, None, None], offsets[tokens]] = scales[last]
     return with_collisions(out, plan, scales,
