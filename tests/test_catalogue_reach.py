@@ -382,3 +382,22 @@ def test_a_block_size_rounded_to_a_power_of_two_is_named():
     outcomes = [run_case(kernel("concat_and_cache_mla", blocks_of_a_power_of_two, padding="negative"), c) for c in odd]
     assert odd and all(o.status == FAIL and o.cause["id"] == "block_size_power_of_two" for o in outcomes), \
         [o.message for o in outcomes]
+
+
+def shift_and_mask_disagree(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """The block by slot // block_size, the token by slot & (p - 1) with p the power of two
+    below the block size (one half of a shift-and-mask pair updated for blocks of 5)."""
+    block_size = kv_cache.shape[1]
+    mask = (1 << (block_size.bit_length() - 1)) - 1
+    slots = slot_mapping.long()
+    landed = torch.where(slots < 0, -1, slots // block_size * block_size + (slots & mask))
+    tn.concat_and_cache_mla(kv_c, k_pe, kv_cache, landed.to(slot_mapping.dtype), kv_cache_dtype, scale)
+
+
+def test_a_shift_and_mask_that_disagree_are_named():
+    odd = cases("concat_and_cache_mla", lambda c: len(c.p.get("shape", ())) > 2 and c.p["shape"][2] & (c.p["shape"][2] - 1))
+    outcomes = [run_case(kernel("concat_and_cache_mla", shift_and_mask_disagree, padding="negative"), c)
+                for c in odd]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed and all(o.cause["id"] == "block_size_power_of_two" and "disagree" in o.cause["text"]
+                          for o in failed), [o.message for o in failed]

@@ -8,6 +8,8 @@ index read past its end, slot 0 skipped.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..buffers import NUMPY_DTYPES, ViewSpec, contiguous_strides
@@ -188,6 +190,7 @@ def cache_hypotheses(views: dict, written: tuple, paged_spec: bool = False) -> l
             out.append(_block_size_hypothesis(views, paged, wrong, "block_size_power_of_two",
                                               f"the block size taken as {wrong} (a shift and mask of a power of "
                                               f"two) where the cache's blocks hold {block_size}"))
+            out += _shift_mask_mismatch(views, paged, block_size, wrong)
     if paged and paged[0].shape[1] != COMMON_BLOCK_SIZE:
         out.append(_block_size_hypothesis(views, paged, COMMON_BLOCK_SIZE, "block_size_hardcoded",
                                           f"the block size taken as {COMMON_BLOCK_SIZE} (a constant, or its "
@@ -223,6 +226,31 @@ def _block_size_hypothesis(views: dict, paged: list, wrong: int, cause: str, tex
     return Hypothesis(cause, text + dropped,
                       views={c.name: ((blocks, wrong) + c.shape[2:], c.strides, c.offset) for c in paged},
                       inputs=inputs)
+
+
+def _shift_mask_mismatch(views: dict, paged: list, block_size: int, wrong: int) -> list[Hypothesis]:
+    """A paged address split two ways: the block by ``slot // block_size`` and the token by ``slot &
+    (wrong - 1)``, or the block by ``slot >> log2(wrong)`` and the token by ``slot % block_size``
+    (one half of a shift-and-mask pair updated for a block size that is not a power of two). Each
+    is replayed as the slot it lands on, ``block * block_size + token``; a slot past the cache is
+    taken as dropped (a kernel that bounds-checks it)."""
+    num_slots = paged[0].shape[0] * block_size
+    shift = wrong.bit_length() - 1
+
+    def landing(a, mask: bool):
+        slots = a.astype(np.int64)
+        block, token = (slots // block_size, slots & (wrong - 1)) if mask else (slots >> shift, slots % block_size)
+        landed = block * block_size + token
+        return np.where((a < 0) | (landed >= num_slots), np.minimum(a, -1), landed).astype(a.dtype)
+
+    out = []
+    for mask, text in ((True, f"the block as slot // {block_size} but the token as slot & {wrong - 1}"),
+                       (False, f"the block as slot >> {shift} (blocks of {wrong}) but the token as slot % {block_size}")):
+        out.append(Hypothesis("block_size_power_of_two", f"a shift and a mask that disagree: {text}, where the "
+                              f"cache's blocks hold {block_size}",
+                              inputs={ix.name: functools.partial(landing, mask=mask) for ix in _by_role(views, "index")},
+                              override={"duplicates": "any"}))
+    return out
 
 
 VECTOR_BYTES = 16  # the widest plain vector store

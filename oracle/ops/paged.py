@@ -49,7 +49,7 @@ class ReshapeAndCacheFlash(OpSpec):
     default_shape = (8, 128)  # (heads, head_size)
     # (heads, head_size[, block_size]): blocks of 16 tokens unless a third entry says otherwise
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (13, 46), (8, 96), (1, 97), (8, 128, 32),
-              (2, 64, 64))
+              (2, 64, 64), (4, 64, 5))  # blocks of 5: a block size that is not a power of two
     large_n_shape = (2, 64)
     sources = ("key", "value")
     aliasing = ("aliased", "offset", "padded", "unequal")
