@@ -11,7 +11,7 @@ import torch
 from .buffers import Arena, same_bytes
 from .compare import expected_regions, first_difference
 from .contract import gaps
-from .diagnose.engine import explain, explain_raise, explain_returned, named
+from .diagnose.engine import explain, explain_raise, explain_rejection, explain_returned, named
 from .diagnose.replay import within_approx_division
 from .diagnose.hypothesis import Hypothesis
 from .ops import get_spec
@@ -63,6 +63,21 @@ def run_case(kernel: Kernel, case: Case) -> Outcome:
     return outcome
 
 
+BALLAST_LIMIT = 1 << 28  # bytes of a case's allocations past which no rerun elsewhere is tried
+
+
+def _rerun(kernel: Kernel, spec, case: Case, change, *, like: Arena | None = None) -> bool:
+    """Whether ``case`` (changed by ``change``) passes when built and run again; with ``like``,
+    built at other addresses: two ballast allocations of each of ``like``'s regions are held
+    while it is built, so the allocator cannot hand it the blocks earlier cases of its sizes
+    freed. A kernel that keeps state keyed on tensor addresses then misses its memo."""
+    ballast = [_allocation(r.tensor) for r in (like.regions.values() if like is not None else ()) for _ in range(2)]
+    try:
+        return _execute(kernel, spec, case, edit=change).status == PASS
+    finally:
+        del ballast
+
+
 def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
     """Build, call, judge. ``edit(prepared)`` changes the fresh inputs before the judged call (a
     probe's changed input); an edited run is judged without a diagnosis. A ``repeat`` case calls
@@ -90,9 +105,11 @@ def _judged_call(kernel: Kernel, spec, case: Case, prepared: Prepared, *, diagno
     arena = prepared.arena
     prepared.before = arena.snapshot()
     _drain_deferred(contract)
+    rerun = lambda other, change, elsewhere=False: _rerun(  # noqa: E731
+        kernel, spec, other, change, like=arena if elsewhere and _ballast_fits(arena) else None)
     if bad:
-        return _judge_rejection(kernel, case, prepared)
-    rerun = lambda other, change: _execute(kernel, spec, other, edit=change).status == PASS  # noqa: E731
+        rejected = _judge_rejection(kernel, case, prepared)
+        return explain_rejection(rejected, case, rerun=rerun) if diagnose and rejected.status == FAIL else rejected
     inside = lambda other: not gaps(contract, spec.needs(other))  # noqa: E731
     try:
         returned = _call(kernel, prepared.args)
@@ -135,6 +152,18 @@ def _judged_call(kernel: Kernel, spec, case: Case, prepared: Prepared, *, diagno
         return failed
     return explain(failed, spec, case, contract, after, regions, difference, problems,
                    rerun=rerun, inside=inside)
+
+
+def _allocation(like: torch.Tensor):
+    """A fresh block of ``like``'s bytes from the allocator ``like``'s came from (a CPU region's
+    bytes are numpy's, which caches small blocks of its own)."""
+    if like.device.type == "cpu":
+        return np.empty(like.numel() * like.element_size(), np.uint8)
+    return torch.empty(like.numel() * like.element_size(), dtype=torch.uint8, device=like.device)
+
+
+def _ballast_fits(arena: Arena) -> bool:
+    return sum(r.tensor.numel() for r in arena.regions.values()) <= BALLAST_LIMIT
 
 
 def _call(kernel: Kernel, args: tuple):

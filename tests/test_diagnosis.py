@@ -185,3 +185,22 @@ def test_the_pattern_counts_the_differing_values():
     pairs = line.split(": ", 2)[2].split(", ")
     assert all(p.split(" -> ")[1].startswith("0x0000 (") for p in pairs[:4]), line
     assert not any(p.startswith("v_cache: differing") for p in outcome.pattern)
+
+
+def reads_int64_as_int32(k, v, k_cache, v_cache, loc):
+    """A kernel whose pointer is int32_t* whatever the index's dtype: an int64 index's low and high
+    words are read as entries."""
+    words = loc.contiguous().view(torch.int32)[:loc.shape[0]].to(loc.dtype) if loc.dtype == torch.int64 else loc
+    keep = words >= 0
+    k_cache[words[keep].long()] = k[keep]
+    v_cache[words[keep].long()] = v[keep]
+
+
+def test_an_int64_index_read_as_int32_is_named():
+    kernel = Kernel(Contract(op="store_cache", name="t.int32_words", backend="test", padding="negative",
+                             strided_index=False), reads_int64_as_int32, "test")
+    failed = [run_case(kernel, c) for c in catalogue("store_cache", "quick", kernel.contract)
+              if c.p.get("index", "int64") == "int64" and c.cls in ("dtypes", "sizes") and c.p.get("n", 1) > 1]
+    failed = [o for o in failed if o.status == FAIL]
+    assert failed
+    assert all(o.cause and o.cause["id"] == "index_dtype_misread" for o in failed), [o.message for o in failed]

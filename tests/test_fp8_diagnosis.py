@@ -6,6 +6,7 @@ failure of each in the quick catalogue names it; the baseline passes the same ca
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,7 +43,32 @@ def half_division(out, x, scale, fmt):
         out.copy_(tn._quotient_codes(quotient, x, fmt))
 
 
+def scale_per_vector(out, x, scale, fmt):
+    """Per-head scales read once per 8-element vector of each token's flat [H * D] elements."""
+    tn.quantize_fp8(out, x, scale, fmt)
+    heads, dim = x.shape[1:]
+    flat = scale.reshape(-1)
+    first_head = torch.arange(heads * dim) // 8 * 8 // dim
+    per_element = flat[first_head % flat.numel()].reshape(1, heads, dim)
+    out.copy_(tn._quotient_codes(x.float() / per_element, x, fmt))
+
+
+def flat_remainder_truncated(out, x, scale, fmt):
+    """A 64-element vector loop over the flattened tensor whose scalar remainder truncates (a code
+    whose value lies past the quotient is stepped one down in magnitude)."""
+    tn.quantize_fp8(out, x, scale, fmt)
+    rest = x.numel() % 64
+    if rest and rest < x.numel():
+        q = (x.float() / scale.reshape(1, -1, 1)).reshape(-1)[-rest:]
+        codes = out.reshape(-1)[-rest:]
+        values = codes.view(tn.FP8_DTYPES[fmt]).float()
+        over = (values.abs() > q.abs()) & torch.isfinite(q) & (values != 0)
+        out.view(-1)[-rest:] = torch.where(over, codes - 1, codes)
+
+
 @pytest.mark.parametrize("fn, cause, words", [(tail_unscaled, "part_unscaled", "stored without the scale"),
+                                              (scale_per_vector, "scale_misindexed", "once per 8-element vector"),
+                                              (flat_remainder_truncated, "fp8_conversion", "remainder loop"),
                                               (sign_magnitude, "fp8_conversion", "sign-magnitude"),
                                               (half_division, "fp8_conversion", "half-precision")])
 def test_every_failure_names_the_conversion_bug(fn, cause, words):
@@ -59,3 +85,82 @@ def test_every_failure_names_the_conversion_bug(fn, cause, words):
     assert failed
     assert {cid: (o.cause or {}).get("id") for cid, o in failed.items() if (o.cause or {}).get("id") != cause} == {}
     assert all(words in o.cause["text"] for o in failed.values())
+
+
+def e5m2_top_byte(out, x, scale, fmt):
+    """e5m2 as the top byte of the float16 quotient (the shortcut through float16 bits), other
+    formats right."""
+    tn.quantize_fp8(out, x, scale, fmt)
+    if fmt == "e5m2":
+        half = (x.float() / scale.reshape(1, -1, 1)).half()
+        half = torch.where(torch.isnan(half), torch.full_like(half, float("nan")).copysign(half), half)
+        out.copy_((half.view(torch.int16) >> 8).to(torch.uint8))
+
+
+def test_e5m2_as_the_top_byte_of_float16_is_named():
+    fields = dict(op="quantize_fp8", backend="test", fp8_formats=FORMATS, fp8_preset=tn._torch_fp8_preset())
+    wrong = Kernel(Contract(name="q.e5m2_top_byte", **fields), e5m2_top_byte, "test")
+    failed = [o for o in (run_case(wrong, c) for c in catalogue("quantize_fp8", "quick", wrong.contract)
+                          if c.p.get("fp8") == "e5m2") if o.status == FAIL]
+    assert failed
+    assert all(o.cause and o.cause["id"] == "fp8_conversion" and "top byte" in o.cause["text"] for o in failed), \
+        [o.message[-800:] for o in failed]
+
+
+def scale_memo_by_address():
+    """A quantizer that reads each scale tensor once, keyed on its data_ptr (as a kernel that
+    caches a host copy of its scale does): a later tensor at a freed address gets the old value."""
+    memo = {}
+
+    def kernel(out, x, scale, fmt):
+        remembered = memo.setdefault(scale.data_ptr(), scale.clone())
+        tn.quantize_fp8(out, x, remembered if remembered.shape == scale.shape else scale, fmt)
+    return kernel
+
+
+def test_a_memo_keyed_on_addresses_is_named_stale_state():
+    """Cases of one shape reuse each other's freed addresses, so the memo hands a later case an
+    earlier case's scale; the same case built at other addresses passes, which names the cause
+    (not a scale that is "missing" because the stale value was 1.0)."""
+    fields = dict(op="quantize_fp8", backend="test", fp8_formats=FORMATS, fp8_preset=tn._torch_fp8_preset())
+    kernel = Kernel(Contract(name="q.scale_memo", **fields), scale_memo_by_address(), "test")
+    chosen = [c for c in catalogue("quantize_fp8", "quick", kernel.contract)
+              if c.cls == "fp8" and c.p.get("fp8") == "e4m3fn" and "shape" not in c.p and c.p.get("values") == "random"]
+    outcomes = [run_case(kernel, c) for c in chosen]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed, [c.id for c in chosen]
+    assert all(o.cause and o.cause["id"] in ("stale_state", "not_reproducible") for o in failed), \
+        [o.message[-600:] for o in failed]
+
+
+def test_a_rerun_elsewhere_builds_at_other_addresses_and_names_stale_state():
+    """The rerun the diagnosis uses for address-keyed state: with ballast held, the case's tensors
+    land where the previous build's did not; a kernel whose memo hits at every address it has seen
+    fails a plain rerun and passes the one elsewhere, which names stale_state."""
+    from oracle.buffers import Arena
+    from oracle.diagnose.engine import explain_rejection
+    from oracle.ops import get_spec
+    from oracle.runner import Outcome, _rerun
+
+    fields = dict(op="quantize_fp8", backend="test", fp8_formats=FORMATS, fp8_preset=tn._torch_fp8_preset())
+    seen = []
+
+    def recording(out, x, scale, fmt):
+        seen.append(scale.data_ptr())
+        tn.quantize_fp8(out, x, scale, fmt)
+
+    kernel = Kernel(Contract(name="q.recording", **fields), recording, "test")
+    spec = get_spec("quantize_fp8")
+    case = next(c for c in catalogue("quantize_fp8", "quick", kernel.contract) if c.p.get("scale") == "0.0123")
+    like = Arena("cpu", case.seed)
+    spec.build(case, like, np.random.default_rng(case.seed), kernel.contract)
+    assert _rerun(kernel, spec, case, lambda p: None)
+    assert _rerun(kernel, spec, case, lambda p: None)
+    assert seen[0] == seen[1]  # a plain rebuild reuses the freed address
+    assert _rerun(kernel, spec, case, lambda p: None, like=like)
+    assert seen[2] != seen[1]
+
+    rerun = lambda other, change, elsewhere=False: elsewhere  # noqa: E731  stale wherever it has been
+    failed = explain_rejection(Outcome(FAIL, "accepted\ncause: x [validation_missing]",
+                                       cause={"id": "validation_missing"}), case, rerun=rerun)
+    assert failed.cause["id"] == "stale_state" and "validation_missing" not in failed.message

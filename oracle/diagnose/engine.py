@@ -78,7 +78,7 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
     repeat = bool(case.p.get("repeat"))
     # before any hypothesis, which might match a stateful kernel's result by chance (a repeat
     # case's second call is what its stale-state hypotheses are for: there it comes before probes)
-    again = None if repeat else _passes_again(failed, case, rerun)
+    again = (None if repeat else _passes_again(failed, case, rerun)) or _passes_elsewhere(failed, case, rerun)
     if again is not None:
         return again
     diagnosis = diagnose(spec, case, contract, prepared, after, regions)
@@ -100,6 +100,13 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
             or _probe(failed, case, contract, rerun, inside) or _with_pattern(failed, diagnosis))
 
 
+def explain_rejection(failed, case, *, rerun):
+    """A bad input not rejected as it must be: whether the same case, built at other addresses,
+    is rejected (then a check or a memo kept from an earlier call at these addresses let it
+    through)."""
+    return _passes_elsewhere(failed, case, rerun) or failed
+
+
 def explain_returned(failed, case, *, rerun):
     """A wrong returned tensor that no misread explains (spec.check_returned): whether the case
     passes when run again (then it depends on earlier calls)."""
@@ -116,6 +123,19 @@ def _passes_again(failed, case, rerun):
     """``failed`` named not_reproducible where the same case, built and run once more, passes (the
     failure depends on what ran before it, or on timing; no probe could tell anything); else None."""
     return _not_reproducible(failed) if rerun(case, _unchanged) else None
+
+
+def _passes_elsewhere(failed, case, rerun):
+    """``failed`` named stale_state where the same case, built at other addresses, passes: the
+    kernel keeps state keyed on tensor addresses (a memo of a mapping, a scale or a check) from
+    an earlier call on other data; else None."""
+    if not rerun(case, _unchanged, elsewhere=True):
+        return None
+    if failed.cause is not None:  # what the judgement named (validation_missing) is not the cause
+        failed.message, failed.cause = failed.message[:failed.message.rfind("\ncause: ")], None
+    return named(failed, Hypothesis("stale_state", "the same case, built again at other addresses, passed: "
+                                    "the kernel reuses what it kept from an earlier call on tensors at these "
+                                    "addresses (a memo of a mapping, a scale or a check keyed on data_ptr)"))
 
 
 def _probe(failed, case, contract, rerun, inside):

@@ -66,6 +66,10 @@ def index_hypotheses(arena) -> list[Hypothesis]:
                                   "elements ignored)",
                                   views={index.name: (index.shape, index.strides, start)},
                                   override=ANY_DUPLICATES))
+        if index.itemsize == 8 and len(index.shape) == 1 and index.strides == contiguous_strides(index.shape):
+            out.append(Hypothesis("index_dtype_misread", f"{index.name}'s int64 entries read as int32 (each "
+                                  "entry's low and high words taken as two entries: slot, then 0 or -1)",
+                                  inputs={index.name: _as_int32_words}, override=ANY_DUPLICATES))
         if index.shape and index.shape[0] > 1 and len(index.shape) == 1:
             n = index.shape[0]
             for k in dropped_counts(n):
@@ -74,6 +78,11 @@ def index_hypotheses(arena) -> list[Hypothesis]:
                         f"whole tile of {min(t for t in TILES if n % t == k)}: a grid of n // tile programs)")
                 out.append(Hypothesis("rows_dropped", what, views={index.name: ((n - k,), index.strides, index.offset)}))
     return out
+
+
+def _as_int32_words(entries: np.ndarray) -> np.ndarray:
+    """The first ``len(entries)`` int32 words of int64 ``entries`` (little-endian), as int64."""
+    return np.ascontiguousarray(entries).view(np.int32)[:entries.shape[0]].astype(entries.dtype)
 
 
 def source_hypotheses(views: dict) -> list[Hypothesis]:

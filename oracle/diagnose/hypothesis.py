@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 CAUSES = {
     "index_stride_ignored": "the index tensor's stride is ignored (read as if contiguous)",
     "index_offset_ignored": "the index tensor's storage offset is ignored",
+    "index_dtype_misread": "the index's entries are read with another width (int64 read as int32)",
     "storage_offset_ignored": "a source's or a cache's storage offset is ignored (addressed from its storage's start)",
     "source_stride_ignored": "a source's row stride is ignored (rows read as if packed)",
     "cache_strides_swapped": "one cache is addressed with the other cache's strides",

@@ -211,6 +211,11 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
                 Hypothesis("scale_inverted", "an inverted scale (x * scale instead of x / scale)",
                            {"scale": "inverted"})]
         out += _tail_hypotheses(row_width or 0)
+        if p.get("scale") == "head" and row_width and p["shape"][0] > 1:
+            out += [Hypothesis("scale_misindexed", f"the per-head scale read once per {vector}-element vector "
+                               "along each token's [H * D] elements (a vector that crosses into the next head "
+                               "keeps the previous head's scale)", {"scale": f"vector_head={vector}"})
+                    for vector, _ in vector_tails(row_width)]
         if p.get("dtype") in ("float16", "bfloat16"):
             out += [Hypothesis("fp8_conversion", f"the quotient computed in {p['dtype']} ({how}), then "
                                "converted to fp8: the scale and the quotient each rounded to "
@@ -277,6 +282,12 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
                                   {"intermediate": inter}))
     out.append(Hypothesis("fp8_conversion", f"saturate={not declared.saturate}",
                           {"saturate": not declared.saturate, "inf": None}))
+    if form.name == "e5m2":  # e5m2 is float16's top byte: the classic shortcut through float16 bits
+        out += [Hypothesis("fp8_conversion", f"the e5m2 code taken as the top byte of the float16 value {how} "
+                           "(float16 rounding first; past 65504 float16's inf; NaN float16's quiet 0x7E)",
+                           {"intermediate": "float16", "saturate": False, "inf": None, "nan": "0x7E|sign", **extra})
+                for how, extra in (("(bits >> 8: truncated)", {"rounding": "toward_zero"}),
+                                   ("rounded to nearest even on its low byte", {}))]
     if declared.rounding != "toward_zero":
         out.append(Hypothesis("round_toward_zero", "fp8 codes rounded toward zero (the mantissa "
                               "truncated) instead of to nearest even", {"rounding": "toward_zero"}))
@@ -421,7 +432,9 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     sign-magnitude conversion that takes the sign from ``x < 0``); "source_dtype_div" and
     "source_dtype_mul" (the quotient in the 16-bit source's own arithmetic: the scale, or its
     float32 reciprocal, rounded to that type, the quotient or product rounded to it, as ``__hdiv``
-    and ``__hmul`` compute)."""
+    and ``__hmul`` compute); "vector_head=V" (a per-head scale read once per V-element vector
+    along each token's flat ``[H * D]`` elements: a vector that starts in head h scales all its
+    elements by head h's scale)."""
     if mode is None:
         return source, scale
     if mode == "one":
@@ -446,6 +459,11 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             else:
                 reciprocal = (_F32(1) / divisor.astype(_F32)).astype(narrow)
                 quotient = (source * reciprocal).astype(narrow).astype(_F32)
+        elif mode.startswith("vector_head="):  # each V-element vector of the flat [H * D] row: its first head's scale
+            vector, (heads, dim) = int(mode.split("=")[1]), widened.shape[head_axis:][:2]
+            flat = np.asarray(scale, _F32).reshape(-1)
+            first = np.arange(heads * dim) // vector * vector // dim
+            quotient = widened / flat[first % flat.size].reshape(heads, dim)
         elif mode.startswith("tail_unscaled="):  # the last D % V elements of each row unscaled
             width = widened.shape[-1]
             main = width - width % int(mode.split("=")[1])

@@ -18,6 +18,7 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
+from ..diagnose.generic import VECTOR_LENGTHS
 from ..diagnose.hypothesis import Hypothesis
 from . import _build, _fp8cases
 from .base import Case, OpSpec, Prepared
@@ -68,6 +69,19 @@ class QuantizeFp8(OpSpec):
         return Prepared(arena, (out, x, scale, fmt), ("out",))
 
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
+        """Overrides: those of :func:`_fp8cases.resolve`, and ``flat_tail=V`` with ``tail={...}``
+        (the last ``numel % V`` elements of the flattened tensor, past its last whole V-element
+        vector, converted under the ``tail`` overrides: a vector loop's scalar remainder that
+        converts another way)."""
+        flat_tail, tail = override.pop("flat_tail", None), override.pop("tail", {})
+        if flat_tail:
+            body = self.expected(prepared, case, contract, **override)["out"]
+            rest = body.size % flat_tail
+            if not rest or rest == body.size:
+                raise ValueError(f"flat_tail={flat_tail}: no remainder of its own in {body.size} elements")
+            out = body.reshape(-1).copy()
+            out[-rest:] = self.expected(prepared, case, contract, **(override | tail))["out"].reshape(-1)[-rest:]
+            return {"out": out.reshape(body.shape)}
         fmt = self.p_with_defaults(case)["fp8"]
         fmt, mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
         if rest:
@@ -81,7 +95,38 @@ class QuantizeFp8(OpSpec):
         head 0."""
         p = self.p_with_defaults(case)
         return (_fp8cases.alternatives(p, contract, row_width=p["shape"][1])
-                + _fp8cases.scale_hypotheses(p, ("scale",), p["shape"][0]))
+                + _fp8cases.scale_hypotheses(p, ("scale",), p["shape"][0]) + _flat_tail_hypotheses(p, contract))
 
     def bad_inputs(self) -> tuple:
         return ("x_dtype", "scale_dtype", "out_dtype", "shape_mismatch", "fmt")
+
+
+def _flat_tail_hypotheses(p: dict, contract: Contract) -> list[Hypothesis]:
+    """A vector loop over the flattened tensor whose scalar remainder (the last ``numel % V``
+    elements) converts another way: rounding toward zero or ties away, the other saturation, or
+    no scale; for each vector length V that leaves a remainder of its own."""
+    heads, dim = p["shape"]
+    try:
+        declared = contract.knobs(p["fp8"])
+    except (TypeError, ValueError):
+        return []
+    ways = [("rounded toward zero", {"rounding": "toward_zero"}), ("with ties away from zero", {"rounding": "ties_away"}),
+            (f"{'not ' if declared.saturate else ''}saturated", {"saturate": not declared.saturate, "inf": None})]
+    if p.get("scale", "1.0") != "1.0":
+        ways.append(("without the scale", {"scale": "one"}))
+    return [Hypothesis("fp8_conversion", f"the last {rest} elements of the flattened tensor (past its last whole "
+                       f"{vector}-element vector: a scalar remainder loop) converted {how}",
+                       {"flat_tail": vector, "tail": change})
+            for vector, rest in _remainders(p["n"] * heads * dim) for how, change in ways]
+
+
+def _remainders(total: int) -> list[tuple[int, int]]:
+    """(vector, remainder) for each vector length of the flattened loop that leaves a remainder of
+    its own (neither none nor everything)."""
+    seen, out = set(), []
+    for vector in VECTOR_LENGTHS:
+        rest = total % vector
+        if 0 < rest < total and rest not in seen:
+            seen.add(rest)
+            out.append((vector, rest))
+    return out
