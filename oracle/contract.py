@@ -87,6 +87,7 @@ class Contract:
     strided_index: bool = True  # honours the index tensor's stride and storage offset
     aliased_caches: bool = True  # caches may be views of one tensor or at a storage offset
     shared_cache_strides: bool = False  # reads one cache's strides for both (K's and V's must match)
+    distinct_kv_widths: bool = True  # store_cache: V's rows may be narrower or wider than K's
     row_bytes_multiple: int = 1  # rows whose byte width is not a multiple are out of contract
     large_caches: bool = True  # offsets past 2**31 elements (64-bit offset arithmetic)
     dcp_world: int = 1  # set_mla_kv_buffer under decode-context parallelism: this rank keeps the
@@ -279,7 +280,8 @@ def gaps(contract: Contract, needs: dict) -> list[Gap]:
     for key, attr, text in (("strided_source", "strided_sources", "a non-contiguous source"),
                             ("strided_index", "strided_index", "a strided or offset index tensor"),
                             ("aliased_caches", "aliased_caches", "caches that alias one allocation"),
-                            ("large_cache", "large_caches", "offsets past 2**31 elements")):
+                            ("large_cache", "large_caches", "offsets past 2**31 elements"),
+                            ("distinct_kv_widths", "distinct_kv_widths", "K and V rows of different widths")):
         if needs.get(key) and not getattr(contract, attr):
             out.append(Gap(key, f"{text}; the kernel declares {attr}=False", key != "large_cache"))
     if needs.get("longer_source") and contract.source_rows != "index":

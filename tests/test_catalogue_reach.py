@@ -401,3 +401,22 @@ def test_a_shift_and_mask_that_disagree_are_named():
     failed = [o for o in outcomes if o.status == FAIL]
     assert failed and all(o.cause["id"] == "block_size_power_of_two" and "disagree" in o.cause["text"]
                           for o in failed), [o.message for o in failed]
+
+
+def one_row_width(k, v, k_cache, v_cache, loc):
+    """One row width for both, the narrower one (as a kernel that sizes its copy from one of its
+    sources): the wider source's rows copied only that far, from its row starts."""
+    width = min(k.shape[1] * k.shape[2], v.shape[1] * v.shape[2])
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        for i, slot in enumerate(loc.tolist()):
+            if slot >= 0:
+                row = torch.as_strided(src, (width,), (1,), src.storage_offset() + i * src.stride(0))
+                torch.as_strided(cache, (width,), (1,), cache.storage_offset() + slot * cache.stride(0)).copy_(row)
+
+
+def test_one_row_width_for_k_and_v_is_caught_and_named():
+    odd = cases("store_cache", lambda c: len(c.p.get("shape", ())) == 3)
+    outcomes = [run_case(kernel("store_cache", one_row_width), c) for c in odd]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed and all(o.cause and o.cause["id"] == "cache_strides_swapped" and "row width" in o.cause["text"]
+                          for o in failed), [o.message[-800:] for o in outcomes]

@@ -262,6 +262,30 @@ def _shift_mask_mismatch(views: dict, paged: list, block_size: int, wrong: int) 
     return out
 
 
+def width_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
+    """Two sources whose rows differ in width, each with the cache of its own width: each one's
+    rows copied with the other's width (a kernel that takes one row width for both), from its own
+    row starts, in its own row strides or in the other's."""
+    sources = [v for v in _by_role(views, "source") if len(v.shape) == 3]
+    caches = [views[n] for n in written if n in views and len(views[n].shape) == 3]
+    if len(sources) != 2 or len(caches) != 2 or sources[0].shape[-1] == sources[1].shape[-1]:
+        return []
+    pair = {s.name: next((c for c in caches if c.shape[1:] == s.shape[1:]), None) for s in sources}
+    if None in pair.values() or pair[sources[0].name] is pair[sources[1].name]:
+        return []
+    out = []
+    for src, other in (sources, sources[::-1]):
+        cache, other_cache = pair[src.name], pair[other.name]
+        flat = int(np.prod(other.shape[1:]))
+        for (s_stride, c_stride), how in (((src.strides[0], cache.strides[0]), "its own row strides"),
+                                          ((other.strides[0], other_cache.strides[0]), f"{other.name}'s row strides")):
+            out.append(Hypothesis("cache_strides_swapped", f"{src.name}'s rows copied with {other.name}'s row width "
+                                  f"({flat} elements where they hold {int(np.prod(src.shape[1:]))}), with {how}",
+                                  views={src.name: ((src.shape[0], 1, flat), (s_stride, flat, 1), src.offset),
+                                         cache.name: ((cache.shape[0], 1, flat), (c_stride, flat, 1), cache.offset)}))
+    return out
+
+
 VECTOR_BYTES = 16  # the widest plain vector store
 
 
@@ -399,5 +423,6 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + adjacency_hypotheses(views) + nan_bits_hypotheses(case, views)
             + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches, getattr(spec, "paged", False))
+            + width_hypotheses(views, prepared.caches)
             + overrun_hypotheses(views, prepared.caches) + tail_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared))

@@ -1,10 +1,14 @@
 """``store_cache(k, v, k_cache, v_cache, loc)``: sglang's flat K/V scatter.
 
 k, v ``[N, H, D]`` with any row stride (often slices of one fused qkv tensor); caches ``[S, H, D]``;
-loc int32 or int64 ``[N]``. Rows are copied bitwise (fp8 pools are passed as uint8).
+loc int32 or int64 ``[N]``. Rows are copied bitwise (fp8 pools are passed as uint8). V's head
+size may differ from K's (shape ``(H, Dk, Dv)``: MLA-style heads of 192 and 128, which sglang's
+writer takes as separate K and V row widths); each cache has its own source's width.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -21,7 +25,8 @@ class StoreCache(OpSpec):
     signature = "store_cache(k, v, k_cache, v_cache, loc)"
     dtypes = ("bfloat16", "float16", "float32", "uint8")
     default_shape = (8, 128)  # (heads, head_dim)
-    shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (1, 96), (1, 97))
+    # (heads, head_dim) or (heads, k_head_dim, v_head_dim)
+    shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (1, 96), (1, 97), (8, 192, 128), (1, 64, 97))
     large_n_shape = (2, 64)
     sources = ("k", "v")
     aliasing = ("aliased", "offset", "unequal")
@@ -32,19 +37,33 @@ class StoreCache(OpSpec):
 
         return st.tuples(st.integers(1, 8), st.integers(1, 130))
 
+    @staticmethod
+    def dims(p: dict) -> tuple[int, int, int]:
+        """(heads, K's head size, V's head size) of a case."""
+        heads, dim = p["shape"][:2]
+        return heads, dim, p["shape"][2] if len(p["shape"]) > 2 else dim
+
     def row_bytes(self, case: Case) -> int:
+        """Bytes of a row, the gcd of K's and V's, so a declared multiple divides both."""
         p = self.p_with_defaults(case)
-        heads, dim = p["shape"]
-        return heads * dim * NUMPY_DTYPES[p["dtype"]].itemsize
+        heads, k_dim, v_dim = self.dims(p)
+        return math.gcd(heads * k_dim, heads * v_dim) * NUMPY_DTYPES[p["dtype"]].itemsize
+
+    def needs(self, case: Case) -> dict:
+        out = super().needs(case)
+        heads, k_dim, v_dim = self.dims(self.p_with_defaults(case))
+        if k_dim != v_dim:
+            out["distinct_kv_widths"] = out["cache_strides"] = True
+        return out
 
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
         p = self.p_with_defaults(case)
-        heads, dim = p["shape"]
+        heads, dim, v_dim = self.dims(p)
         n, dtype = p["n"], p["dtype"]
         num_slots = _build.LARGE_UNITS if p.get("large") else max(2 * n, 64) + 3
         k, v = _build.rows(arena, ("k", "v"), (_build.values(rng, (n, heads, dim), dtype, p["values"]),
-                                               _build.values(rng, (n, heads, dim), dtype, p["values"])), p["src"], rng)
-        shapes = ((num_slots, heads, dim),) * 2
+                                               _build.values(rng, (n, heads, v_dim), dtype, p["values"])), p["src"], rng)
+        shapes = ((num_slots, heads, dim), (num_slots, heads, v_dim))
         if p.get("large"):
             k_cache, v_cache = _build.large_caches(arena, ("k_cache", "v_cache"), shapes)
             entries = _build.large_slots(rng, n)
@@ -58,7 +77,7 @@ class StoreCache(OpSpec):
         if bad == "dtype_mismatch":
             k = k.to(torch.float16 if k.dtype != torch.float16 else torch.float32)
         elif bad == "shape_mismatch":
-            v = v[:, :, : dim - 1]
+            v = v[:, :, : v_dim - 1]
         elif bad == "index_dtype":
             loc = loc.to(torch.int16)
         elif bad == "loc_length":
