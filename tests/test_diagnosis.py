@@ -204,3 +204,21 @@ def test_an_int64_index_read_as_int32_is_named():
     failed = [o for o in failed if o.status == FAIL]
     assert failed
     assert all(o.cause and o.cause["id"] == "index_dtype_misread" for o in failed), [o.message for o in failed]
+
+
+def truncates_before_the_padding_test(k, v, k_cache, v_cache, loc):
+    """``int slot = loc[i]; if (slot < 0) continue;``: an int64 entry truncated to 32 bits first."""
+    slots = loc.to(torch.int32).long()
+    keep = slots >= 0
+    k_cache[slots[keep]] = k[keep]
+    v_cache[slots[keep]] = v[keep]
+
+
+def test_an_int64_index_truncated_before_the_padding_test_is_named():
+    kernel = Kernel(Contract(op="store_cache", name="t.truncated", backend="test", padding="negative"),
+                    truncates_before_the_padding_test, "test")
+    case = next(c for c in catalogue("store_cache", "quick", kernel.contract) if c.id == "int64-pad_negative")
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL
+    assert outcome.cause and outcome.cause["id"] == "index_dtype_misread" and "truncated" in outcome.cause["text"], \
+        outcome.message[-1000:]

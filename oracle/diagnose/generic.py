@@ -70,6 +70,10 @@ def index_hypotheses(arena) -> list[Hypothesis]:
             out.append(Hypothesis("index_dtype_misread", f"{index.name}'s int64 entries read as int32 (each "
                                   "entry's low and high words taken as two entries: slot, then 0 or -1)",
                                   inputs={index.name: _as_int32_words}, override=ANY_DUPLICATES))
+        if index.itemsize == 8:
+            out.append(Hypothesis("index_dtype_misread", f"{index.name}'s int64 entries truncated to int32 (their "
+                                  "low word) before the padding test: a negative entry whose low word is a slot "
+                                  "is written there", inputs={index.name: _truncated_to_int32}, override=ANY_DUPLICATES))
         if index.shape and index.shape[0] > 1 and len(index.shape) == 1:
             n = index.shape[0]
             for k in dropped_counts(n):
@@ -78,6 +82,15 @@ def index_hypotheses(arena) -> list[Hypothesis]:
                         f"whole tile of {min(t for t in TILES if n % t == k)}: a grid of n // tile programs)")
                 out.append(Hypothesis("rows_dropped", what, views={index.name: ((n - k,), index.strides, index.offset)}))
     return out
+
+
+def _truncated_to_int32(entries: np.ndarray) -> np.ndarray:
+    """int64 ``entries`` as a cast to int32 leaves them (the low word, wrapped), as int64; a
+    ValueError (no hypothesis to replay) where every entry fits int32 and nothing changes."""
+    low = entries.astype(np.int32).astype(entries.dtype)
+    if np.array_equal(low, entries):
+        raise ValueError("every entry fits int32")
+    return low
 
 
 def _as_int32_words(entries: np.ndarray) -> np.ndarray:

@@ -90,8 +90,9 @@ def slots(rng: np.random.Generator, n: int, num_slots: int, *, padding: str | No
     if n and padding:
         count = max(1, n // 8) if padding != "negative" else max(min(n // 2, len(NEGATIVE_KINDS)), n // 8, 1)
         marked = rng.choice(n, size=count, replace=False)
-        out[marked] = (negative_padding(count, num_slots, index_dtype) if padding == "negative"
-                       else int(padding.split(":")[1]))
+        unused = np.setdiff1d(np.arange(num_slots), np.delete(out, marked))
+        out[marked] = (negative_padding(count, num_slots, index_dtype, int(unused[unused.size // 2]) if unused.size else None)
+                       if padding == "negative" else int(padding.split(":")[1]))
     if n > 1 and dups:
         targets = rng.choice(n, size=max(1, n // 8), replace=False)
         out[targets] = out[rng.integers(0, n, size=targets.size)]
@@ -114,16 +115,20 @@ def run_of_slots(n: int, num_slots: int, skip=frozenset()) -> np.ndarray:
     return out
 
 
-NEGATIVE_KINDS = ("-1", "dtype min", "-2", "below -num_slots", "large")
+NEGATIVE_KINDS = ("-1", "dtype min", "-2", "below -num_slots", "large", "low word a slot")
 
 
-def negative_padding(count: int, num_slots: int, index_dtype: str) -> np.ndarray:
+def negative_padding(count: int, num_slots: int, index_dtype: str, unused: int | None = None) -> np.ndarray:
     """``count`` padding entries cycling through every kind of negative: -1, the index dtype's
-    minimum, -2, ``-(num_slots + 1)`` and ``-(2**24 + 3)``. A kernel that skips only ``slot ==
-    -1`` then writes -2 two rows before the cache (inside the guard band), wraps ``-(num_slots +
-    1)`` and the large ones past it, or overflows on the minimum."""
+    minimum, -2, ``-(num_slots + 1)``, ``-(2**24 + 3)`` and, for int64, ``-(2**32) + unused``,
+    whose low 32-bit word is ``unused``, a slot no real entry writes (-3 where there is none, or
+    for int32). A kernel that skips only ``slot == -1`` then writes -2 two rows before the cache
+    (inside the guard band), wraps ``-(num_slots + 1)`` and the large ones past it, or overflows
+    on the minimum; one that truncates the slot to 32 bits before its ``slot < 0`` test writes
+    slot ``unused``."""
+    low_word = -(2**32) + unused if unused is not None and NUMPY_DTYPES[index_dtype].itemsize == 8 else -3
     kinds = np.array([-1, np.iinfo(NUMPY_DTYPES[index_dtype]).min, -2, -(num_slots + 1),
-                      -(2**24 + 3)], dtype=np.int64)
+                      -(2**24 + 3), low_word], dtype=np.int64)
     return kinds[np.arange(count) % kinds.size]
 
 
