@@ -22,8 +22,10 @@ same op (V next to K) gets a different scale, 2.61 times larger, so swapping the
   per-head scales reach 85-99% of them, scale 1 all.
 - "double_rounding": float32 sources whose quotient rounds to a different code when it is first
   rounded to float16 or bfloat16: for every tie, quotients one ulp, 0.75 and 2 float16 half-ulps
-  from it on the side away from the even code (the last only bfloat16 pulls back to the tie), and
-  the witnesses 0x3F080001 and 0x3F37F333 (e4m3fn: 0x31 direct, 0x30 via float16; 0x33 and 0x34).
+  from it on the side away from the even code (the last only bfloat16 pulls back to the tie), one
+  float32 ulp below every code (truncation keeps the code below; float16 rounding first lands on
+  the code), and the witnesses 0x3F080001 and 0x3F37F333 (e4m3fn: 0x31 direct, 0x30 via float16;
+  0x33 and 0x34).
 
 The value sets are built in float32 and the spec uses float32 sources for them unless the case
 names a dtype (then the sources are rounded to it and the exactness is lost, knowingly).
@@ -181,7 +183,9 @@ def double_rounding_pool(fmt: str) -> np.ndarray:
     exponent = np.floor(np.log2(ties))
     half16 = np.exp2(np.maximum(exponent - 10, -24)) / 2  # float16 half-ulp (subnormals: 2**-25)
     one_ulp = np.nextafter(ties.astype(_F32), (away * np.inf).astype(_F32)).astype(np.float64)
-    targets = np.concatenate([one_ulp, ties + away * 0.75 * half16, ties + away * 2 * half16])
+    # just below each code: plain truncation keeps the code below, float16 rounding first lands on it
+    below = np.nextafter(codes[1:].astype(_F32), _F32(0)).astype(np.float64)
+    targets = np.concatenate([one_ulp, ties + away * 0.75 * half16, ties + away * 2 * half16, below])
     literals = np.array(LITERAL_WITNESSES, np.uint32).view(_F32).astype(np.float64)
     pool = _signed(np.concatenate([targets, literals]))
     pool.flags.writeable = False
@@ -282,12 +286,6 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
                                   {"intermediate": inter}))
     out.append(Hypothesis("fp8_conversion", f"saturate={not declared.saturate}",
                           {"saturate": not declared.saturate, "inf": None}))
-    if form.name == "e5m2":  # e5m2 is float16's top byte: the classic shortcut through float16 bits
-        out += [Hypothesis("fp8_conversion", f"the e5m2 code taken as the top byte of the float16 value {how} "
-                           "(float16 rounding first; past 65504 float16's inf; NaN float16's quiet 0x7E)",
-                           {"intermediate": "float16", "saturate": False, "inf": None, "nan": "0x7E|sign", **extra})
-                for how, extra in (("(bits >> 8: truncated)", {"rounding": "toward_zero"}),
-                                   ("rounded to nearest even on its low byte", {}))]
     if declared.rounding != "toward_zero":
         out.append(Hypothesis("round_toward_zero", "fp8 codes rounded toward zero (the mantissa "
                               "truncated) instead of to nearest even", {"rounding": "toward_zero"}))
@@ -297,6 +295,12 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
     if declared.subnormals != "flush":
         out.append(Hypothesis("subnormals_flushed", "fp8 subnormal results flushed to zero of "
                               "their sign", {"subnormals": "flush"}))
+    if form.name == "e5m2":  # e5m2 is float16's top byte: the classic shortcut through float16 bits
+        out += [Hypothesis("fp8_conversion", f"the e5m2 code taken as the top byte of the float16 value {how} "
+                           "(float16 rounding first; past 65504 float16's inf; NaN float16's quiet 0x7E)",
+                           {"intermediate": "float16", "saturate": False, "inf": None, "nan": "0x7E|sign", **extra})
+                for how, extra in (("(bits >> 8: truncated)", {"rounding": "toward_zero"}),
+                                   ("rounded to nearest even on its low byte", {}))]
     if declared.negative_zero != "positive" and not form.fnuz:  # fnuz has no -0 to lose
         out.append(Hypothesis("negative_zero_mishandled", "-0 written as +0 (0x00 instead of 0x80)",
                               {"negative_zero": "positive"}))
