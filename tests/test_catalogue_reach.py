@@ -420,3 +420,25 @@ def test_one_row_width_for_k_and_v_is_caught_and_named():
     failed = [o for o in outcomes if o.status == FAIL]
     assert failed and all(o.cause and o.cause["id"] == "cache_strides_swapped" and "row width" in o.cause["text"]
                           for o in failed), [o.message[-800:] for o in outcomes]
+
+
+def rope_at_aligned_offset(kv_buffer, loc, cache_k_nope, cache_k_rope):
+    """nope's end rounded up to 16 bytes for rope's offset (a vectorized store's alignment), rope
+    written there, row by row (in rows of 97 + 31 of 141 elements, it fits)."""
+    nope_w, rope_w = cache_k_nope.shape[1], cache_k_rope.shape[1]
+    itemsize = kv_buffer.element_size()
+    at = -(-nope_w * itemsize // 16) * 16 // itemsize
+    for i, slot in enumerate(loc.tolist()):
+        kv_buffer[slot, :nope_w] = cache_k_nope[i]
+        start = kv_buffer.storage_offset() + slot * kv_buffer.stride(0) + at
+        torch.as_strided(kv_buffer, (rope_w,), (1,), start).copy_(cache_k_rope[i])
+
+
+def test_rope_at_an_aligned_offset_is_named():
+    contract = kernel("set_mla_kv_buffer", rope_at_aligned_offset, aliased_caches=False)
+    odd = cases("set_mla_kv_buffer", lambda c: c.p.get("shape") == (97, 31, 141) and c.p.get("dtype", "bfloat16") == "bfloat16",
+                contract.contract)
+    outcomes = [run_case(contract, c) for c in odd]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed and all(o.cause and o.cause["id"] == "part_misplaced" and "rounded up to 16 bytes" in o.cause["text"]
+                          for o in failed), [o.message[-800:] for o in outcomes]

@@ -205,3 +205,4 @@ def test_concat_and_cache_mla_bad_arguments(fmt, change, error, message):
     positional = [args.pop(k) for k in ("kv_cache", "slot_mapping", "kv_c", "k_pe")]
     with pytest.raises(error, match=message):
         concat_and_cache_mla(*positional, **args)
+

@@ -54,7 +54,7 @@ class SetMlaKvBuffer(OpSpec):
     default_shape = (512, 64)  # (nope, rope); uint8 defaults to the fp8 byte layout 528 + 128
     shapes = ((512, 64), (528, 64), (256, 64), (128, 64), (512, 32),  # sglang's grid
               (528, 128), (528, 128, 700),  # the fp8 byte layout, also in a wider row
-              (512, 64, 640), (97, 31, 133),  # W wider than nope + rope: the tail stays untouched
+              (512, 64, 640), (97, 31, 141),  # W wider than nope + rope: the tail stays untouched
               (511, 65), (97, 31), (1, 1))  # odd widths: alignment fallbacks
     large_n_shape = (128, 64)
     sources = ("nope", "rope")
@@ -127,8 +127,17 @@ class SetMlaKvBuffer(OpSpec):
         if rope_at is None:
             return {"kv_buffer": reference.set_mla_kv_buffer(buffer, loc, nope, rope, **policies)}
         out = reference.set_mla_kv_buffer(buffer, loc, nope, rope[:, :0], **policies)
-        out[:, rope_at:] = reference.set_mla_kv_buffer(out[:, rope_at:], loc, rope, nope[:, :0],
-                                                       **policies)
+        if not isinstance(out, np.ndarray):
+            raise ValueError("rope_at= is not replayed on duplicated slots")
+        # row r's rope at element r * W + rope_at of the packed buffer: past the row's end it runs
+        # into the next row (a row whose rope would leave the buffer is out of range)
+        width, rope_w = out.shape[1], rope.shape[1]
+        rows = (out.size - rope_at - rope_w) // width + 1
+        if rows <= 0:
+            raise ValueError(f"rope_at={rope_at}: no row's rope fits in the buffer")
+        window = np.lib.stride_tricks.as_strided(out.reshape(-1)[rope_at:], (rows, rope_w),
+                                                 (width * out.itemsize, out.itemsize))
+        window[...] = reference.set_mla_kv_buffer(np.array(window), loc, rope, nope[:, :0], **policies)
         return {"kv_buffer": out}
 
     def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
@@ -151,6 +160,17 @@ class SetMlaKvBuffer(OpSpec):
             out.append(Hypothesis("part_misplaced", f"rope written at element {nope * itemsize} "
                                   "(nope's byte size used as an element offset)",
                                   {"rope_at": nope * itemsize}))
+        for align in (16, 32, 64, 128):  # rope's offset rounded up to an aligned byte boundary
+            at = -(-nope * itemsize // align) * align // itemsize
+            if at != nope and at * itemsize % align == 0 and all(h.override.get("rope_at") != at for h in out):
+                out.append(Hypothesis("part_misplaced", f"rope written at element {at}, nope's end rounded up to "
+                                      f"{align} bytes, instead of at element {nope}"
+                                      + (" (past the row's end: into the next row)" if at + rope > width else ""),
+                                      {"rope_at": at}))
+        for hardcoded in (512,):  # DeepSeek's kv_lora_rank
+            if hardcoded != nope and all(h.override.get("rope_at") != hardcoded for h in out):
+                out.append(Hypothesis("part_misplaced", f"rope written at element {hardcoded} (a hard-coded "
+                                      f"kv_lora_rank) instead of at element {nope}", {"rope_at": hardcoded}))
         return out
 
     def bad_inputs(self) -> tuple:
