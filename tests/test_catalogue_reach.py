@@ -442,3 +442,21 @@ def test_rope_at_an_aligned_offset_is_named():
     failed = [o for o in outcomes if o.status == FAIL]
     assert failed and all(o.cause and o.cause["id"] == "part_misplaced" and "rounded up to 16 bytes" in o.cause["text"]
                           for o in failed), [o.message[-800:] for o in outcomes]
+
+
+def one_past_each_row(k, v, k_cache, v_cache, loc):
+    """A copy loop with an inclusive bound: each row's elements 0..width, the last read past the
+    source row and written past the cache row (into the next slot's first element)."""
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        width = src.shape[1] * src.shape[2]
+        for i, slot in enumerate(loc.tolist()):
+            row = torch.as_strided(src, (width + 1,), (1,), src.storage_offset() + i * src.stride(0))
+            torch.as_strided(cache, (width + 1,), (1,), cache.storage_offset() + slot * cache.stride(0)).copy_(row)
+
+
+def test_an_inclusive_loop_bound_is_named():
+    picked = cases("store_cache", lambda c: c.cls == "sizes" and c.p.get("shape") in ((1, 46), (1, 97)))
+    outcomes = [run_case(kernel("store_cache", one_past_each_row), c) for c in picked]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed and all(o.cause and o.cause["id"] == "row_overrun" and "inclusive" in o.cause["text"]
+                          for o in failed), [o.message[-800:] for o in outcomes]

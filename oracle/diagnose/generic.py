@@ -315,13 +315,19 @@ def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
         return []
     width = int(np.prod(caches[0].shape[1:]))
     itemsize = caches[0].itemsize
-    rounded = -(-width * itemsize // VECTOR_BYTES) * VECTOR_BYTES // itemsize
-    if rounded == width or any(int(np.prod(v.shape[1:])) != width for v in rows):
+    if any(int(np.prod(v.shape[1:])) != width for v in rows):
         return []
-    out = [Hypothesis("row_overrun", f"each row copied as whole {VECTOR_BYTES}-byte vectors: "
-                      f"{rounded * itemsize} bytes where a row has {width * itemsize}, past its end",
-                      views={v.name: ((v.shape[0], 1, rounded), (v.strides[0], rounded, 1), v.offset)
+    out = [Hypothesis("row_overrun", f"each row copied one element past its end ({width + 1} of {width}: an "
+                      "inclusive loop bound, j <= width)",
+                      views={v.name: ((v.shape[0], 1, width + 1), (v.strides[0], width + 1, 1), v.offset)
                              for v in rows})]
+    rounded = -(-width * itemsize // VECTOR_BYTES) * VECTOR_BYTES // itemsize
+    if rounded == width:
+        return out
+    out.append(Hypothesis("row_overrun", f"each row copied as whole {VECTOR_BYTES}-byte vectors: "
+                          f"{rounded * itemsize} bytes where a row has {width * itemsize}, past its end",
+                          views={v.name: ((v.shape[0], 1, rounded), (v.strides[0], rounded, 1), v.offset)
+                                 for v in rows}))
     whole = width * itemsize // VECTOR_BYTES * VECTOR_BYTES // itemsize
     if whole:
         out.append(Hypothesis("row_tail_dropped", f"each row copied as whole {VECTOR_BYTES}-byte vectors "
