@@ -37,7 +37,7 @@ def ceil_log2(value: float) -> int:
     return floor_log2(value) + (0 if power_of_two else 1)
 
 
-def block_exponent(block: list, fmt: str, rule: str, zero_block: str = "min") -> int:
+def block_exponent(block: list, fmt: str, rule: str, zero_block: str = "min", offset: int = 0) -> int:
     emax = floor_log2(FMAX[fmt])
     finite = [abs(v) for v in block if math.isfinite(v)]
     amax = max(finite, default=0.0)
@@ -49,6 +49,8 @@ def block_exponent(block: list, fmt: str, rule: str, zero_block: str = "min") ->
         exponent = int(round(math.log2(amax))) - emax
     else:
         exponent = ceil_log2(float(np.float32(np.float32(amax) / np.float32(FMAX[fmt]))))
+    if amax != 0:
+        exponent += offset
     return max(-127, min(127, exponent))
 
 
@@ -63,13 +65,13 @@ def element_code(value: float, fmt: str, saturate: bool) -> int:
 
 def quantize_row(row: list, fmt: str, rule: str, *, block: int = 32, zero_block: str = "min",
                  nonfinite: str = "nan_scale", saturate: bool = True, min_scale_factor: str = "exact",
-                 nan_sign: bool = True) -> tuple[list, list]:
+                 nan_sign: bool = True, exponent_offset: int = 0) -> tuple[list, list]:
     """(element codes, E8M0 scale codes) of one row (float32 values), block by block.
     ``nan_sign=False``: NaN elements lose their sign (the CUDA satfinite conversion)."""
     codes, scales = [], []
     for start in range(0, len(row), block):
         part = row[start:start + block]
-        exponent = block_exponent(part, fmt, rule, zero_block)
+        exponent = block_exponent(part, fmt, rule, zero_block, exponent_offset)
         nonfinite_block = not all(math.isfinite(v) for v in part)
         inf_block = nonfinite == "inf_saturates" and any(math.isinf(v) for v in part)
         if inf_block:

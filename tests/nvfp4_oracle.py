@@ -85,7 +85,11 @@ def e4m3_code(sf: np.float32, conversion: str = "satfinite") -> int:
     """The e4m3fn code of a float32 value >= 0. "satfinite": round to nearest even, saturating
     (inf -> 0x7E): an explicit clamp to 448, then ml_dtypes' cast. "nonsaturating": ml_dtypes'
     cast alone (NaN, 0x7F, from 464 up). "toward_zero": the largest e4m3fn value not above sf,
-    found among all 127 of them (448 for anything larger)."""
+    found among all 127 of them (448 for anything larger). "flush_subnormals": "satfinite", then
+    a subnormal code (0x01 to 0x07) made 0."""
+    if conversion == "flush_subnormals":
+        code = e4m3_code(sf, "satfinite")
+        return 0 if code < 0x08 else code
     if conversion == "toward_zero":
         values = [e4m3_value(code) for code in range(0x7F)]
         return max((code for code, value in enumerate(values) if float(value) <= float(sf)), default=0)

@@ -194,3 +194,24 @@ def test_a_swizzle_fault_is_named(fault, words):
     for outcome in failed:
         assert outcome.cause and outcome.cause["id"] == "scale_layout_wrong", outcome.message[:1500]
         assert words in outcome.cause["text"] + " ".join(a["text"] for a in outcome.cause["also"]), outcome.cause
+
+
+def _v_scales_with_k_strides(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache, *rest):
+    """V's scale cache addressed with K's scale-cache strides (one set of scale strides for both)."""
+    if value_scale_cache.dim() == 4:
+        value_scale_cache = value_scale_cache.as_strided(value_scale_cache.shape, key_scale_cache.stride(),
+                                                         value_scale_cache.storage_offset())
+    torch_block.reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache, *rest)
+
+
+def test_v_scales_addressed_with_k_strides_are_caught_and_named():
+    from oracle.registry import Kernel
+
+    fields = dict(op="reshape_and_cache_block", name="vendor.scale_strides", backend="vendor", validates=True,
+                  padding="negative", layouts=("NHD", "HND"), block_formats=("mxfp8_e4m3fn", "nvfp4"))
+    kernel = Kernel(Contract(**fields), _v_scales_with_k_strides, "vendor")
+    unequal = [c for c in catalogue("reshape_and_cache_block", "quick", kernel.contract) if c.p.get("cache") == "unequal"]
+    outcomes = [run_case(kernel, c) for c in unequal]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert unequal and failed
+    assert all(o.cause and o.cause["id"] == "cache_strides_swapped" for o in failed), [o.message[-600:] for o in failed]

@@ -424,7 +424,8 @@ def test_one_row_width_for_k_and_v_is_caught_and_named():
 
 def rope_at_aligned_offset(kv_buffer, loc, cache_k_nope, cache_k_rope):
     """nope's end rounded up to 16 bytes for rope's offset (a vectorized store's alignment), rope
-    written there, row by row (in rows of 97 + 31 of 141 elements, it fits)."""
+    written there, row by row (in rows of 97 + 31 of 141 elements it fits; in rows of 97 + 31 it
+    runs into the next row, and from the last row into the guard band)."""
     nope_w, rope_w = cache_k_nope.shape[1], cache_k_rope.shape[1]
     itemsize = kv_buffer.element_size()
     at = -(-nope_w * itemsize // 16) * 16 // itemsize
@@ -436,8 +437,8 @@ def rope_at_aligned_offset(kv_buffer, loc, cache_k_nope, cache_k_rope):
 
 def test_rope_at_an_aligned_offset_is_named():
     contract = kernel("set_mla_kv_buffer", rope_at_aligned_offset, aliased_caches=False)
-    odd = cases("set_mla_kv_buffer", lambda c: c.p.get("shape") == (97, 31, 141) and c.p.get("dtype", "bfloat16") == "bfloat16",
-                contract.contract)
+    odd = cases("set_mla_kv_buffer", lambda c: c.p.get("shape") in ((97, 31, 141), (97, 31), (511, 65))
+                and c.p.get("dtype", "bfloat16") == "bfloat16", contract.contract)
     outcomes = [run_case(contract, c) for c in odd]
     failed = [o for o in outcomes if o.status == FAIL]
     assert failed and all(o.cause and o.cause["id"] == "part_misplaced" and "rounded up to 16 bytes" in o.cause["text"]
@@ -459,4 +460,28 @@ def test_an_inclusive_loop_bound_is_named():
     outcomes = [run_case(kernel("store_cache", one_past_each_row), c) for c in picked]
     failed = [o for o in outcomes if o.status == FAIL]
     assert failed and all(o.cause and o.cause["id"] == "row_overrun" and "inclusive" in o.cause["text"]
+                          for o in failed), [o.message[-800:] for o in outcomes]
+
+
+def k_pe_at_the_source_stride(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """k_pe written at element kv_c.stride(0) of the entry (the source's row stride taken for its
+    width), entry by entry: with fused sources past the entry's end, into the next one."""
+    rank, width = kv_c.shape[1], kv_cache.shape[-1]
+    at = kv_c.stride(0)
+    for i, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        block, token = divmod(slot, kv_cache.shape[1])
+        kv_cache[block, token, :rank] = kv_c[i]
+        start = kv_cache.storage_offset() + block * kv_cache.stride(0) + token * kv_cache.stride(1) + at
+        torch.as_strided(kv_cache, (k_pe.shape[1],), (1,), start).copy_(k_pe[i])
+
+
+def test_k_pe_at_the_source_stride_is_named():
+    contract = kernel("concat_and_cache_mla", k_pe_at_the_source_stride, aliased_caches=False, padding="negative",
+                      dtypes=("bfloat16",), index_dtypes=("int64",))
+    fused = cases("concat_and_cache_mla", lambda c: c.p.get("src") in ("fused", "gapped"), contract.contract)
+    outcomes = [run_case(contract, c) for c in fused]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed and all(o.cause and o.cause["id"] == "part_misplaced" and "row stride" in o.cause["text"]
                           for o in failed), [o.message[-800:] for o in outcomes]

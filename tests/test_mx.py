@@ -47,6 +47,17 @@ def test_quantize_matches_a_block_by_block_oracle(fmt, rule, saturate):
         assert codes[r].tolist() == want_codes, r
 
 
+@pytest.mark.parametrize("fmt, offset", itertools.product(("e4m3fn", "e5m2"), (-7, -1, 1, 7)))
+def test_the_exponent_offset_fault_matches_the_oracle(fmt, offset):
+    """exponent_offset: E moved by the offset in every nonzero block, before the clamp."""
+    x = rows(seed=zlib.crc32(f"offset-{fmt}-{offset}".encode()) % 1000)
+    codes, scales = mx.quantize_mxfp8(x, fmt, exponent_offset=offset)
+    assert not np.array_equal(scales, mx.quantize_mxfp8(x, fmt)[1])
+    for r, row in enumerate(x):
+        want_codes, want_scales = mx_oracle.quantize_row([float(v) for v in row], fmt, "floor", exponent_offset=offset)
+        assert scales[r].tolist() == want_scales and codes[r].tolist() == want_codes, r
+
+
 @pytest.mark.parametrize("width", [1, 31, 32, 33, 40, 64, 100])
 @pytest.mark.parametrize("zero_block, nonfinite", [("min", "nan_scale"), ("one", "finite_amax"), ("min", "nan_block"),
                                                    ("min", "inf_saturates")])

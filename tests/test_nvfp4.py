@@ -131,7 +131,7 @@ def test_the_16_bit_element_product_fault_matches_the_oracle(dtype, gs):
                                   nvfp4.quantize_nvfp4(ties, gs)[0])
 
 
-@pytest.mark.parametrize("conversion", ["toward_zero", "nonsaturating"])
+@pytest.mark.parametrize("conversion", ["toward_zero", "nonsaturating", "flush_subnormals"])
 @pytest.mark.parametrize("gs", [3.0, 448 * 6 / 2.0 ** -3])  # the second puts block scales past 448
 def test_the_block_scale_conversion_faults_match_the_oracle(conversion, gs):
     for x in (rows(seed(f"{conversion}-{gs}"), gs=gs), near_ties(seed(f"{conversion}{gs}"), gs)):

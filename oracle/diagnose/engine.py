@@ -34,7 +34,8 @@ class Diagnosis:
 
 def candidates(spec, case, contract, prepared) -> list[Hypothesis]:
     """The op's own hypotheses first (they know its layout), then the generic ones."""
-    return list(spec.alternatives(case, contract)) + generic.hypotheses(spec, case, contract, prepared)
+    return (list(spec.alternatives(case, contract)) + list(spec.layout_alternatives(case, contract, prepared))
+            + generic.hypotheses(spec, case, contract, prepared))
 
 
 def diagnose(spec, case, contract, prepared, after: dict, expected_regions: dict) -> Diagnosis:

@@ -150,6 +150,11 @@ def alternatives(fmt: str, contract: Contract, dtype: str = "float32") -> list[H
         for offset in (-1, 1):
             other("shared_exponent_off_by_one", "exponent_offset", offset,
                   f"the shared exponent is {offset:+d} off (E {'+' if offset > 0 else '-'} 1 for every block)")
+        element = block_scaled.require_format(fmt)[1]
+        other_element, offset = ("e5m2", -7) if element == "e4m3fn" else ("e4m3fn", 7)
+        other("block_scaling_rule", "exponent_offset", offset,
+              f"the shared exponent computed with {other_element}'s emax ({15 if other_element == 'e5m2' else 8}) "
+              f"for {element}'s ({8 if element == 'e4m3fn' else 15}): E {offset:+d} in every block")
     else:
         other("block_scale_unrounded", "element_scale", "unrounded",
               "the elements are scaled by the block scale before its e4m3fn rounding, not by the stored scale")
@@ -162,7 +167,8 @@ def alternatives(fmt: str, contract: Contract, dtype: str = "float32") -> list[H
             other("element_rounding", "element_product", "source_dtype",
                   f"the element product x * (1 / scale) computed in {dtype} (the multiplier and the "
                   "product each rounded to it, as __hmul2), then converted to e2m1: double rounding")
-        for conversion, how in (("toward_zero", "truncated"), ("nonsaturating", "not saturated (past 448: the NaN byte)")):
+        for conversion, how in (("toward_zero", "truncated"), ("nonsaturating", "not saturated (past 448: the NaN byte)"),
+                                ("flush_subnormals", "flushed to 0 where it rounds to a subnormal (the block written as 0)")):
             other("block_scaling_rule", "scale_conversion", conversion, f"the e4m3fn block scale is {how}")
         other("nibbles_swapped", "nibble_order", "high_first" if declared.nibble_order == "low_first" else "low_first",
               "the two codes of each byte are in swapped nibbles")

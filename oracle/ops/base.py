@@ -137,6 +137,11 @@ class OpSpec:
         name its cause. The generic ones (strides, offsets, slot 0) come from oracle.diagnose."""
         return []
 
+    def layout_alternatives(self, case: Case, contract: Contract, prepared: "Prepared") -> list:
+        """The op's hypotheses that depend on the built case's layout (its views' strides and
+        offsets), after :meth:`alternatives`."""
+        return []
+
     def shape_strategy(self):
         """Shapes for property tests (a hypothesis strategy); by default the catalogue's."""
         from hypothesis import strategies as st

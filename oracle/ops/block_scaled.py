@@ -152,7 +152,7 @@ class ReshapeAndCacheBlock(_BlockSpec):
                  "value_scale_cache, slot_mapping, fmt, k_global_scale, v_global_scale)")
     large_n_shape = (2, 64)
     sources = ("key", "value")
-    aliasing = ("aliased", "offset")
+    aliasing = ("aliased", "offset", "unequal")
     layouts = ("NHD", "HND")
     large_case = {"n": 7}
     scale_names = ("key_scale_cache", "value_scale_cache")
@@ -252,12 +252,15 @@ class ReshapeAndCacheBlock(_BlockSpec):
 def _paged(arena: Arena, names: tuple, shapes: tuple, variant: str, layout: str, dtype: str) -> tuple:
     """Paged caches of logical shapes ``shapes`` (``[blocks, block_size, H, W]``), allocated in
     ``layout`` order (HND: ``[blocks, H, block_size, W]``, handed over as a permuted view) as
-    ``variant`` (plain, offset, aliased: see _build.caches). The code caches get ``dtype``."""
+    ``variant`` (plain, offset, aliased: see _build.caches; unequal: V's code and scale caches
+    padded past each block, K's dense, so K's and V's strides differ). The code caches get ``dtype``."""
     alloc = tuple(s if layout == "NHD" else (s[0], s[2], s[1], s[3]) for s in shapes)
     if variant == "aliased":  # one allocation, slot by slot (cases of the bad class are plain)
         views = list(_build.caches(arena, names, alloc, "uint8", variant))
-    else:
-        views = [_build.caches(arena, (name,), (shape,), dtype if i < 2 else "uint8", variant)[0]
+    else:  # "unequal": V's caches (codes and scales) padded past each block, K's dense
+        own = {"unequal": ("plain", "padded")}.get(variant)
+        views = [_build.caches(arena, (name,), (shape,), dtype if i < 2 else "uint8",
+                               own[i % 2] if own else variant)[0]
                  for i, (name, shape) in enumerate(zip(names, alloc))]
     if layout == "HND":
         for i, name in enumerate(names):

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .. import reference
+from ..reference.slots import Collision, OneOfRows
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
 from ..diagnose.hypothesis import Hypothesis
@@ -127,18 +128,8 @@ class SetMlaKvBuffer(OpSpec):
         if rope_at is None:
             return {"kv_buffer": reference.set_mla_kv_buffer(buffer, loc, nope, rope, **policies)}
         out = reference.set_mla_kv_buffer(buffer, loc, nope, rope[:, :0], **policies)
-        if not isinstance(out, np.ndarray):
-            raise ValueError("rope_at= is not replayed on duplicated slots")
-        # row r's rope at element r * W + rope_at of the packed buffer: past the row's end it runs
-        # into the next row (a row whose rope would leave the buffer is out of range)
-        width, rope_w = out.shape[1], rope.shape[1]
-        rows = (out.size - rope_at - rope_w) // width + 1
-        if rows <= 0:
-            raise ValueError(f"rope_at={rope_at}: no row's rope fits in the buffer")
-        window = np.lib.stride_tricks.as_strided(out.reshape(-1)[rope_at:], (rows, rope_w),
-                                                 (width * out.itemsize, out.itemsize))
-        window[...] = reference.set_mla_kv_buffer(np.array(window), loc, rope, nope[:, :0], **policies)
-        return {"kv_buffer": out}
+        return {"kv_buffer": _rope_written_at(out, rope_at, rope.shape[1], lambda window: reference.set_mla_kv_buffer(
+            window, loc, rope, nope[:, :0], **policies), before=buffer, first=nope.shape[1])}
 
     def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
         out = []
@@ -160,18 +151,17 @@ class SetMlaKvBuffer(OpSpec):
             out.append(Hypothesis("part_misplaced", f"rope written at element {nope * itemsize} "
                                   "(nope's byte size used as an element offset)",
                                   {"rope_at": nope * itemsize}))
-        for align in (16, 32, 64, 128):  # rope's offset rounded up to an aligned byte boundary
-            at = -(-nope * itemsize // align) * align // itemsize
-            if at != nope and at * itemsize % align == 0 and all(h.override.get("rope_at") != at for h in out):
-                out.append(Hypothesis("part_misplaced", f"rope written at element {at}, nope's end rounded up to "
-                                      f"{align} bytes, instead of at element {nope}"
-                                      + (" (past the row's end: into the next row)" if at + rope > width else ""),
-                                      {"rope_at": at}))
-        for hardcoded in (512,):  # DeepSeek's kv_lora_rank
-            if hardcoded != nope and all(h.override.get("rope_at") != hardcoded for h in out):
-                out.append(Hypothesis("part_misplaced", f"rope written at element {hardcoded} (a hard-coded "
-                                      f"kv_lora_rank) instead of at element {nope}", {"rope_at": hardcoded}))
         return out
+
+    def layout_alternatives(self, case: Case, contract: Contract, prepared: Prepared) -> list[Hypothesis]:
+        """rope written at another offset of the row: see :func:`_misplaced_rope`."""
+        if case.p.get("dups"):
+            return []
+        p = self.p_with_defaults(case)
+        nope, rope, _ = self.dims(p)
+        itemsize = NUMPY_DTYPES[p["dtype"]].itemsize
+        return _misplaced_rope(prepared.arena.views, "kv_buffer", "nope", nope, rope,
+                               {self.dims(p)[2] - rope, nope * itemsize})
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "narrow_buffer")
@@ -264,6 +254,7 @@ class ConcatAndCacheMla(OpSpec):
         fmt = self.p_with_defaults(case).get("fp8")
         fmt, mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
         swapped, unscaled = rest.pop("swapped", False), rest.pop("unscaled", None)
+        rope_at = rest.pop("rope_at", None)
         policies = {"padding": contract.padding, "duplicates": contract.duplicates} | rest
         scale = prepared.numpy("scale")
         kv_c, _ = _fp8cases.apply_scale(mode, prepared.numpy("kv_c"), scale)
@@ -272,6 +263,14 @@ class ConcatAndCacheMla(OpSpec):
             kv_c, k_pe = k_pe, kv_c
         cache, slots = prepared.numpy("kv_cache"), prepared.numpy("slot_mapping")
         fp8 = {"kv_cache_dtype": fmt, "scale": scale, **fp8_args} if fmt else {}
+        if rope_at is not None:
+            out = cache.copy()  # kv_c alone into the entries' first columns, k_pe after
+            out[..., :kv_c.shape[1]] = _plain(reference.concat_and_cache_mla(
+                cache[..., :kv_c.shape[1]], slots, kv_c, k_pe[:, :0], **policies, **fp8))
+            block_size = cache.shape[1]
+            return {"kv_cache": _rope_written_at(out, rope_at, k_pe.shape[1], lambda window: reference.concat_and_cache_mla(
+                window.reshape(-1, block_size, k_pe.shape[1]), slots, kv_c[:, :0], k_pe, **policies, **fp8
+            ).reshape(window.shape), whole=block_size, before=cache, first=kv_c.shape[1])}
         out = reference.concat_and_cache_mla(cache, slots, kv_c, k_pe, **policies, **fp8)
         if unscaled is not None:
             if not fmt:
@@ -295,9 +294,87 @@ class ConcatAndCacheMla(OpSpec):
                         for part, other in (("k_pe", "kv_c"), ("kv_c", "k_pe"))]
         return out
 
+    def layout_alternatives(self, case: Case, contract: Contract, prepared: Prepared) -> list[Hypothesis]:
+        """k_pe written at another offset of the entry: see :func:`_misplaced_rope`."""
+        if case.p.get("dups"):
+            return []
+        rank, rope, _ = self.dims(self.p_with_defaults(case))
+        return _misplaced_rope(prepared.arena.views, "kv_cache", "kv_c", rank, rope, set())
+
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "cache_width",
                 ) + FP8_BAD
+
+
+def _misplaced_rope(views: dict, cache: str, first: str, nope: int, rope: int, known: set) -> list[Hypothesis]:
+    """rope (k_pe) written at another element of each row (entry) than ``nope`` (the first part's
+    width): at the first part's source row stride (its stride taken for its width), at the
+    first part's end rounded up to 16, 32, 64 or 128 bytes (a vector store's alignment), or at a
+    hard-coded 512 (DeepSeek's kv_lora_rank); offsets in ``known`` are tried elsewhere. Where the
+    rope so runs past its row into the next, the cache is replayed one slot (block) longer, into
+    its guard band, as the kernel writes it."""
+    view = views[cache]
+    itemsize, width = view.itemsize, view.shape[-1]
+    offsets = {views[first].strides[0]: f"the {first} source's row stride, taken for its width"}
+    for align in (16, 32, 64, 128):
+        at = -(-nope * itemsize // align) * align // itemsize
+        offsets.setdefault(at, f"{first}'s end rounded up to {align} bytes")
+    offsets.setdefault(512, "a hard-coded kv_lora_rank")
+    out = []
+    packed = view.strides[-2] == width and all(view.strides[i] == view.strides[i + 1] * view.shape[i + 1]
+                                               for i in range(len(view.shape) - 2))
+    for at, why in offsets.items():
+        if at in known or at == nope or at <= 0:
+            continue
+        spills = at + rope > width
+        if spills and not packed:  # into another view's columns: not replayed
+            continue
+        views_ext = {cache: ((view.shape[0] + 1,) + view.shape[1:], view.strides, view.offset)} if spills else {}
+        out.append(Hypothesis("part_misplaced", f"the rope part written at element {at} ({why}) instead of "
+                              f"at element {nope}" + (", past the row's end into the next" if spills else ""),
+                              {"rope_at": at}, views=views_ext))
+    return out
+
+
+def _plain(outcome) -> np.ndarray:
+    if not isinstance(outcome, np.ndarray):
+        raise ValueError("rope_at= is not replayed on duplicated slots")
+    return outcome
+
+
+def _rope_written_at(out, rope_at: int, rope: int, write, whole: int = 1, before=None, first: int = 0):
+    """``out`` (a cache of rows ``[..., W]``, the first part written) with the rope part of row r
+    written at element ``r * W + rope_at`` of the packed cache: ``write(window)`` returns the
+    ``[rows, rope]`` window (``rows`` a multiple of ``whole``, the rows of a block) with the rope
+    rows written; past a row's end the window runs into the next row. Where a rope so lands on
+    the first part (``first`` elements) of a row that is written too (it differs from ``before``),
+    the kernel's threads may leave either one's bytes there: a OneOfRows allowing both."""
+    if not isinstance(out, np.ndarray):
+        raise ValueError("rope_at= is not replayed on duplicated slots")
+    width = out.shape[-1]
+    rows = (out.size - rope_at - rope) // width + 1
+    rows -= rows % whole
+    if rows <= 0:
+        raise ValueError(f"rope_at={rope_at}: no row's rope fits in the cache")
+    firsts = np.ascontiguousarray(out)
+    out = firsts.copy()
+    window = np.lib.stride_tricks.as_strided(out.reshape(-1)[rope_at:], (rows, rope), (width * out.itemsize, out.itemsize))
+    window[...] = write(np.array(window))
+    if before is None or rope_at + rope <= width:
+        return out
+    bits = f"u{out.itemsize}"  # compared as bits: NaN rows included
+    flat_out, flat_firsts = out.reshape(-1, width), firsts.reshape(-1, width)
+    prior = np.ascontiguousarray(before).reshape(-1, width)
+    written = (flat_firsts[:, :first].view(bits) != prior[:, :first].view(bits)).any(axis=1)
+    other = flat_out.copy()  # the first parts written after every rope
+    other[written, :first] = flat_firsts[written, :first]
+    clash = np.flatnonzero((other.view(bits) != flat_out.view(bits)).any(axis=1))
+    if not clash.size:
+        return out
+    lead = out.shape[:-1]
+    collisions = tuple(Collision(int(q), np.unravel_index(int(q), lead), (0, 1), np.stack([flat_out[q], other[q]]))
+                       for q in clash)
+    return OneOfRows(out, collisions)
 
 
 def _unscaled_part(scaled, part: str, rank: int, plain):

@@ -36,7 +36,8 @@ Where implementations legitimately differ, :class:`MxKnobs` says how:
 
 Fault knob (never a real writer's choice; the diagnosis replays it to name a bug):
 ``exponent_offset``, added to ``E`` of every nonzero block before the clamp (the shared exponent
-off by one: -1 or +1).
+off by one: -1 or +1; or by the difference of the element formats' ``emax``, 7: e5m2's 15 taken
+for e4m3fn's 8, or e4m3fn's for e5m2's).
 
 ``x / X`` is computed in float32 (exact for a power of two unless the quotient is a float32
 subnormal, where it rounds once, as every kernel's float32 arithmetic does).
@@ -61,6 +62,7 @@ EXPONENT_RULES = ("floor", "ceil", "round")
 ZERO_BLOCKS = ("min", "one")
 NONFINITE_BLOCKS = ("nan_scale", "finite_amax", "nan_block", "inf_saturates")
 MIN_SCALE_FACTORS = ("exact", "one")
+EXPONENT_OFFSETS = (-7, -1, 0, 1, 7)
 
 
 @dataclass(frozen=True)
@@ -73,14 +75,14 @@ class MxKnobs:
     saturate: bool = True
     element_preset: str = "ocp_satfinite"
     min_scale_factor: str = "exact"
-    exponent_offset: int = 0  # fault knob: -1 or +1
+    exponent_offset: int = 0  # fault knob: -1 or +1, or -7 or +7 (the other element format's emax)
 
     def validated(self) -> "MxKnobs":
         v.require_choice("exponent", self.exponent, EXPONENT_RULES)
         v.require_choice("zero_block", self.zero_block, ZERO_BLOCKS)
         v.require_choice("nonfinite", self.nonfinite, NONFINITE_BLOCKS)
         v.require_choice("min_scale_factor", self.min_scale_factor, MIN_SCALE_FACTORS)
-        v.require_choice("exponent_offset", self.exponent_offset, (-1, 0, 1))
+        v.require_choice("exponent_offset", self.exponent_offset, EXPONENT_OFFSETS)
         if not isinstance(self.saturate, bool):
             raise TypeError(f"saturate must be a bool, got {self.saturate!r}")
         return self

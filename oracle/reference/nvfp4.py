@@ -45,8 +45,9 @@ scale's), ``element_product`` (the multiply ``x * out``: ``"float32"``, or the b
 ``"source_dtype"``, in a 16-bit source's own arithmetic, ``out`` and the product each rounded to
 that type, as ``__hmul2`` computes, before the e2m1 conversion) and
 ``scale_conversion`` (the block scale's e4m3fn conversion: ``"satfinite"``, or the bugs
-``"toward_zero"``, truncated, and ``"nonsaturating"``, ``sf`` past 448 made the NaN byte 0x7F,
-whose NaN then reaches every element of the block).
+``"toward_zero"``, truncated, ``"nonsaturating"``, ``sf`` past 448 made the NaN byte 0x7F,
+whose NaN then reaches every element of the block, and ``"flush_subnormals"``, an ``sf`` that
+rounds to an e4m3fn subnormal stored as 0, so the block's elements are written as 0).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ NAN_ELEMENTS = ("max", "zero")
 NONFINITE_BLOCKS = ("ignore_nan", "nan_scale", "all_nan_scale")
 ZERO_GUARDS = ("stored", "unrounded")
 ELEMENT_SCALES = ("stored", "unrounded")
-SCALE_CONVERSIONS = ("satfinite", "toward_zero", "nonsaturating")
+SCALE_CONVERSIONS = ("satfinite", "toward_zero", "nonsaturating", "flush_subnormals")
 ELEMENT_ROUNDINGS = ("nearest_even", "ties_away", "toward_zero")
 GLOBAL_SCALE_USES = (0, 1, 2, -1)
 ELEMENT_PRODUCTS = ("float32", "source_dtype")
@@ -229,7 +230,8 @@ def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nv
         amax = np.where(np.isnan(amax), f32(0), amax).astype(f32)
         sf = (encode * (amax * SIXTH).astype(f32)).astype(f32)
         conversion = {"satfinite": {}, "toward_zero": {"rounding": "toward_zero"},
-                      "nonsaturating": {"saturate": False, "inf": "nan", "overflow_nan": "0x7F"}}
+                      "nonsaturating": {"saturate": False, "inf": "nan", "overflow_nan": "0x7F"},
+                      "flush_subnormals": {"subnormals": "flush"}}
         scale_codes = fp8_quantize(sf, "e4m3fn", preset="ocp_satfinite", **conversion[k.scale_conversion])
         sfq = code_values("e4m3fn")[scale_codes] if k.element_scale == "stored" else sf
         if k.nonfinite != "ignore_nan":  # the elements keep the finite scale, as MX's nan_scale
