@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .buffers import NUMPY_DTYPES, Arena, SparseBytes, ViewSpec, numpy_view, read_bytes
-from .reference.slots import OneOfRows
+from .reference.slots import OneOfRows, element_bytes
 
 
 @dataclass
@@ -40,6 +40,32 @@ def expected_regions(arena: Arena, before: dict, after: dict, expected: dict) ->
         else:
             view[...] = outcome
     return regions, problems
+
+
+def mixed_slots(arena: Arena, after: dict, expected: dict, groups: tuple) -> list[str]:
+    """Duplicated slots whose views in one of ``groups`` (views a slot writes together, such as a
+    token's codes and their block scales) each hold a whole colliding row, but no single source
+    position's in all of them: a row torn across views (codes from one token, scales from
+    another). One reason per such slot."""
+    problems = []
+    for group in groups:
+        chosen: dict = {}
+        for name in group:
+            outcome = expected.get(name)
+            if not isinstance(outcome, OneOfRows):
+                continue
+            actual = np.array(arena.numpy_view(after, name))
+            for c in outcome.collisions:
+                itemsize = c.rows.dtype.itemsize
+                got = element_bytes(np.asarray(actual[c.index])).reshape(-1, itemsize)
+                rows = element_bytes(c.rows).reshape(len(c.positions), -1, itemsize)
+                whole = {c.positions[k] for k in np.flatnonzero((rows == got).all(axis=(1, 2)))}
+                chosen.setdefault(c.slot, []).append((name, whole))
+        for slot, picks in chosen.items():
+            if len(picks) > 1 and all(p for _, p in picks) and not set.intersection(*(p for _, p in picks)):
+                held = "; ".join(f"{name} from position(s) {sorted(p)}" for name, p in picks)
+                problems.append(f"torn row across views: duplicated slot {slot} holds {held}")
+    return problems
 
 
 def first_difference(arena: Arena, expected: dict, after: dict) -> Difference | None:

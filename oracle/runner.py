@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .buffers import Arena, same_bytes
-from .compare import expected_regions, first_difference
+from .compare import expected_regions, first_difference, mixed_slots
 from .contract import gaps
 from .diagnose.engine import explain, explain_raise, explain_rejection, explain_returned, named
 from .diagnose.replay import within_approx_division
@@ -130,6 +130,7 @@ def _judged_call(kernel: Kernel, spec, case: Case, prepared: Prepared, *, diagno
                 failed = explain_returned(failed, case, rerun=rerun)
             return failed
     regions, problems = expected_regions(arena, prepared.before, after, expected)
+    problems += mixed_slots(arena, after, expected, spec.slot_groups)
     difference = first_difference(arena, regions, after)
     if difference is None and not problems:
         return Outcome(PASS)

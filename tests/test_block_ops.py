@@ -215,3 +215,29 @@ def test_v_scales_addressed_with_k_strides_are_caught_and_named():
     failed = [o for o in outcomes if o.status == FAIL]
     assert unequal and failed
     assert all(o.cause and o.cause["id"] == "cache_strides_swapped" for o in failed), [o.message[-600:] for o in failed]
+
+
+def _codes_last_scales_first(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache, slot_mapping,
+                             fmt, k_global_scale, v_global_scale):
+    """A writer that settles a duplicated slot two ways: its codes from the last colliding token,
+    its scales from the first (each token's codes written in order, its scales in reverse)."""
+    for order, keep_scales in ((range(len(slot_mapping)), False), (reversed(range(len(slot_mapping))), True)):
+        for i in order:
+            caches = [c.clone() for c in (key_cache, value_cache, key_scale_cache, value_scale_cache)]
+            torch_block.reshape_and_cache_block(key[i:i + 1], value[i:i + 1], *caches, slot_mapping[i:i + 1], fmt,
+                                                k_global_scale, v_global_scale)
+            for kept, target in zip(caches[2:] if keep_scales else caches[:2],
+                                    (key_scale_cache, value_scale_cache) if keep_scales else (key_cache, value_cache)):
+                target.copy_(kept)
+
+
+def test_a_duplicated_slot_with_codes_and_scales_from_different_rows_is_a_torn_row():
+    from oracle.registry import Kernel
+
+    fields = dict(op="reshape_and_cache_block", name="vendor.dups", backend="vendor", padding="negative",
+                  duplicates="any", block_formats=("mxfp8_e4m3fn", "nvfp4"))
+    kernel = Kernel(Contract(**fields), _codes_last_scales_first, "vendor")
+    dups = [c for c in catalogue("reshape_and_cache_block", "quick", kernel.contract) if c.p.get("dups")]
+    outcomes = [run_case(kernel, c) for c in dups]
+    assert dups and all(o.status == FAIL for o in outcomes), [o.message[-400:] for o in outcomes]
+    assert all("torn" in o.message or (o.cause and o.cause["id"] == "torn_rows") for o in outcomes)

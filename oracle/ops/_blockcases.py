@@ -84,6 +84,15 @@ def values(rng: np.random.Generator, kind: str, fmt: str, shape: tuple, dtype: s
         return out.astype(NUMPY_DTYPES[dtype])
 
 
+def spread_magnitudes(rows: np.ndarray) -> np.ndarray:
+    """``rows`` (``[N, ...]``) with row i scaled by ``2**(3 * (i % 5) - 6)`` (exact): rows that
+    collide in one slot then carry different block scales, so a writer that takes a slot's codes
+    from one colliding row and its scales from another leaves a torn row."""
+    factors = np.exp2(3.0 * (np.arange(rows.shape[0]) % 5) - 6).reshape((-1,) + (1,) * (rows.ndim - 1))
+    with np.errstate(over="ignore"):
+        return (rows.astype(np.float32) * factors.astype(np.float32)).astype(rows.dtype)
+
+
 def global_scale(choice: str, source: np.ndarray, tensor: int = 0) -> np.ndarray:
     """NVFP4's per-tensor scale of case parameter ``choice`` for ``source``: float32, shape (1,)."""
     if choice not in GLOBAL_SCALES:

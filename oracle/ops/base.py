@@ -131,6 +131,10 @@ class OpSpec:
         the contract's knobs; ``override`` replaces knobs to test alternative explanations."""
         raise NotImplementedError
 
+    # views a slot writes together (a token's codes and their block scales): under duplicated
+    # slots each group must hold one source position's row in all its views
+    slot_groups: tuple = ()
+
     def alternatives(self, case: Case, contract: Contract) -> list:
         """The op's own bug hypotheses (:class:`oracle.diagnose.Hypothesis`): other behaviours a
         failing kernel might implement, as reference overrides and re-read inputs, so a failure can

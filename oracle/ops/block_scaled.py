@@ -156,6 +156,7 @@ class ReshapeAndCacheBlock(_BlockSpec):
     layouts = ("NHD", "HND")
     large_case = {"n": 7}
     scale_names = ("key_scale_cache", "value_scale_cache")
+    slot_groups = (("key_cache", "key_scale_cache"), ("value_cache", "value_scale_cache"))
 
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
         p, n, heads, dim, fmt, bad = self._params(case)
@@ -163,6 +164,8 @@ class ReshapeAndCacheBlock(_BlockSpec):
         num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // BLOCK_SIZE)
         num_slots = num_blocks * BLOCK_SIZE
         arrays = tuple(_blockcases.values(rng, p["values"], fmt, (n, heads, dim), p["dtype"]) for _ in range(2))
+        if p.get("dups"):  # rows of different magnitudes, so colliding rows differ in their scales too
+            arrays = tuple(_blockcases.spread_magnitudes(a) for a in arrays)
         scales = [_blockcases.global_scale(p.get("scale", "1.0"), a, t) for t, a in enumerate(arrays)]
         if bad == "global_scale":
             scales[0] = np.array([np.inf], np.float32)
