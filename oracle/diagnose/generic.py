@@ -303,38 +303,40 @@ VECTOR_BYTES = 16  # the widest plain vector store
 
 
 def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
-    """Rows copied in whole 16-byte vectors with no tail loop: each row's bytes rounded up to a
-    multiple of 16, read past the source row and written past the cache row, or rounded down, the
-    row's tail never written (flat [S, H, D] caches with packed rows only)."""
+    """Rows copied past or short of their end: one element past (an inclusive loop bound), in
+    whole 16-byte vectors with no tail loop, each row's bytes rounded up to a multiple of 16 (read
+    past the source row and written past the cache row) or rounded down (the row's tail never
+    written). Flat [S, H, D] caches with packed rows only; each source and its cache by their own
+    row width (K's and V's may differ)."""
     caches = [views[n] for n in written if n in views]
-    sources = _by_role(views, "source")
-    rows = caches + sources
+    rows = caches + _by_role(views, "source")
     if not caches or any(len(v.shape) != 3 for v in rows):
         return []
     if any(v.strides[1:] != contiguous_strides(v.shape[1:]) for v in rows):
         return []
-    width = int(np.prod(caches[0].shape[1:]))
     itemsize = caches[0].itemsize
-    if any(int(np.prod(v.shape[1:])) != width for v in rows):
+    if any(v.itemsize != itemsize for v in rows):
         return []
-    out = [Hypothesis("row_overrun", f"each row copied one element past its end ({width + 1} of {width}: an "
-                      "inclusive loop bound, j <= width)",
-                      views={v.name: ((v.shape[0], 1, width + 1), (v.strides[0], width + 1, 1), v.offset)
-                             for v in rows})]
-    rounded = -(-width * itemsize // VECTOR_BYTES) * VECTOR_BYTES // itemsize
-    if rounded == width:
+    width = {v.name: int(np.prod(v.shape[1:])) for v in rows}
+    vector = VECTOR_BYTES // itemsize if VECTOR_BYTES % itemsize == 0 else 0
+
+    def rows_of(new_width) -> dict:
+        return {v.name: ((v.shape[0], 1, new_width(width[v.name])), (v.strides[0], new_width(width[v.name]), 1), v.offset)
+                for v in rows}
+
+    widths = sorted(set(width.values()))
+    shown = " and ".join(str(w) for w in widths)
+    out = [Hypothesis("row_overrun", f"each row copied one element past its end (rows of {shown} elements: an "
+                      "inclusive loop bound, j <= width)", views=rows_of(lambda w: w + 1))]
+    if not vector or all(w % vector == 0 for w in widths):
         return out
-    out.append(Hypothesis("row_overrun", f"each row copied as whole {VECTOR_BYTES}-byte vectors: "
-                          f"{rounded * itemsize} bytes where a row has {width * itemsize}, past its end",
-                          views={v.name: ((v.shape[0], 1, rounded), (v.strides[0], rounded, 1), v.offset)
-                                 for v in rows}))
-    whole = width * itemsize // VECTOR_BYTES * VECTOR_BYTES // itemsize
-    if whole:
-        out.append(Hypothesis("row_tail_dropped", f"each row copied as whole {VECTOR_BYTES}-byte vectors "
-                              f"only: {whole * itemsize} of its {width * itemsize} bytes, the rest (no tail "
-                              "loop) left as it was",
-                              views={v.name: ((v.shape[0], 1, whole), (v.strides[0], whole, 1), v.offset)
-                                     for v in rows}))
+    out.append(Hypothesis("row_overrun", f"each row copied as whole {VECTOR_BYTES}-byte vectors, past its end (rows of "
+                          f"{' and '.join(str(w * itemsize) for w in widths)} bytes)",
+                          views=rows_of(lambda w: -(-w // vector) * vector)))
+    if all(w >= vector for w in widths):
+        out.append(Hypothesis("row_tail_dropped", f"each row copied as whole {VECTOR_BYTES}-byte vectors only, the "
+                              f"rest (no tail loop) left as it was (rows of {' and '.join(str(w * itemsize) for w in widths)} bytes)",
+                              views=rows_of(lambda w: w // vector * vector)))
     return out
 
 

@@ -142,8 +142,8 @@ class OpSpec:
         return []
 
     def layout_alternatives(self, case: Case, contract: Contract, prepared: "Prepared") -> list:
-        """The op's hypotheses that depend on the built case's layout (its views' strides and
-        offsets), after :meth:`alternatives`."""
+        """The op's hypotheses that depend on the built case (its views' strides and offsets, or
+        its values), after :meth:`alternatives`."""
         return []
 
     def shape_strategy(self):

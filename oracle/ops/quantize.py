@@ -95,7 +95,13 @@ class QuantizeFp8(OpSpec):
         head 0."""
         p = self.p_with_defaults(case)
         return (_fp8cases.alternatives(p, contract, row_width=p["shape"][1])
-                + _fp8cases.scale_hypotheses(p, ("scale",), p["shape"][0]) + _flat_tail_hypotheses(p, contract))
+                + _fp8cases.scale_hypotheses(p, ("scale",), p["shape"][0]))
+
+    def layout_alternatives(self, case: Case, contract: Contract, prepared: Prepared) -> list[Hypothesis]:
+        """The flattened tensor's scalar remainder converted another way (:func:`_flat_tail_hypotheses`):
+        whether a way changes anything depends on the remainder's values, so these are offered
+        for the built case, after the others."""
+        return _flat_tail_hypotheses(self.p_with_defaults(case), contract)
 
     def bad_inputs(self) -> tuple:
         return ("x_dtype", "scale_dtype", "out_dtype", "shape_mismatch", "fmt")
