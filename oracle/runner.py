@@ -105,8 +105,9 @@ def _judged_call(kernel: Kernel, spec, case: Case, prepared: Prepared, *, diagno
     arena = prepared.arena
     prepared.before = arena.snapshot()
     _drain_deferred(contract)
-    rerun = lambda other, change, elsewhere=False: _rerun(  # noqa: E731
-        kernel, spec, other, change, like=arena if elsewhere and _ballast_fits(arena) else None)
+    rerun = lambda other, change, elsewhere=False: (  # noqa: E731
+        _rerun(kernel, spec, other, change, like=arena if elsewhere else None)
+        if not elsewhere or _ballast_fits(arena) else False)
     if bad:
         rejected = _judge_rejection(kernel, case, prepared)
         return explain_rejection(rejected, case, rerun=rerun) if diagnose and rejected.status == FAIL else rejected
