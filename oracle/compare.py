@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .buffers import NUMPY_DTYPES, Arena, SparseBytes, ViewSpec, numpy_view, read_bytes
-from .reference.slots import OneOfRows, element_bytes
+from .reference.slots import OneOfRows, whole_rows
 
 
 @dataclass
@@ -56,11 +56,7 @@ def mixed_slots(arena: Arena, after: dict, expected: dict, groups: tuple) -> lis
                 continue
             actual = np.array(arena.numpy_view(after, name))
             for c in outcome.collisions:
-                itemsize = c.rows.dtype.itemsize
-                got = element_bytes(np.asarray(actual[c.index])).reshape(-1, itemsize)
-                rows = element_bytes(c.rows).reshape(len(c.positions), -1, itemsize)
-                whole = {c.positions[k] for k in np.flatnonzero((rows == got).all(axis=(1, 2)))}
-                chosen.setdefault(c.slot, []).append((name, whole))
+                chosen.setdefault(c.slot, []).append((name, whole_rows(np.asarray(actual[c.index]), c)))
         for slot, picks in chosen.items():
             if len(picks) > 1 and all(p for _, p in picks) and not set.intersection(*(p for _, p in picks)):
                 held = "; ".join(f"{name} from position(s) {sorted(p)}" for name, p in picks)

@@ -327,11 +327,23 @@ def _first_difference(expected: np.ndarray, actual: np.ndarray) -> str | None:
             f"{int(differs.sum())} of {differs.size} elements differ")
 
 
-def _judge_row(actual_row: np.ndarray, c: Collision) -> str | None:
+def row_matches(actual_row: np.ndarray, c: Collision) -> np.ndarray:
+    """bool ``[candidate, element]``: whether each element of ``actual_row`` equals, bitwise,
+    that element of each colliding position's row."""
     itemsize = actual_row.dtype.itemsize
     got = element_bytes(actual_row).reshape(-1, itemsize)
     candidates = element_bytes(c.rows).reshape(len(c.positions), -1, itemsize)
-    matches = (candidates == got).all(axis=-1)  # [candidate, element]
+    return (candidates == got).all(axis=-1)
+
+
+def whole_rows(actual_row: np.ndarray, c: Collision) -> set:
+    """The colliding positions whose whole row ``actual_row`` holds."""
+    return {c.positions[k] for k in np.flatnonzero(row_matches(actual_row, c).all(axis=1))}
+
+
+def _judge_row(actual_row: np.ndarray, c: Collision) -> str | None:
+    itemsize = actual_row.dtype.itemsize
+    matches = row_matches(actual_row, c)
     if matches.all(axis=1).any():
         return None
     covered = matches.any(axis=0)
