@@ -174,7 +174,7 @@ def test_a_version_3_report_is_read_as_version_4_without_devices(tmp_path):
 
 # committed conformance reports -> the GPU ordinals their cases ran on (empty: a CPU run)
 COMMITTED = {"cpu.json": set(), "h100.json": {"0"}, "h100x2.json": {"0", "1"}, "h100-block.json": {"0", "1"}}
-INTERRUPTED = {"h100-block.json", "h100.json"}  # stopped at its call's time limit
+INTERRUPTED = {"h100-block.json"}  # stopped at its call's time limit
 
 
 @pytest.mark.parametrize("name", sorted(COMMITTED))
@@ -189,8 +189,8 @@ def test_the_committed_reports_still_load(name):
     assert all(c["device"] is None for c in loaded["cases"] if c["kernel"].startswith(("torch.", "cpu.")))
     assert {c["device"]["index"] for c in on_gpu} == COMMITTED[name]
     assert all(c["device"]["capability"] == "9.0" and c["device"]["uuid"] for c in on_gpu)
-    # h100-block.json and h100.json were stopped by their call's limit (docs/benchmarks.md says so),
-    # and say so with the cases in flight
+    # h100-block.json was stopped by its call's limit (docs/benchmarks.md says so),
+    # and says so with the cases in flight
     assert (loaded["interrupted"] is not None) == (name in INTERRUPTED)
     if name in INTERRUPTED:
         stop = loaded["interrupted"]
