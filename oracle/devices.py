@@ -8,6 +8,10 @@
   ``--oracle-devices`` (ordinals among the visible devices; default every one), and ``-n auto``
   starts ``--oracle-workers-per-device`` workers per selected device (default: the cores shared
   out evenly, at least one each).
+- **Cores.** Each xdist worker runs torch's CPU operations on its share of the cores (the
+  cores this process may use over the workers, at least one), not on all of them: N workers of
+  C threads each on C cores oversubscribe the machine, and the idle OpenMP threads' spin-waiting
+  slows every worker several-fold. ``OMP_NUM_THREADS``, where set, is left to rule.
 - **Recording.** A case that ran on a GPU records that device: its index on the host, name, UUID,
   PCI bus id and compute capability (:func:`describe`), in the JSON report and in JUnit.
 
@@ -181,6 +185,24 @@ def auto_workers(config) -> int | None:
     return workers_for_auto(selected, per_device, os.cpu_count() or 1)
 
 
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def share_cores(workerinput: dict, environ=None) -> int | None:
+    """In an xdist worker (``workerinput``: xdist's, with ``workercount``): set torch's CPU
+    threads to this worker's share of the cores, and return it; None where ``OMP_NUM_THREADS``
+    is set (the user's choice stands)."""
+    if "OMP_NUM_THREADS" in (os.environ if environ is None else environ):
+        return None
+    threads = max(1, cores() // max(1, int(workerinput.get("workercount", 1))))
+    import torch
+
+    torch.set_num_threads(threads)
+    return threads
+
+
 def configure(config) -> None:
     """In the controlling process: pin xdist's workers to the selected GPUs (several visible, or
     ``--oracle-devices`` given). Without xdist, ``--oracle-devices`` may name one device, which
@@ -188,6 +210,7 @@ def configure(config) -> None:
     import pytest
 
     if hasattr(config, "workerinput"):
+        share_cores(config.workerinput)
         return
     spec = config.getoption("oracle_devices")
     selected = _selected(config)

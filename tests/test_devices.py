@@ -55,6 +55,26 @@ def test_the_pin_rides_on_xdists_worker_specs():
                      "popen//env:CUDA_VISIBLE_DEVICES=9"]  # a spec that already pins is left alone
 
 
+def test_each_worker_takes_its_share_of_the_cores(monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(devices, "cores", lambda: 16)
+    try:
+        assert devices.share_cores({"workercount": 4}, environ={}) == 4 and torch.get_num_threads() == 4
+        assert devices.share_cores({"workercount": 32}, environ={}) == 1 and torch.get_num_threads() == 1
+        assert devices.share_cores({"workercount": 4}, environ={"OMP_NUM_THREADS": "8"}) is None
+        assert torch.get_num_threads() == 1  # left as it was
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_workers_of_a_run_share_the_cores(tmp_path):
+    """End to end: each of two workers on this host's cores runs torch with half of them."""
+    done, calls = oracle_run(tmp_path, "-n", "2", env={"OMP_NUM_THREADS": None})
+    assert calls and {c["threads"] for c in calls} == {max(1, devices.cores() // 2)}, done.stdout + done.stderr
+
+
 def test_a_cpu_kernel_or_a_host_without_gpus_records_no_device():
     assert devices.describe("cpu") is None
     import torch
@@ -66,13 +86,19 @@ def test_a_cpu_kernel_or_a_host_without_gpus_records_no_device():
 # --- end to end ------------------------------------------------------------------------------
 
 
-def oracle_run(tmp_path, *args, visible="7,9"):
+# the small cases of N = 7 (the plug-in crashes on the first) and 133: enough for every worker
+# (the large cases of N = 7 would probe a 4.7 GB pool for a dtype the plug-in does not declare)
+SMALL_CASES = "(N7 or N133) and not large"
+
+
+def oracle_run(tmp_path, *args, visible="7,9", env=None):
     tmp_path.mkdir(parents=True, exist_ok=True)
     record = tmp_path / "calls.jsonl"
     env = {**os.environ, "PYTHONPATH": str(PLUGINS), "ORACLE_PLUGINS": "pinned:register",
-           "CUDA_VISIBLE_DEVICES": visible, "KV_ORACLE_RECORD": str(record)}
+           "CUDA_VISIBLE_DEVICES": visible, "KV_ORACLE_RECORD": str(record), **(env or {})}
+    env = {name: value for name, value in env.items() if value is not None}
     done = subprocess.run([sys.executable, "-m", "oracle", "run", "--origin", "env", "--kernel", "pinned.store_cache",
-                           "--report", str(tmp_path / "report.json"), *args],
+                           "--report", str(tmp_path / "report.json"), *args, "--", "-k", SMALL_CASES],
                           capture_output=True, text=True, timeout=300, env=env)
     calls = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
     return done, calls

@@ -10,7 +10,7 @@ from ..buffers import same_bytes
 from . import generic, patterns
 from .hypothesis import CAUSES, Hypothesis
 from .probes import probes, variants
-from .replay import holds, within_approx_division
+from .replay import changed_bytes, holds, within_approx_division
 
 
 @dataclass
@@ -41,8 +41,9 @@ def candidates(spec, case, contract, prepared) -> list[Hypothesis]:
 def diagnose(spec, case, contract, prepared, after: dict, expected_regions: dict) -> Diagnosis:
     """Which hypotheses hold for a failing case (``expected_regions``: the reference's whole
     memory under the contract, as compared)."""
+    changed = changed_bytes(prepared.before, after)
     matched = [h for h in candidates(spec, case, contract, prepared)
-               if holds(h, spec, case, contract, prepared, after)]
+               if holds(h, spec, case, contract, prepared, after, changed)]
     pattern = patterns.describe(prepared.arena, prepared.before, expected_regions, after, prepared.caches)
     return Diagnosis(matched, pattern)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reference.slots import element_bytes
+from ..reference.slots import differing_elements
 
 SHOWN = 6  # slots listed before "... (N more)"
 
@@ -40,12 +40,12 @@ def _rows(array: np.ndarray) -> np.ndarray:
 def describe_view(name: str, want: np.ndarray, got: np.ndarray, before: np.ndarray) -> list[str]:
     """Lines about one written view (the expected, actual and prior contents of its elements)."""
     want, got, before = _rows(want), _rows(got), _rows(before)
-    differs = (element_bytes(want) != element_bytes(got)).any(axis=-1)
+    differs = differing_elements(want, got)
     if not differs.any():
         return []
     slot_differs = differs.reshape(differs.shape[0], -1).any(axis=1)
-    should_change = (element_bytes(want) != element_bytes(before)).any(axis=-1)
-    did_change = (element_bytes(got) != element_bytes(before)).any(axis=-1)
+    should_change = differing_elements(want, before)
+    did_change = differing_elements(got, before)
     expected_rows = should_change.reshape(len(slot_differs), -1).any(axis=1)
     changed_rows = did_change.reshape(len(slot_differs), -1).any(axis=1)
     lines = [f"{name}: {int((slot_differs & expected_rows).sum())} of {int(expected_rows.sum())} "

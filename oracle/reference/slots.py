@@ -317,8 +317,26 @@ def element_bytes(array: np.ndarray) -> np.ndarray:
     return flat.view(np.uint8).reshape(array.shape + (array.dtype.itemsize,))
 
 
+_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def element_bits(array: np.ndarray) -> np.ndarray:
+    """Each element as an unsigned integer of its width (its bytes for other widths): compares
+    NaN payloads and -0 exactly, element by element, without a reduction over bytes."""
+    bits = _BITS.get(array.dtype.itemsize)
+    if bits is None:
+        return element_bytes(array)
+    return np.ascontiguousarray(array).view(bits).reshape(array.shape)
+
+
+def differing_elements(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Which elements of ``a`` and ``b`` (one shape, one item size) differ in some byte."""
+    differs = element_bits(a) != element_bits(b)
+    return differs if differs.shape == a.shape else differs.any(axis=-1)
+
+
 def _first_difference(expected: np.ndarray, actual: np.ndarray) -> str | None:
-    differs = (element_bytes(expected) != element_bytes(actual)).any(axis=-1)
+    differs = differing_elements(expected, actual)
     if not differs.any():
         return None
     where = tuple(int(i) for i in np.argwhere(differs)[0])
