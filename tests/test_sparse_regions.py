@@ -1,10 +1,13 @@
 """Sparse regions (the large-cache case class): snapshots keep only what views can reach, yet any
 byte changed anywhere in the region is still found and named."""
 
+import gc
+
 import numpy as np
 import pytest
 import torch
 
+from oracle import buffers
 from oracle.buffers import TILE_BYTES, Arena, SparseBytes, same_bytes
 from oracle.compare import expected_regions, first_difference
 from oracle.contract import Contract
@@ -111,3 +114,14 @@ def test_large_failure_bundle_replays_to_the_same_difference(tmp_path):
     assert not passed and "k_cache[-2, 0, 0]" in report
     passed, report = replay(path, kernel(good_store_cache))
     assert passed, report
+
+
+def test_a_pool_mapped_for_huge_pages_is_ordinary_host_memory_for_as_long_as_it_lives():
+    pool = buffers.fill_tiled(buffers.HUGE_PAGES_FROM + 4096, np.arange(64, dtype=np.uint8), "cpu")
+    view = pool[buffers.HUGE_PAGES_FROM:]  # the mapping must outlive the tensor it was made for
+    del pool
+    gc.collect()
+    assert view.numel() == 4096 and view.dtype == torch.uint8 and view.device.type == "cpu"
+    assert torch.equal(view[:64], torch.arange(64, dtype=torch.uint8))
+    view.fill_(0xA5)
+    assert int(view.sum()) == 0xA5 * 4096
