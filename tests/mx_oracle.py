@@ -47,6 +47,11 @@ def block_exponent(block: list, fmt: str, rule: str, zero_block: str = "min", of
         exponent = floor_log2(amax) - emax
     elif rule == "round":  # the nearest binade, in float64 logarithms
         exponent = int(round(math.log2(amax))) - emax
+    elif rule == "floor_log2f":  # log2 within half a float32 step below the next integer rounds up to it
+        low = floor_log2(amax)
+        top = np.float32(low + 1)
+        step = float(top) - float(np.nextafter(top, np.float32(-np.inf)))
+        exponent = (low + 1 if float(top) - math.log2(amax) < step / 2 else low) - emax
     else:
         exponent = ceil_log2(float(np.float32(np.float32(amax) / np.float32(FMAX[fmt]))))
     if amax != 0:

@@ -36,8 +36,8 @@ def test_e8m0_codes_decode_as_ml_dtypes_does():
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(got[:255], want[:255])
 
 
-@pytest.mark.parametrize("fmt, rule, saturate", itertools.product(("e4m3fn", "e5m2"), ("floor", "ceil", "round"),
-                                                                  (True, False)))
+@pytest.mark.parametrize("fmt, rule, saturate", list(itertools.product(("e4m3fn", "e5m2"), mx.EXPONENT_RULES,
+                                                                       (True, False))))
 def test_quantize_matches_a_block_by_block_oracle(fmt, rule, saturate):
     x = rows(seed=zlib.crc32(f"{fmt}-{rule}-{saturate}".encode()) % 1000)
     codes, scales = mx.quantize_mxfp8(x, fmt, exponent=rule, saturate=saturate)
@@ -47,7 +47,29 @@ def test_quantize_matches_a_block_by_block_oracle(fmt, rule, saturate):
         assert codes[r].tolist() == want_codes, r
 
 
-@pytest.mark.parametrize("fmt, offset", itertools.product(("e4m3fn", "e5m2"), (-7, -1, 1, 7)))
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+def test_a_float32_log2_takes_the_exponent_above_just_below_a_power_of_two(fmt):
+    """floor_log2f against floor on every float just below 2**k and on 2**k itself. Hand-derived:
+    log2 of the float below 2**k is k - 2**-24 / ln 2 (k - 8.6e-8), which rounds to k in float32
+    where half the float32 step next to k exceeds 8.6e-8: k >= 3 (the step below 3 is 2**-22) and
+    k <= -2 (the step above 2 is 2**-22), not k = -1, 0, 1, 2; and only where floor's exponent is
+    not clamped to -127 already."""
+    k = np.arange(-120, 121)
+    below = np.ldexp(np.float32(1) - np.float32(2.0 ** -24), k).astype(np.float32)
+    x = np.stack([below, np.ldexp(np.float32(1), k).astype(np.float32)], axis=1)[:, :, None] * np.ones(32, np.float32)
+    floor = mx.quantize_mxfp8(x, fmt)[1][..., 0]
+    log2f = mx.quantize_mxfp8(x, fmt, exponent="floor_log2f")[1][..., 0]
+    assert np.array_equal(log2f[:, 1], floor[:, 1])  # a power of two: the same exponent
+    up = log2f[:, 0].astype(int) - floor[:, 0].astype(int)
+    emax = 8 if fmt == "e4m3fn" else 15
+    want = ((k >= 3) | (k <= -2)) & (k - 1 - emax >= -127)
+    assert np.array_equal(up, want.astype(int)), k[up != want]
+    for r in range(len(k)):
+        want = mx_oracle.quantize_row([float(v) for v in x[r, 0]], fmt, "floor_log2f")[1]
+        assert log2f[r, 0] == want[0], k[r]
+
+
+@pytest.mark.parametrize("fmt, offset", list(itertools.product(("e4m3fn", "e5m2"), (-7, -1, 1, 7))))
 def test_the_exponent_offset_fault_matches_the_oracle(fmt, offset):
     """exponent_offset: E moved by the offset in every nonzero block, before the clamp."""
     x = rows(seed=zlib.crc32(f"offset-{fmt}-{offset}".encode()) % 1000)

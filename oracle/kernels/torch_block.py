@@ -57,11 +57,16 @@ def _fp8_codes(q: torch.Tensor, dtype) -> torch.Tensor:
     return torch.where(torch.isnan(q), nan, codes)
 
 
-def _mx(x: torch.Tensor, dtype, block: int, emax: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _floor_log2(amax: torch.Tensor) -> torch.Tensor:
+    """floor(log2(amax)) exactly, from the float32 exponent field (frexp: amax = m * 2**e, m in [0.5, 1))."""
+    return torch.frexp(amax).exponent.to(torch.int32) - 1
+
+
+def _mx(x: torch.Tensor, dtype, block: int, emax: int, floor_log2=_floor_log2) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = _blocks(x, block)
     finite = torch.isfinite(blocks)
     amax = torch.where(finite, blocks.abs(), 0).amax(dim=-1)
-    exponent = torch.frexp(amax).exponent.to(torch.int32) - 1 - emax
+    exponent = floor_log2(amax) - emax
     exponent = torch.where(amax > 0, exponent, -127).clamp(-127, 127)
     real = ~torch.isnan(_blocks(torch.zeros_like(x), block))  # the padding of the last block
     scales = torch.where((finite | ~real).all(dim=-1), exponent + 127, 255).to(torch.uint8)

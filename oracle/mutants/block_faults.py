@@ -22,6 +22,16 @@ def _mx_exponent_plus_one(x, fmt, global_scale):
     return tb._mx(x.float(), dtype, block, emax - 1)
 
 
+def _mx_log2f(x, fmt, global_scale):
+    """MX with E = floor(log2f(amax)) - emax: the float32 log2 of an amax just below 2**k rounds
+    to k, so that block's exponent is one too large."""
+    dtype, block, emax = tb.FORMATS[fmt]
+    if fmt == "nvfp4":
+        return tb.encode(x, fmt, global_scale)
+    return tb._mx(x.float(), dtype, block, emax,
+                  floor_log2=lambda amax: torch.floor(torch.log2(amax)).nan_to_num(neginf=0).to(torch.int32))
+
+
 def _e2m1_ties_away(q):
     """e2m1 codes with every tie rounded to the larger magnitude (a >= at every midpoint)."""
     magnitude = q.abs()
@@ -122,6 +132,8 @@ _ROWS = [
      "shared_exponent_off_by_one", _quantize(_mx_exponent_plus_one), ("block_scaled",)),
     (P + ".exponent_plus_one", P, "MXFP8 shared exponent one too large (floor(log2 amax) - emax + 1)",
      "shared_exponent_off_by_one", _paged(_mx_exponent_plus_one), ("block_scaled",)),
+    (P + ".exponent_from_log2f", P, "MXFP8 shared exponent floor(log2f(amax)) - emax, log2 in float32",
+     "block_scaling_rule", _paged(_mx_log2f), ("block_scaled",)),
     (Q + ".unrounded_block_scale", Q, "NVFP4 elements divided by the block scale before its e4m3fn rounding",
      "block_scale_unrounded", _quantize(lambda *a: _nvfp4(*a, unrounded=True)), ("block_scaled",)),
     (Q + ".nibbles_swapped", Q, "NVFP4 even elements in the high nibble, odd in the low",

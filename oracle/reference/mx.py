@@ -15,7 +15,11 @@ Where implementations legitimately differ, :class:`MxKnobs` says how:
   (``cvt.rp.satfinite.ue8m0x2.f32``; TransformerEngine's and torchao's "RCEIL"), so no element
   exceeds the element format's maximum; ``"round"``: ``round(log2(amax)) - emax_elem``, the
   nearest binade (``torch.round(torch.log2(amax))``: a hand-written rule no spec gives, whose
-  blocks with a mantissa of sqrt(2) or more get the next exponent up).
+  blocks with a mantissa of sqrt(2) or more get the next exponent up); ``"floor_log2f"``: the floor
+  of ``log2(amax)`` rounded to float32 first, minus emax_elem (Microsoft's microxcaling emulation,
+  ``torch.floor(torch.log2(amax))``; a CUDA ``floorf(log2f(amax))``): the floor rule, except that an
+  amax whose log2 lies within half a float32 step below an integer takes the exponent above (the
+  float just below ``2**k`` does so for ``k >= 3`` and ``k <= -2``), and its elements saturate.
 - ``zero_block``: the scale of a block whose elements are all zero: ``"min"`` (E = -127, code 0:
   what both rules give for ``amax = 0`` once ``E`` is clamped) or ``"one"`` (E = 0, code 127).
 - ``nonfinite``: a block holding NaN or ±inf: ``"nan_scale"`` (the scale is NaN, 0xFF: the spec
@@ -58,7 +62,7 @@ BLOCK = 32
 E8M0_BIAS, E8M0_NAN = 127, 0xFF
 E_MIN, E_MAX = -127, 127
 ELEMENT_FORMATS = ("e4m3fn", "e5m2")
-EXPONENT_RULES = ("floor", "ceil", "round")
+EXPONENT_RULES = ("floor", "ceil", "round", "floor_log2f")
 ZERO_BLOCKS = ("min", "one")
 NONFINITE_BLOCKS = ("nan_scale", "finite_amax", "nan_block", "inf_saturates")
 MIN_SCALE_FACTORS = ("exact", "one")
@@ -132,6 +136,8 @@ def shared_exponents(amax: np.ndarray, fmt: str, knobs: MxKnobs) -> np.ndarray:
     safe = np.where(positive, amax, np.float32(1))
     if knobs.exponent == "floor":
         exponent = _floor_log2(safe) - emax
+    elif knobs.exponent == "floor_log2f":  # log2 correctly rounded to float32, then the floor
+        exponent = np.floor(np.log2(safe.astype(np.float64)).astype(np.float32)).astype(np.int64) - emax
     elif knobs.exponent == "round":  # log2 of the mantissa in [1, 2) is >= 0.5 from sqrt(2) on
         mantissa = np.frexp(safe.astype(np.float64))[0] * 2
         exponent = _floor_log2(safe) + (mantissa >= np.sqrt(2.0)) - emax
