@@ -222,3 +222,31 @@ def test_an_int64_index_truncated_before_the_padding_test_is_named():
     assert outcome.status == FAIL
     assert outcome.cause and outcome.cause["id"] == "index_dtype_misread" and "truncated" in outcome.cause["text"], \
         outcome.message[-1000:]
+
+
+def _narrowed(fn, through):
+    """``fn`` with every floating source converted to ``through`` and back first (a float16 path
+    taken for bfloat16 data, a bfloat16 one for float32)."""
+    def narrowed(*args):
+        return fn(*(a.to(through).to(a.dtype) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                    and a.dtype != through and a.dtype.itemsize >= 2 and not _is_cache(a, args) else a
+                    for a in args))
+    return narrowed
+
+
+def _is_cache(tensor, args) -> bool:
+    return tensor is not args[0] and tensor is not args[1]  # the writers' sources come first
+
+
+@pytest.mark.parametrize("op, through", [("store_cache", torch.float16), ("reshape_and_cache_flash", torch.bfloat16)])
+def test_sources_narrowed_through_a_smaller_float_type_are_named(op, through):
+    """bfloat16 keys through float16 lose range (past 65504: inf) and float16 ones through
+    bfloat16 lose precision: every failing case of ordinary values names the round trip (where
+    NaN payloads and signs come into it, torch's conversions and the replay's part ways)."""
+    contract = next(c for c in _torch_contracts() if c.op == op)
+    kernel = Kernel(contract, _narrowed(getattr(tn, op), through), "test")
+    failures = [run_case(kernel, case) for case in catalogue(op, "quick") if case.cls in ("dtypes", "fp8")
+                and case.p.get("values", "random") == "random"]
+    failures = [o for o in failures if o.status == FAIL]
+    assert failures
+    assert all("source_narrowed" in named(o) for o in failures), [(o.cause or {}).get("id") for o in failures]

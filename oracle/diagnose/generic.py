@@ -186,6 +186,26 @@ def _nan_bits(array: np.ndarray, mode: str) -> np.ndarray:
     return np.where(nan, out, bits).astype(kind).view(array.dtype).reshape(array.shape)
 
 
+def narrowed_source_hypotheses(views: dict) -> list[Hypothesis]:
+    """The float sources converted to float16 or bfloat16 and back before use (a float16 path
+    taken for bfloat16 data, a bfloat16 one for float32): what a round trip through that type
+    keeps, its overflow to inf included."""
+    out = []
+    for through in ("float16", "bfloat16"):
+        sources = [v for v in _by_role(views, "source") if v.dtype in ("float32", "float16", "bfloat16")
+                   and v.dtype != through]
+        if sources:
+            names = " and ".join(f"{v.name} ({v.dtype})" for v in sources)
+            out.append(Hypothesis("source_narrowed", f"{names} converted to {through} and back before use",
+                                  inputs={v.name: (lambda a, t=through: _round_trip(a, t)) for v in sources}))
+    return out
+
+
+def _round_trip(array: np.ndarray, through: str) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return array.astype(NUMPY_DTYPES[through]).astype(array.dtype)
+
+
 def swapped_source_hypotheses(views: dict) -> list[Hypothesis]:
     """One source written where another belongs (K into the V cache)."""
     sources = _by_role(views, "source")
@@ -442,7 +462,7 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
             + source_hypotheses(views) + offset_hypotheses(prepared.arena, prepared.caches)
             + adjacency_hypotheses(views) + nan_bits_hypotheses(case, views)
-            + swapped_source_hypotheses(views)
+            + narrowed_source_hypotheses(views) + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches, getattr(spec, "paged", False))
             + width_hypotheses(views, prepared.caches)
             + overrun_hypotheses(views, prepared.caches) + tail_hypotheses(views, prepared.caches)

@@ -71,6 +71,7 @@ CAUSES = {
     "scale_layout_wrong": "the scale cache is written in another layout than its own",
     "blocks_straddle_heads": "scaling blocks run across head boundaries",
     "element_rounding": "the 4-bit elements are rounded another way (ties away from zero, toward zero)",
+    "source_narrowed": "the sources are converted through a narrower float type before use (range or precision lost)",
 }
 
 
