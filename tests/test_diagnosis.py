@@ -225,17 +225,11 @@ def test_an_int64_index_truncated_before_the_padding_test_is_named():
 
 
 def _narrowed(fn, through):
-    """``fn`` with every floating source converted to ``through`` and back first (a float16 path
-    taken for bfloat16 data, a bfloat16 one for float32)."""
-    def narrowed(*args):
-        return fn(*(a.to(through).to(a.dtype) if isinstance(a, torch.Tensor) and a.is_floating_point()
-                    and a.dtype != through and a.dtype.itemsize >= 2 and not _is_cache(a, args) else a
-                    for a in args))
+    """``fn`` with its two sources (a writer's first arguments) converted to ``through`` and back
+    first (a float16 path taken for bfloat16 data, a bfloat16 one for float32)."""
+    def narrowed(first, second, *rest):
+        return fn(first.to(through).to(first.dtype), second.to(through).to(second.dtype), *rest)
     return narrowed
-
-
-def _is_cache(tensor, args) -> bool:
-    return tensor is not args[0] and tensor is not args[1]  # the writers' sources come first
 
 
 @pytest.mark.parametrize("op, through", [("store_cache", torch.float16), ("reshape_and_cache_flash", torch.bfloat16)])

@@ -72,7 +72,7 @@ def holds(hypothesis: Hypothesis, spec, case, contract, prepared: Prepared, afte
         # its prior content in one of the two runs, whatever it holds
         inverted = spec.expected(_AsRead(prepared, arena, {**hypothesis.inputs, **flip}), case,
                                  contract, **hypothesis.override)
-        writes = {}  # view -> (what it writes, the indices of the elements written)
+        writes = {}  # view -> (what it writes, which of its elements it writes)
         for name, outcome in expected.items():
             prior = arena.numpy_view(prepared.before, name)
             want = _plain(outcome)
@@ -84,11 +84,11 @@ def holds(hypothesis: Hypothesis, spec, case, contract, prepared: Prepared, afte
         verdict = _writes_match(arena, writes, prepared.before, after, changed)
         if verdict is not None:
             return verdict
-        writes = {name: (want, np.nonzero(written)) for name, (want, written) in writes.items()}
         # written twice: in element order, and in reverse, since rows that overlap in memory (a
         # misaddressing kernel's) land in whatever order its threads finish
         orders = [{name: data.copy() for name, data in prepared.before.items()} for _ in range(2)]
-        for name, (want, where) in writes.items():
+        for name, (want, written) in writes.items():
+            where = np.nonzero(written)
             for regions, index in zip(orders, (where, tuple(a[::-1] for a in where))):
                 arena.numpy_view(regions, name)[index] = want[index]
     except (TypeError, ValueError, IndexError):
@@ -147,8 +147,8 @@ _HEAD_ROWS = 4  # rows (first-axis elements) checked first where no write can la
 
 def _first_rows(written: np.ndarray, count: int) -> tuple:
     """The indices of the written elements in the first ``count`` rows that hold any."""
-    if written.ndim < 2 or written.size == 0:
-        return tuple(axis[:count * (written[0].size if written.ndim > 1 else 1)] for axis in np.nonzero(written))
+    if written.ndim < 2 or written.size == 0:  # a row is one element, or nothing is written
+        return tuple(axis[:count] for axis in np.nonzero(written))
     rows = np.flatnonzero(written.reshape(written.shape[0], -1).any(axis=1))[:count]
     inner = np.nonzero(written[rows])
     return (rows[inner[0]],) + inner[1:]

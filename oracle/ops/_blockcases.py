@@ -62,8 +62,7 @@ def values(rng: np.random.Generator, kind: str, fmt: str, shape: tuple, dtype: s
     count = -(-width // block)
     x = _build.values(rng, (rows, count, block), "float32").astype(np.float64)
     choice = (np.arange(rows * count).reshape(rows, count) % 8)[..., None]  # each block's role
-    if kind == "special":  # block exponents across the source dtype's whole range, its subnormals
-        # included
+    if kind == "special":  # block exponents across the source dtype's whole range, its subnormals included
         low, high = (-26, 14) if dtype == "float16" else (-140, 120)
         k = np.where(choice > 0, rng.integers(low, high + 1, (rows, count, 1)), rng.integers(-8, 9, (rows, count, 1)))
         m = rng.choice(_MANTISSAS, x.shape) * rng.choice([-1.0, 1.0], x.shape)
@@ -72,9 +71,9 @@ def values(rng: np.random.Generator, kind: str, fmt: str, shape: tuple, dtype: s
         if dtype == "float32":  # every 8th block's amax the float just below 2**k: a log2 taken
             # in float32 rounds to k there (k >= 3, k <= -2) and floors one binade too high
             edge = np.exp2(rng.integers(3, 100, (rows, count, 1)) * rng.choice([-1.0, 1.0], (rows, count, 1)))
-            low = rng.choice([0.0, 0.25, 0.5, 0.75], x.shape) * edge * rng.choice([-1.0, 1.0], x.shape)
+            smaller = rng.choice([0.0, 0.25, 0.5, 0.75], x.shape) * edge * rng.choice([-1.0, 1.0], x.shape)
             at = np.arange(block) == rng.integers(0, block, (rows, count, 1))
-            below = np.where(at, (1 - 2.0 ** -24) * edge * rng.choice([-1.0, 1.0], (rows, count, 1)), low)
+            below = np.where(at, (1 - 2.0 ** -24) * edge * rng.choice([-1.0, 1.0], (rows, count, 1)), smaller)
             x = np.where(choice == 7, below, x)
     elif kind == "zero_blocks":
         tiny = 1e-40 * rng.integers(1, 9, x.shape)
