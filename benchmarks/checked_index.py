@@ -6,7 +6,10 @@ call checks it on the device (a check grid first, for an index longer than 256 e
 check's verdict word instead. For each writer and size this times, eagerly with inputs rotated
 past the L2 (oracle bench's timer, without a graph), alternated round by round in one process:
 
-- ``per_call``: the validating writer on a plain index (the check on every call);
+- ``per_call``: the validating writer on a plain index with check reuse off
+  (``oracle.kernels.check_reuse``): the check on every call, as a new index tensor each call pays;
+- ``reused``: the validating writer on the same index tensors, check reuse on (the default): each
+  input set's index checked on its first call, its verdict read after that;
 - ``checked``: the writer on an index checked beforehand (``<name>.checked_index`` with its inputs
   prepared once, outside the timed calls: what each layer of a step costs);
 - ``unchecked``: ``validate=False``;
@@ -25,11 +28,12 @@ import argparse
 from oracle.bench.runner import prepared
 from oracle.bench.timers import alternated, cold_sets, medians, save_alternated
 from oracle.bench.workloads import make_workload
+from oracle.kernels import check_reuse
 from oracle.kernels.checked_index import INDEX_ARGUMENTS, check_index
 from oracle.registry import default_registry
 
 WRITERS = (("set_mla_kv_buffer", "bf16"), ("store_cache", "bf16"), ("reshape_and_cache_flash", "e4m3fn"))
-LABELS = ("per_call", "checked", "unchecked", "check")
+LABELS = ("per_call", "reused", "checked", "unchecked", "check")
 LAYERS = 61
 
 
@@ -43,8 +47,9 @@ def _variants(name: str, op: str, first: tuple, rotation: tuple) -> dict:
     def check(*args):
         check_index(args[position], bound, padding=padding)
 
-    nothing = lambda: None  # noqa: E731  (no knob to set)
-    return {"per_call": (nothing, kernels[name].fn),
+    nothing = lambda: check_reuse.set_enabled(True)  # noqa: E731  (the default)
+    return {"per_call": (lambda: check_reuse.set_enabled(False), kernels[name].fn),
+            "reused": (nothing, kernels[name].fn),
             "checked": (nothing, fn, checked_args, checked_sets),
             "unchecked": (nothing, kernels[f"{name}.unchecked"].fn),
             "check": (nothing, check)}
@@ -58,7 +63,7 @@ def main() -> int:
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     default_registry.discover()
-    print(f"{'writer':44s} {'N':>6s} {'per_call':>9s} {'checked':>8s} {'unchecked':>9s} {'check':>7s} "
+    print(f"{'writer':44s} {'N':>6s} {'per_call':>9s} {'reused':>7s} {'checked':>8s} {'unchecked':>9s} {'check':>7s} "
           f"{'per layer, ' + str(LAYERS) + ' layers':>20s}  (us, eager, cold)")
     rows = []
     for op, variant in WRITERS:
@@ -77,7 +82,7 @@ def main() -> int:
                 per_layer = med["checked"] + med["check"] / LAYERS
                 rows.append({"kernel": name, "op": op, "variant": variant, "n": n, "bytes": first.bytes,
                              "median_us": med, "per_layer_us": per_layer, "samples_us": times})
-                print(f"{name + ' [' + variant + ']':44s} {n:6d} {med['per_call']:9.2f} {med['checked']:8.2f} "
+                print(f"{name + ' [' + variant + ']':44s} {n:6d} {med['per_call']:9.2f} {med['reused']:7.2f} {med['checked']:8.2f} "
                       f"{med['unchecked']:9.2f} {med['check']:7.2f} {per_layer:20.2f}", flush=True)
     save_alternated(args.json, args.rounds, rows, layers=LAYERS)
     return 0

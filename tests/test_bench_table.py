@@ -189,6 +189,24 @@ def test_bench_goals_judge_a_checked_index_writer_against_the_unchecked_twin(tmp
         "2.4 us, 42%", ">= 85%", "**no**"]
 
 
+def test_bench_goals_judge_a_writer_checking_its_index_each_call_against_the_same_twin(tmp_path, capsys):
+    """The row of a validating writer timed with check reuse off is judged against the writer's own
+    ``.unchecked`` twin at N = 16384, and left out at N <= 64, where no call reuses a check."""
+    fresh = "cuda.set_mla_kv_buffer [index checked each call]"
+    report = goal_report(2.1)
+    report["rows"] += [row(fresh, 16384, 2.6, "eager"), row(fresh, 64, 9.0, "eager"),
+                       row("cuda.set_mla_kv_buffer", 64, 8.0, "eager"),
+                       row("cuda.set_mla_kv_buffer.unchecked", 64, 7.5, "eager")]
+    assert main(["report", "bench-goals", write(tmp_path, report)]) == 0
+    lines = goal_lines(capsys.readouterr().out)
+    assert lines[f"MLA N=16384 eager: {fresh} / cuda.set_mla_kv_buffer.unchecked"] == ["1.30x", "<= 1.1x", "**no**"]
+    assert lines["MLA N=16384 eager: cuda.set_mla_kv_buffer / cuda.set_mla_kv_buffer.unchecked"] == [
+        "1.05x", "<= 1.1x", "yes"]
+    assert lines[f"MLA N=16384 eager: {fresh} vs the copy ceiling"] == ["2.6 us, 38%", ">= 85%", "**no**"]
+    assert "set_mla_kv_buffer [bf16] N=64 eager: cuda.set_mla_kv_buffer - .unchecked" in lines
+    assert not [goal for goal in lines if "N=64" in goal and fresh in goal]
+
+
 def test_bench_goals_judge_the_block_scaled_triton_writer_against_the_ceiling(tmp_path, capsys):
     report = goal_report(2.0)
     for kernel, us in (("triton.reshape_and_cache_block", 1.2), ("triton.reshape_and_cache_block.unchecked", 1.1),

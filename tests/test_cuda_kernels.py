@@ -387,20 +387,25 @@ def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph():
     (``check_early``): the writer launched after the check's own wait, loading its first row before
     its own, or launched at once, while the write before it may still run; the 4096-entry one the
     MLA writer checks inside its own grid (mla_checked.cu), whose next launch is let in after its
-    barrier."""
+    barrier. With check reuse on (the default, oracle.kernels.check_reuse) the second write of an
+    index reads the verdict its first call's check left, in place of a check grid."""
     import functools
 
+    from oracle.kernels import check_reuse
     from pdl_chain import check_chained_writes
 
     tune = _ops().tune
     default = tune("check_early", 0)
     try:
-        for validate, early, n in ((True, 0, 32768), (True, 1, 32768), (True, 0, 4096), (False, 0, 32768)):
+        for validate, early, n, reuse in ((True, 0, 32768, False), (True, 1, 32768, False), (True, 0, 4096, False),
+                                          (True, 1, 32768, True), (False, 0, 32768, True)):
             tune("check_early", early)
+            check_reuse.set_enabled(reuse)
             check_chained_writes(functools.partial(cuda_kernels.set_mla_kv_buffer, pdl=True, validate=validate),
                                  functools.partial(cuda_kernels.store_cache, pdl=True, validate=validate), n=n)
     finally:
         tune("check_early", default)
+        check_reuse.set_enabled(True)
 
 
 @gpu

@@ -464,16 +464,20 @@ def test_pdl_launches_write_right_eagerly_and_replayed_from_a_graph(monkeypatch)
     the first wrote still see it, eagerly and in a graph, for both kernels (the MLA writer and the
     paged writer behind store_cache): tests/pdl_chain.py. Validating too: eagerly the index (32768
     entries) takes the check grid, which lets the writer launch at once (while the write before it
-    may still run) or, with ``_validate.CHECK_EARLY`` off, after the check's own wait."""
+    may still run) or, with ``_validate.CHECK_EARLY`` off, after the check's own wait; with check
+    reuse on (oracle.kernels.check_reuse), a second write of an index reads its first call's verdict
+    instead."""
     import functools
     import torch
+    from oracle.kernels import check_reuse
     from oracle.kernels.triton import _plans, _validate, ops, tiles
     from pdl_chain import check_chained_writes
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90")
-    for validate, early in ((False, True), (True, True), (True, False)):
+    for validate, early, reuse in ((False, True, True), (True, True, False), (True, False, False), (True, True, True)):
         monkeypatch.setattr(_validate, "CHECK_EARLY", early)
+        monkeypatch.setattr(check_reuse, "ENABLED", reuse)
         for mode in ("pdl", "never"):  # the second write's L2 prefetches run before its wait, or not at all
             monkeypatch.setattr(tiles, "PREFETCH", mode)
             _plans.clear()  # a launch plan keeps the constexprs it was built with

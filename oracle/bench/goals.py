@@ -7,7 +7,10 @@ whether it is met. The goals:
 
 - MLA 512+64 bf16, N = 16384, eager: every CUDA and Triton writer at >= 85% of the copy ceiling
   and >= 2.9x the seed's writer; each validating writer <= 1.1x its ``.unchecked`` twin (the
-  ``.checked_index`` writers, given an index checked once per input set, too).
+  ``.checked_index`` writers, given an index checked once per input set, too). A validating
+  writer is judged twice: as the bench calls it, each input set's index tensor kept, so its
+  check is reused (oracle.kernels.check_reuse), and with a check on every call (the rows
+  ``<name> [index checked each call]``).
 - N = 1, 16, 64, eager: each validating writer within 1.5 us of its ``.unchecked`` twin and no
   slower than plain ``index_put_``.
 - store_cache, 2 KiB rows, N = 16384, eager: CUDA and Triton writers at >= 85% of the ceiling.
@@ -37,6 +40,9 @@ def _writers(rows: dict) -> dict:
 
 
 CHECKED = ".checked_index"  # a validating writer given an index checked beforehand (oracle.kernels.check_index)
+# a validating writer timed with check reuse off (oracle.kernels.check_reuse): its index checked on
+# every call, as a new index tensor is; eager rows of N > 256 only differ from the writer's own
+FRESH = " [index checked each call]"
 
 
 def _validating(rows: dict) -> list[str]:
@@ -45,7 +51,7 @@ def _validating(rows: dict) -> list[str]:
 
 
 def _twin(name: str) -> str:
-    return name.removesuffix(CHECKED) + ".unchecked"
+    return name.removesuffix(FRESH).removesuffix(CHECKED) + ".unchecked"
 
 
 def goals(report: dict) -> list[Goal]:
@@ -76,6 +82,8 @@ def goals(report: dict) -> list[Goal]:
             rows = _rows(report, op, variant, n)
             put = rows.get("ref:index_put_")
             for name in _validating(rows):
+                if name.endswith(FRESH):
+                    continue  # at these lengths every call checks its index: the writer's own row
                 twin = rows.get(_twin(name))
                 if twin:
                     gap = rows[name]["us"] - twin["us"]

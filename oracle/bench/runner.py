@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from ..reference.fp8 import FORMATS as FP8_FORMATS
+from .goals import FRESH
 from .output import format_table, groups
 from .timers import (COPY_BYTES, SAMPLE_SECONDS, Sampler, _sync, cold_sets, copy_bandwidth, make_timer,
                      same_size_copy_timer)
@@ -165,6 +166,27 @@ def references(op: str, peers: list) -> list:
     return out
 
 
+def fresh_index_rows(kernels: list) -> list:
+    """For each CUDA writer that reuses its index's check while the index is unchanged
+    (oracle.kernels.check_reuse: the bench's input sets keep their index tensors, as the layers of
+    a step do), the same writer timed with reuse off: the check on every call, as a writer given
+    a new index tensor each time pays it. Timed eagerly only (a graph leaves the check out)."""
+    from ..kernels import check_reuse
+
+    def fresh(fn):
+        def call(*args):
+            check_reuse.ENABLED = False
+            try:
+                fn(*args)
+            finally:
+                check_reuse.ENABLED = True
+        return call
+
+    return [SimpleNamespace(name=k.name + FRESH, fn=fresh(k.fn), unavailable=k.unavailable, contract=k.contract)
+            for k in kernels if _device_of(k) == "cuda" and getattr(k.fn, "reuses_checks", False)
+            and check_reuse.ENABLED]
+
+
 def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, variants: dict | None = None,
         quiet: bool = False, log=print, modes: tuple = MODES, l2_states: tuple = ("cold",),
         peer_files: tuple = ()) -> dict:
@@ -190,7 +212,7 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
     for op in ops:
         kernels, left_out = select_kernels(op, backend)
         if torch.cuda.is_available() and any(_device_of(k) == "cuda" for k in kernels):
-            kernels = kernels + references(op, peers)
+            kernels = kernels + fresh_index_rows(kernels) + references(op, peers)
         notes[op] = left_out
         for line in left_out:
             log(f"note: {line}")
@@ -213,7 +235,8 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
                 cuda_first = next((w for k, w in zip(all_here, workloads_all) if _device_of(k) == "cuda"), None)
                 rotation = cold_sets(op, variant, n, cuda_first) if cuda_first is not None else ()
                 for mode, l2, devices in _passes(all_here, modes, l2_states):
-                    picked = [i for i, k in enumerate(all_here) if _device_of(k) in devices]
+                    picked = [i for i, k in enumerate(all_here) if _device_of(k) in devices
+                              and not (mode == "graph" and k.name.endswith(FRESH))]
                     kernels_here = [all_here[i] for i in picked]
                     workloads = [workloads_all[i] for i in picked]
                     timers = []

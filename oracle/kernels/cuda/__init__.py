@@ -24,6 +24,10 @@ torch custom ops ``torch.ops.kv_oracle_cuda.*`` and, through :func:`register`, a
   a bitwise copy for ``"auto"``, else fp8 e4m3fn / e5m2 codes of ``x / scale`` (IEEE float32
   division, per-tensor or per-head scale) by ``cvt.rn.satfinite``; negative slots skipped.
 
+A validating call on a long index that the writer's grid does not check itself reuses the verdict
+of an earlier call's check while torch sees that index tensor unchanged (its version counter:
+:mod:`oracle.kernels.check_reuse`), as every layer of a step passes one index.
+
 Slots are checked on the device (``validate``, default True): a call with an illegal slot writes
 nothing, returns without synchronizing, and its error is raised by the next validating call on
 that device, by ``oracle.kernels.raise_deferred_errors()``, or at once with ``validate="sync"`` or
@@ -51,6 +55,7 @@ import torch
 import oracle
 
 from .. import _deferred, _jit
+from ..check_reuse import reusing
 from ..checked_index import CHECKED_NOTE, CheckedIndex, CheckedIndexWriter, resolve, slots_of
 from . import _build
 
@@ -125,6 +130,7 @@ def _finish(cache: torch.Tensor, sync: bool) -> None:
     _deferred.raise_at_once(cache.get_device())
 
 
+@reusing("store_cache", padding="none")
 def store_cache(k, v, k_cache, v_cache, loc, *, pdl=True, validate=True):
     """``k_cache[loc] = k; v_cache[loc] = v`` (sglang's store_cache; every slot must be in range).
     ``pdl``: launch with programmatic dependent launch (default; see :data:`PDL_NOTE`; False: a plain launch).
@@ -136,6 +142,23 @@ def store_cache(k, v, k_cache, v_cache, loc, *, pdl=True, validate=True):
     _finish(k_cache, sync)
 
 
+_in_grid_rows: dict = {}  # MLA row bytes -> the longest index the writer's own grid checks
+
+
+def _mla_reuse_from(args: tuple) -> int:
+    """The shortest index whose check set_mla_kv_buffer reuses (oracle.kernels.check_reuse): past
+    what its own grid checks in the same launch (up to 7508 rows of 1152 bytes on the H100)."""
+    nope, rope = args[2], args[3]
+    if not (isinstance(nope, torch.Tensor) and isinstance(rope, torch.Tensor)):
+        return 1 << 62  # the writer refuses them itself
+    row_bytes = nope.shape[-1] * nope.element_size() + rope.shape[-1] * rope.element_size()
+    found = _in_grid_rows.get(row_bytes)
+    if found is None:
+        found = _in_grid_rows[row_bytes] = int(ops().mla_checked_rows(row_bytes)) + 1
+    return found
+
+
+@reusing("set_mla_kv_buffer", padding="none", reuse_from=_mla_reuse_from)
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, pdl=True, validate=True):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)`` (sglang's SM90 TMA writer; every slot in
     range). ``pdl``, ``validate``, ``loc``: as store_cache's."""
@@ -145,6 +168,7 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, pdl=True, v
     _finish(kv_buffer, sync)
 
 
+@reusing("reshape_and_cache_flash", padding="negative")
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
                             pdl=True, validate=True):
     """vLLM's paged K/V writer on any [num_blocks, block_size, H, D] cache view (NHD or HND);
@@ -172,7 +196,8 @@ CHECKS = ("devices, dtypes, shapes and strides checked on the host before anythi
           "own grid at a grid barrier), never read on the host (not while a CUDA graph is captured: the replay then drops any "
           "slot outside the cache, as the unchecked path does): a call with an illegal slot writes "
           "nothing and its error is raised by the next validating call or oracle.kernels.raise_deferred_errors() "
-          "(errors='deferred'; at once with validate='sync' or KV_ORACLE_SYNC_ERRORS=1)")
+          "(errors='deferred'; at once with validate='sync' or KV_ORACLE_SYNC_ERRORS=1); a long index's check is "
+          "reused while torch sees the index tensor unchanged (oracle.kernels.check_reuse)")
 UNCHECKED_NOTE = ("validate=False: no slot check (the caller vouches for the slots); metadata still checked, "
                   "out-of-range slots skipped")
 LAYOUT = ("any source/cache row and head strides, only the last dim contiguous; int64 byte offsets; vector "

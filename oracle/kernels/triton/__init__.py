@@ -153,7 +153,8 @@ DEFERRED_NOTE = ("slots checked on the device, never read on the host (not while
                  "the replay then drops any slot outside the cache): a call with an illegal slot "
                  "writes nothing and its error is raised by the next validating call or by "
                  "oracle.kernels.raise_deferred_errors() (errors='deferred'; at once with validate='sync' "
-                 "or KV_ORACLE_SYNC_ERRORS=1)")
+                 "or KV_ORACLE_SYNC_ERRORS=1); a long index's check is reused while torch sees the index "
+                 "tensor unchanged (oracle.kernels.check_reuse)")
 
 
 def _register(fn, pdl: bool = False, **fields) -> None:

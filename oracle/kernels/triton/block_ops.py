@@ -33,6 +33,7 @@ import torch
 
 from .._checks import FLOAT_DTYPES, INDEX_DTYPES
 from .. import _deferred
+from ..check_reuse import reusing
 from . import _host, _plans, _runtime, _validate
 
 # fmt -> (the kernel's FMT code, elements per block, elements per code byte)
@@ -257,6 +258,7 @@ def quantize_block(codes, scales, x, fmt, global_scale=None, *, validate=True, p
     _validate.finish(check)
 
 
+@reusing("reshape_and_cache_block", padding="negative")
 @_plans.planned(_host.plans_enabled)
 def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,
                             slot_mapping, fmt, k_global_scale=None, v_global_scale=None, *, validate=True,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from ..check_reuse import reusing
 from .._checks import (FLOAT_DTYPES, FP8_FORMATS, KV_CACHE_DTYPES, check_concat_mla, check_paged_write,
                        check_rows, check_scale, check_translate, check_translate_values)
 from . import _host, _plans, _runtime, _validate, tiles
@@ -79,6 +80,7 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: _host.Pad
 
 # --- the ops -------------------------------------------------------------------------------
 
+@reusing("store_cache")
 @_plans.planned(_host.plans_enabled)
 def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, pdl=None):
     """``k_cache[loc] = k; v_cache[loc] = v``, rows ``[H, D]`` copied bitwise (any dtype; fp8
@@ -111,6 +113,7 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, p
     _validate.finish(check)
 
 
+@reusing("set_mla_kv_buffer")
 @_plans.planned(_host.plans_enabled)
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none", validate=True, pdl=None):
     """``kv_buffer[loc, :nope + rope] = cat(nope, rope)``, bitwise; elements past nope + rope
@@ -162,6 +165,7 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: _host.Padding,
                                                                ("PF_B", t.block_b, width_b, b1 == 1))))
 
 
+@reusing("concat_and_cache_mla")
 @_plans.planned(_host.plans_enabled)
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
                          padding="negative", allow_interpreter_fp8=False, validate=True, pdl=None):
@@ -196,6 +200,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     _validate.finish(check)
 
 
+@reusing("reshape_and_cache_flash")
 @_plans.planned(_host.plans_enabled)
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                             k_scale, v_scale, *, padding="negative", allow_interpreter_fp8=False,
