@@ -41,7 +41,7 @@ stage_tests() {
   time timeout 420 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_triton_plans.py \
       tests/test_deferred_errors.py tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_triton_kernels.py \
       tests/test_triton_block_kernels.py tests/test_triton_block_plans.py tests/test_checked_index_gpu.py \
-      tests/test_cuda_in_grid_check.py | tail -30
+      tests/test_cuda_in_grid_check.py tests/test_check_reuse.py | tail -30
   python3 benchmarks/host_cost.py --calls 2000 --json "$OUT/host-cost.json"
 }
 
