@@ -72,3 +72,29 @@ def test_bench_options_and_a_missing_peer_file():
                            "--repeats", "1", "--peer-file", "/nonexistent/peer.py"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "--peer-file '/nonexistent/peer.py' is not a file" in proc.stderr
+
+
+def test_a_reusing_writer_is_also_timed_with_its_index_checked_each_call():
+    """oracle bench adds, for each CUDA writer that reuses its index's check, a row of the same
+    writer called with reuse off (and only for such writers); reuse is back on after each call."""
+    from types import SimpleNamespace
+
+    from oracle.bench.runner import FRESH, fresh_index_rows
+    from oracle.kernels import check_reuse
+
+    seen = []
+
+    @check_reuse.reusing("store_cache", padding="none")
+    def writer(*args, validate=True):
+        seen.append(check_reuse.ENABLED)
+
+    contract = SimpleNamespace(device="cuda", backend="cuda")
+    kernels = [SimpleNamespace(name="x.store_cache", fn=writer, contract=contract, unavailable=lambda: None),
+               SimpleNamespace(name="x.store_cache.unchecked", fn=lambda *a: None, contract=contract,
+                               unavailable=lambda: None),
+               SimpleNamespace(name="cpu.store_cache", fn=writer, unavailable=lambda: None,
+                               contract=SimpleNamespace(device="cpu", backend="cpu"))]
+    rows = fresh_index_rows(kernels)
+    assert [r.name for r in rows] == ["x.store_cache" + FRESH] and rows[0].contract is contract
+    rows[0].fn(1, 2, 3, 4, 5)
+    assert seen == [False] and check_reuse.ENABLED

@@ -122,7 +122,8 @@ def test_a_change_torch_sees_checks_the_index_again(interpret):
 @pytest.mark.parametrize("interpret", WHERE)
 def test_what_is_never_reused(interpret):
     """No reuse for a short index (every program scans it), for validate=False, or with reuse
-    turned off; and an index that is freed leaves nothing kept."""
+    turned off; an index nothing else holds any more is let go at the next check, and no more than
+    CAPACITY indices are kept."""
     out = scenario("""
     import gc
     results = {}
@@ -136,19 +137,21 @@ def test_what_is_never_reused(interpret):
     results["off"] = counted(lambda: [mla(buf, loc, 3) for _ in range(2)])
     check_reuse.set_enabled(True)
     mla(buf, loc, 4)
-    kept = len(check_reuse._entries)
+    kept = check_reuse.kept()
     del loc
     gc.collect()
-    results["freed"] = [kept, len(check_reuse._entries)]
+    other = slots(N, 600, 2)
+    mla(buf, other, 5)
+    results["freed"] = [kept, check_reuse.kept()]
     many = [slots(N, 600, seed) for seed in range(check_reuse.CAPACITY + 6)]
     for index in many:
-        mla(buf, index, 5)
-    results["bounded"] = len(check_reuse._entries)
+        mla(buf, index, 6)
+    results["bounded"] = check_reuse.kept()
     emit(results)
     """, interpret)
     for name in ("short", "unchecked", "off"):
         assert out[name] == {"checked": 0, "reused": 0}, name
-    assert out["freed"] == [1, 0]
+    assert out["freed"] == [1, 1]  # the freed index let go, the other one kept
     assert out["bounded"] == check_reuse.CAPACITY
 
 
@@ -225,19 +228,26 @@ def test_cuda_writers_reuse_without_synchronizing_and_per_stream():
     assert counts == [{"checked": 1, "reused": 1}, {"checked": 0, "reused": 2}, {"checked": 1, "reused": 1}]
 
 
-def test_a_kept_verdict_gives_the_checked_index_a_new_one_would():
-    """A reused entry's CheckedIndex: the caller's tensor itself, the first check's verdict, and
-    every other field (the launch plans' signature included) as the dataclass computes them."""
-    from oracle.kernels.checked_index import CheckedIndex
+def test_a_writer_is_given_a_checked_index_of_the_callers_own_tensor():
+    """What a reusing writer is called with: on the first call and on the next, one CheckedIndex of
+    the caller's tensor itself (not a copy), checked against the cache's slots under the writer's
+    padding; the writer's other arguments as they came."""
+    calls = []
+
+    @check_reuse.reusing("set_mla_kv_buffer")
+    def writer(kv_buffer, loc, nope, rope, *, padding="none", validate=True):
+        calls.append((kv_buffer, loc, nope, rope, padding))
+
     check_reuse.forget()
     loc = torch.randperm(1000, generator=torch.Generator().manual_seed(0))[:400]
-    first = check_reuse.checked_for(loc, 1000, "negative", -1)
-    again = check_reuse.checked_for(loc, 1000, "negative", -1)
-    made = CheckedIndex(loc, first.verdict, 1000, "negative")
-    assert again is not first and again.index is loc and again.verdict is first.verdict
-    assert (again.num_slots, again.padding, again.entries) == (made.num_slots, made.padding, made.entries)
-    key, parts, pointers, device = again.signature
-    assert (key, pointers, device) == (made.signature[0], made.signature[2], made.signature[3])
-    assert parts[0] is loc and parts[1] is first.verdict
+    buf, nope, rope = torch.zeros(1000, 4), torch.zeros(400, 3), torch.zeros(400, 1)
+    writer(buf, loc, nope, rope, padding="negative")
+    writer(buf, loc, nope, rope, padding="negative")
+    first, again = calls[0][1], calls[1][1]
+    assert again is first and first.index is loc and len(first) == 400
+    assert (first.num_slots, first.padding) == (1000, "negative")
     assert int(first.verdict.min()) == 400  # every entry legal
+    assert [c[0] is buf and c[2] is nope and c[3] is rope and c[4] == "negative" for c in calls] == [True, True]
+    writer(buf, loc, nope, rope, validate=False)
+    assert calls[2][1] is loc
     check_reuse.forget()

@@ -10,13 +10,12 @@ call with **the same tensor object, at the same version**, reads that verdict in
 again, as a :class:`~oracle.kernels.checked_index.CheckedIndex` would, with nothing launched before
 the writer.
 
-**What "unchanged" means.** An entry is reused only while all of these hold: the index is the very
-tensor object that was checked (held by a weak reference, so a new tensor at a recycled address is
-never taken for it), its version counter (``tensor._version``, bumped by every in-place torch op on
-it or on any view of its storage: ``copy_``, ``index_put_``, ``fill_``, ``out=``, custom ops that
-declare the mutation) has not moved, its data pointer, shape and strides are the same, it is
-checked against the same number of slots under the same padding, and the call is on the same
-device and stream as the check. Anything else checks again.
+**What "unchanged" means.** A verdict is reused only while all of these hold: the index is the
+very tensor object that was checked, its version counter (``tensor._version``, bumped by every
+in-place torch op on it or on any view of its storage: ``copy_``, ``index_put_``, ``fill_``,
+``out=``, custom ops that declare the mutation) has not moved, its data pointer and length are the
+same, the cache has the same number of slots and the writer the same padding policy, and the call
+is on the same device and stream as the check. Anything else checks again.
 
 **The limit.** A kernel that writes the index's memory behind torch's back (a raw Triton or CUDA
 launch on its data pointer, a CUDA graph replay into a static buffer) does not bump the version.
@@ -24,13 +23,14 @@ A call after such a write reuses a stale verdict. The writer still reads the ind
 and every writer skips any row whose slot lies outside the cache, so nothing is ever written outside
 it; but an illegal entry written that way is skipped without an error, and the call's legal rows
 are written. Turn reuse off where an index is changed that way (``KV_ORACLE_CHECK_REUSE=0``, read
-at import, or :func:`set_enabled`), or pass a fresh tensor (a new view is enough) each time.
+at import, or :func:`set_enabled`), or pass a new tensor (a new view is enough) each time.
 
 Reuse applies to validating calls (``validate`` True or "sync") on an index longer than
 ``REUSE_FROM`` entries (shorter ones are scanned by every block or program of the writer, in one
 launch), never while a CUDA graph is being captured (the capture leaves the check out), and
 never to an index that is not a 1-D int32/int64 tensor on the cache's device (the writer refuses
-those in its own words).
+those in its own words). A kept index is held until the next check finds nothing else holding it
+(at most ``CAPACITY`` of them): holding it keeps its memory from being handed to another tensor.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import weakref
+import sys
 
 import torch
 
@@ -48,7 +48,7 @@ from .checked_index import INDEX_ARGUMENTS, CheckedIndex, check_index, slots_of
 
 ENV = "KV_ORACLE_CHECK_REUSE"
 REUSE_FROM = 257  # entries: up to 256, every block of a writer scans the index itself, in one launch
-CAPACITY = 64  # entries kept at most (an engine needs one per step; the bench rotates up to 8 per cell)
+CAPACITY = 64  # indices kept at most (an engine needs one per step; the bench rotates up to 8 per cell)
 
 
 def enabled_by_default() -> bool:
@@ -57,7 +57,7 @@ def enabled_by_default() -> bool:
 
 
 ENABLED = enabled_by_default()
-_entries: dict = {}  # (id(index), num_slots, padding) -> _Entry
+_kept: dict = {}  # id(index) -> _Kept
 stats = {"checked": 0, "reused": 0}  # for tests and benchmarks
 
 
@@ -67,70 +67,60 @@ def set_enabled(flag: bool) -> None:
     global ENABLED
     ENABLED = bool(flag)
     if not ENABLED:
-        _entries.clear()
+        _kept.clear()
 
 
 def forget() -> None:
     """Forget every kept verdict (the next validating call of each index checks it again)."""
-    _entries.clear()
+    _kept.clear()
 
 
-class _Entry:
-    """A kept verdict: what its index was when checked (held weakly: the entry must not keep the
-    caller's tensor alive) and the CheckedIndex's fields but the index itself."""
-
-    __slots__ = ("ref", "version", "pointer", "entries", "strides", "stream", "fields", "key", "pointers")
-
-    def __init__(self, ref, index: torch.Tensor, stream: int, checked: CheckedIndex):
-        self.ref, self.version, self.pointer = ref, index._version, index.data_ptr()
-        self.entries, self.strides, self.stream = index.numel(), index.stride(), stream
-        self.fields = {name: value for name, value in vars(checked).items() if name not in ("index", "signature")}
-        self.key, _, self.pointers, _ = checked.signature
-
-    def checked(self, index: torch.Tensor) -> CheckedIndex:
-        """The CheckedIndex of ``index`` (the very tensor checked), without recomputing its
-        signature: the frozen dataclass's fields set as __post_init__ would set them (this runs on
-        every reusing call)."""
-        checked = _new(CheckedIndex)
-        fields = self.fields.copy()
-        fields["index"] = index
-        fields["signature"] = (self.key, (index, fields["verdict"]), self.pointers, self.stream[0])
-        _set(checked, "__dict__", fields)
-        return checked
+def kept() -> int:
+    """How many indices have kept verdicts."""
+    return len(_kept)
 
 
 _Tensor = torch.Tensor
-_new, _set = object.__new__, object.__setattr__
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _drop(key, ref) -> None:
-    found = _entries.get(key)
-    if found is not None and found.ref is ref:
-        del _entries[key]
+class _Kept:
+    """One index's verdicts: what the index was when checked, and a CheckedIndex (of the index
+    itself, not a copy) per (number of slots, padding as the writer spelled it)."""
+
+    __slots__ = ("index", "version", "pointer", "entries", "device", "stream", "checks")
+
+    def __init__(self, index: torch.Tensor, device: int, stream: int):
+        self.index, self.version, self.pointer = index, index._version, index.data_ptr()
+        self.entries, self.device, self.stream, self.checks = index.numel(), device, stream, {}
+
+    def current(self, index: torch.Tensor) -> bool:
+        """Whether ``index`` (this very tensor) is as it was checked, on the stream it was checked on."""
+        return (index._version == self.version and index.data_ptr() == self.pointer
+                and index.numel() == self.entries
+                and (_raw_stream(self.device) if self.device >= 0 else -1) == self.stream)
+
+    def unheld(self) -> bool:
+        """Whether nothing but this entry holds its index: the entry, and each CheckedIndex twice
+        (its field and its signature), and getrefcount's own argument."""
+        return sys.getrefcount(self.index) <= 2 + 2 * len(self.checks)
 
 
-def checked_for(index: torch.Tensor, num_slots: int, padding: str, device: int) -> CheckedIndex | None:
-    """The CheckedIndex a validating call on ``index`` (a 1-D int32/int64 tensor longer than
-    REUSE_FROM, on its cache's device, whose index ``device`` is: -1 for the CPU) reads: the kept
-    one where ``index`` is unchanged since its check (see the module docstring), else a new check's
-    (kept for the next call); None while a CUDA graph is being captured. Its ``index`` is the
-    caller's tensor itself, not a copy."""
-    key = (id(index), num_slots, padding)
-    found = _entries.get(key)
-    stream = (device, _raw_stream(device) if device >= 0 else -1)
-    if (found is not None and found.ref() is index and found.version == index._version
-            and found.stream == stream and found.pointer == index.data_ptr() and found.entries == index.numel()
-            and found.strides == index.stride()):
-        stats["reused"] += 1
-        return found.checked(index)
+def _check(index: torch.Tensor, device: int, num_slots: int, spelled: str, spec: str) -> CheckedIndex | None:
+    """Check ``index`` on its device and keep the verdict (forgetting indices nothing else holds
+    any more); None while a CUDA graph is being captured."""
     if device >= 0 and torch._C._cuda_isCurrentStreamCapturing():
         return None
-    verdict = check_index(index, num_slots, padding=padding).verdict
-    checked = CheckedIndex(index, verdict, num_slots, padding)
-    if len(_entries) >= CAPACITY:
-        del _entries[next(iter(_entries))]  # the oldest
-    _entries[key] = _Entry(weakref.ref(index, functools.partial(_drop, key)), index, stream, checked)
+    for key in [key for key, entry in _kept.items() if entry.index is not index and entry.unheld()]:
+        del _kept[key]
+    entry = _kept.get(id(index))
+    stream = _raw_stream(device) if device >= 0 else -1
+    if entry is None or entry.index is not index or not entry.current(index):
+        if len(_kept) >= CAPACITY:
+            del _kept[next(iter(_kept))]  # the oldest
+        entry = _kept[id(index)] = _Kept(index, device, stream)
+    verdict = check_index(index, num_slots, padding=spec).verdict
+    checked = entry.checks[(num_slots, spelled)] = CheckedIndex(index, verdict, num_slots, spec)
     stats["checked"] += 1
     return checked
 
@@ -140,7 +130,7 @@ def reusing(op: str, padding: str | None = None, reuse_from=None):
     whose positional conventions it follows) so that its validating calls reuse their index's check
     (see the module docstring). ``padding``: the writer's fixed policy, else its ``padding`` keyword
     (its default when the call leaves it out). ``reuse_from(args)``: the shortest index the call
-    reuses a check for, where the writer checks longer ones than REUSE_FROM in one launch too."""
+    checks for reuse, where the writer checks longer ones than REUSE_FROM in one launch too."""
     position, cache_at, lead = INDEX_ARGUMENTS[op]
 
     def decorate(fn):
@@ -149,33 +139,53 @@ def reusing(op: str, padding: str | None = None, reuse_from=None):
             default = inspect.signature(fn).parameters["padding"].default
         policies: dict = {}  # the writer's padding spellings -> the CheckedIndex's
 
-        def policy(spec: str) -> str:
-            found = policies.get(spec)
-            if found is None:
-                found = policies[spec] = str(Padding.parse(spec))
-            return found
+        def first_call(args: tuple, kwargs: dict, index: torch.Tensor):
+            """The index checked for reuse (a CheckedIndex), or None where it is not reused."""
+            if index.numel() < REUSE_FROM or index.dim() != 1 or index.dtype not in INDEX_DTYPES:
+                return None
+            if reuse_from is not None and index.shape[0] < reuse_from(args):
+                return None
+            cache = args[cache_at]
+            num_slots = slots_of(cache, lead)
+            device = index.get_device()
+            if num_slots is None or device != cache.get_device():
+                return None
+            spelled = kwargs.get("padding", default)
+            spec = policies.get(spelled) if isinstance(spelled, str) else None
+            if spec is None:
+                try:
+                    spec = policies[spelled] = str(Padding.parse(spelled))
+                except (TypeError, ValueError):
+                    return None  # the writer refuses the padding in its own words
+            return _check(index, device, num_slots, spelled, spec)
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             if not ENABLED or len(args) <= position or kwargs.get("validate", True) is False:
                 return fn(*args, **kwargs)
             index = args[position]
-            if type(index) is not _Tensor or index.numel() < REUSE_FROM:  # every short call: kept cheap
+            if type(index) is not _Tensor:
                 return fn(*args, **kwargs)
-            if index.dim() != 1 or (reuse_from is not None and index.shape[0] < reuse_from(args)):
-                return fn(*args, **kwargs)
-            cache = args[cache_at]
-            num_slots = slots_of(cache, lead)
-            device = index.get_device()
-            if num_slots is None or index.dtype not in INDEX_DTYPES or device != cache.get_device():
-                return fn(*args, **kwargs)
-            try:
-                spec = policy(kwargs.get("padding", default))
-            except (TypeError, ValueError):
-                return fn(*args, **kwargs)  # the writer refuses the padding in its own words
-            checked = checked_for(index, num_slots, spec, device)
+            entry = _kept.get(id(index))
+            checked = None
+            # every layer of a step after the first comes this way: Kept.current and _slots inlined
+            if (entry is not None and entry.index is index and index._version == entry.version
+                    and index.data_ptr() == entry.pointer and index.numel() == entry.entries
+                    and (_raw_stream(entry.device) if entry.device >= 0 else -1) == entry.stream):
+                cache = args[cache_at]
+                if type(cache) is _Tensor and cache.get_device() == entry.device:
+                    shape = cache.shape
+                    if len(shape) >= lead:
+                        checked = entry.checks.get((shape[0] if lead == 1 else shape[0] * shape[1],
+                                                    kwargs.get("padding", default)))
+                        if checked is not None:
+                            stats["reused"] += 1
             if checked is None:
-                return fn(*args, **kwargs)
+                if index.numel() < REUSE_FROM:  # every short call: kept cheap
+                    return fn(*args, **kwargs)
+                checked = first_call(args, kwargs, index)
+                if checked is None:
+                    return fn(*args, **kwargs)
             return fn(*args[:position], checked, *args[position + 1:], **kwargs)
 
         wrapper.reuses_checks = True
