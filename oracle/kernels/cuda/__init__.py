@@ -153,8 +153,9 @@ def _mla_reuse_from(args: tuple) -> int:
         return 1 << 62  # the writer refuses them itself
     row_bytes = nope.shape[-1] * nope.element_size() + rope.shape[-1] * rope.element_size()
     found = _in_grid_rows.get(row_bytes)
-    if found is None:
-        found = _in_grid_rows[row_bytes] = int(ops().mla_checked_rows(row_bytes)) + 1
+    if found is None:  # the grid checks only rows of 16-byte vectors (mla_checked.cu)
+        in_grid = int(ops().mla_checked_rows(row_bytes)) if row_bytes > 0 and row_bytes % 16 == 0 else 0
+        found = _in_grid_rows[row_bytes] = in_grid + 1
     return found
 
 
