@@ -141,7 +141,7 @@ def reusing(op: str, padding: str | None = None, reuse_from=None):
 
         def first_call(args: tuple, kwargs: dict, index: torch.Tensor):
             """The index checked for reuse (a CheckedIndex), or None where it is not reused."""
-            if index.numel() < REUSE_FROM or index.dim() != 1 or index.dtype not in INDEX_DTYPES:
+            if index.dim() != 1 or index.dtype not in INDEX_DTYPES:
                 return None
             if reuse_from is not None and index.shape[0] < reuse_from(args):
                 return None
@@ -164,7 +164,7 @@ def reusing(op: str, padding: str | None = None, reuse_from=None):
             if not ENABLED or len(args) <= position or kwargs.get("validate", True) is False:
                 return fn(*args, **kwargs)
             index = args[position]
-            if type(index) is not _Tensor:
+            if type(index) is not _Tensor or index.numel() < REUSE_FROM:  # every short call: kept cheap
                 return fn(*args, **kwargs)
             entry = _kept.get(id(index))
             checked = None
@@ -181,8 +181,6 @@ def reusing(op: str, padding: str | None = None, reuse_from=None):
                         if checked is not None:
                             stats["reused"] += 1
             if checked is None:
-                if index.numel() < REUSE_FROM:  # every short call: kept cheap
-                    return fn(*args, **kwargs)
                 checked = first_call(args, kwargs, index)
                 if checked is None:
                     return fn(*args, **kwargs)
