@@ -85,6 +85,10 @@ def positive_zero(codes: np.ndarray, fmt: str) -> np.ndarray:
 def oracle(x: np.ndarray, fmt: str, saturate: bool, rounding="nearest_even", subnormals="keep",
            negative_zero="keep") -> np.ndarray:
     codes = toward_zero(x, fmt, saturate) if rounding == "toward_zero" else nearest(x, fmt, saturate)
+    if subnormals == "truncate":  # below the smallest normal, the value truncated; above, as rounded
+        with np.errstate(invalid="ignore"):
+            below = np.abs(x) < ml_dtypes.finfo(o.ML_TYPES[fmt]).smallest_normal
+        codes = np.where(below, toward_zero(x, fmt, saturate), codes)
     if subnormals == "flush":
         codes = flushed(codes, x, fmt)
     if negative_zero == "signed" and o.FNUZ[fmt]:  # a zero result keeps x's sign bit: 0x80
@@ -139,6 +143,8 @@ KNOB_SETTINGS = [
     {"subnormals": "flush", "negative_zero": "positive"},
     {"negative_zero": "signed"},
     {"subnormals": "flush", "negative_zero": "signed"},
+    {"subnormals": "truncate"},
+    {"subnormals": "truncate", "negative_zero": "positive"},
 ]
 
 
@@ -161,6 +167,7 @@ def test_oracle_sets_are_not_trivial():
         plain = reference(x, fmt, False)
         assert (reference(x, fmt, False, rounding="toward_zero") != plain).sum() > 1000
         assert (reference(x, fmt, False, subnormals="flush") != plain).sum() > 100
+        assert (reference(x, fmt, False, subnormals="truncate") != plain).sum() > 100
         if not o.FNUZ[fmt]:
             assert (reference(x, fmt, False, negative_zero="positive") != plain).sum() > 100
         band = np.isfinite(x) & (np.abs(x) > o.FMAX[fmt]) & (np.abs(x) < STEP_PAST_MAX[fmt])
@@ -199,7 +206,7 @@ HAND = [
     ("e4m3fn", 1.0625, {"rounding": "toward_zero"}, 0x38),
     ("e4m3fn", 1.12, {"rounding": "toward_zero"}, 0x38),
     ("e4m3fn", 1.125, {"rounding": "toward_zero"}, 0x39),
-    ("e4m3fn", 1.1874, {"rounding": "toward_zero"}, 0x39),  # nearest would be 0x3A (1.25)
+    ("e4m3fn", 1.1874, {"rounding": "toward_zero"}, 0x39),  # just below the 0x39|0x3A tie, 1.1875
     ("e4m3fn", -1.1874, {"rounding": "toward_zero"}, 0xB9),
     ("e4m3fn", 1.999, {"rounding": "toward_zero"}, 0x3F),  # 1.875; nearest carries to 2.0 (0x40)
     ("e4m3fn", 0.0156, {"rounding": "toward_zero"}, 0x07),  # below 2**-6: the top subnormal 7*2**-9
@@ -241,6 +248,17 @@ HAND = [
     ("e5m2", 2.0 ** -14, {"subnormals": "flush"}, 0x04),
     ("e4m3fnuz", -(2.0 ** -10), {"subnormals": "flush"}, 0x00),
     ("e5m2fnuz", 3 * 2.0 ** -17, {"subnormals": "flush"}, 0x00),
+    # subnormals truncated, normals rounded: 1.75 quanta -> 1 (nearest: 2); just below the smallest
+    # normal -> the top subnormal (nearest: the smallest normal); 0.75 quanta -> 0 of x's sign
+    ("e4m3fn", 1.75 * 2.0 ** -9, {"subnormals": "truncate"}, 0x01),
+    ("e4m3fn", -1.75 * 2.0 ** -9, {"subnormals": "truncate"}, 0x81),
+    ("e4m3fn", 0.0156, {"subnormals": "truncate"}, 0x07),
+    ("e4m3fn", 0.75 * 2.0 ** -9, {"subnormals": "truncate"}, 0x00),
+    ("e4m3fn", -0.75 * 2.0 ** -9, {"subnormals": "truncate"}, 0x80),
+    ("e4m3fn", 2.0 ** -6 * 1.2, {"subnormals": "truncate"}, 0x0A),  # a normal: nearest (1.25), not 1.125
+    ("e4m3fn", 1.2, {"subnormals": "truncate"}, 0x3A),
+    ("e5m2", 3.5 * 2.0 ** -16, {"subnormals": "truncate"}, 0x03),  # nearest: 0x04, the smallest normal
+    ("e4m3fnuz", -0.75 * 2.0 ** -10, {"subnormals": "truncate"}, 0x00),  # fnuz: no -0
     # -0 written as +0: -0.0, and negatives that round to zero; other negatives keep the sign
     ("e4m3fn", -0.0, {"negative_zero": "positive"}, 0x00),
     ("e4m3fn", -(2.0 ** -11), {"negative_zero": "positive"}, 0x00),
@@ -356,8 +374,8 @@ def test_fp8_hypotheses_per_cause():
     p = {"fp8": "e4m3fn", "scale": "0.0123"}
     found = _by_cause(_fp8cases.alternatives(p, _contract()))
     assert set(found) == {"scale_missing", "scale_inverted", "fp8_conversion", "round_toward_zero", "ties_away",
-                          "subnormals_flushed", "negative_zero_mishandled", "nan_mishandled",
-                          "wrong_fp8_format"}
+                          "subnormals_flushed", "subnormals_truncated", "negative_zero_mishandled",
+                          "nan_mishandled", "wrong_fp8_format"}
     assert set(found) <= set(CAUSES)
     assert [h.override for h in found["wrong_fp8_format"]] == [
         {"format": "e5m2"}, {"format": "e4m3fnuz"}, {"format": "e5m2fnuz"}]

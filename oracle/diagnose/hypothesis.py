@@ -38,6 +38,7 @@ CAUSES = {
     "round_toward_zero": "fp8 codes are rounded toward zero",
     "ties_away": "fp8 ties are rounded away from zero",
     "subnormals_flushed": "fp8 subnormal results are flushed to zero",
+    "subnormals_truncated": "fp8 subnormal results are rounded toward zero (normal ones to nearest)",
     "nan_bits_changed": "NaN inputs are not copied bit for bit (quieted or made a canonical NaN)",
     "nan_mishandled": "NaN is written with another byte or sign",
     "negative_zero_mishandled": "-0 is written as +0",

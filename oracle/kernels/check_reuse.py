@@ -22,7 +22,8 @@ launch on its data pointer, a CUDA graph replay into a static buffer) does not b
 A call after such a write reuses a stale verdict. The writer still reads the index as it is then,
 and every writer skips any row whose slot lies outside the cache, so nothing is ever written outside
 it; but an illegal entry written that way is skipped without an error, and the call's legal rows
-are written. Turn reuse off where an index is changed that way (``KV_ORACLE_CHECK_REUSE=0``, read
+are written; and a verdict that found an entry illegal keeps refusing calls (naming that entry as
+it reads then) after the entry is made legal that way. Turn reuse off where an index is changed that way (``KV_ORACLE_CHECK_REUSE=0``, read
 at import, or :func:`set_enabled`), or pass a new tensor (a new view is enough) each time.
 
 Reuse applies to validating calls (``validate`` True or "sync") on an index longer than
@@ -39,6 +40,7 @@ import functools
 import inspect
 import os
 import sys
+import threading
 
 import torch
 
@@ -57,7 +59,8 @@ def enabled_by_default() -> bool:
 
 
 ENABLED = enabled_by_default()
-_kept: dict = {}  # id(index) -> _Kept
+_kept: dict = {}  # id(index) -> _Kept (read without the lock on every call; changed under it)
+_lock = threading.Lock()
 stats = {"checked": 0, "reused": 0}  # for tests and benchmarks
 
 
@@ -67,12 +70,13 @@ def set_enabled(flag: bool) -> None:
     global ENABLED
     ENABLED = bool(flag)
     if not ENABLED:
-        _kept.clear()
+        forget()
 
 
 def forget() -> None:
     """Forget every kept verdict (the next validating call of each index checks it again)."""
-    _kept.clear()
+    with _lock:
+        _kept.clear()
 
 
 def kept() -> int:
@@ -111,17 +115,19 @@ def _check(index: torch.Tensor, device: int, num_slots: int, spelled: str, spec:
     any more); None while a CUDA graph is being captured."""
     if device >= 0 and torch._C._cuda_isCurrentStreamCapturing():
         return None
-    for key in [key for key, entry in _kept.items() if entry.index is not index and entry.unheld()]:
-        del _kept[key]
-    entry = _kept.get(id(index))
-    stream = _raw_stream(device) if device >= 0 else -1
-    if entry is None or entry.index is not index or not entry.current(index):
-        if len(_kept) >= CAPACITY:
-            del _kept[next(iter(_kept))]  # the oldest
-        entry = _kept[id(index)] = _Kept(index, device, stream)
     verdict = check_index(index, num_slots, padding=spec).verdict
-    checked = entry.checks[(num_slots, spelled)] = CheckedIndex(index, verdict, num_slots, spec)
-    stats["checked"] += 1
+    checked = CheckedIndex(index, verdict, num_slots, spec)
+    stream = _raw_stream(device) if device >= 0 else -1
+    with _lock:  # another thread's check may change the table meanwhile
+        for key in [key for key, entry in _kept.items() if entry.index is not index and entry.unheld()]:
+            del _kept[key]
+        entry = _kept.get(id(index))
+        if entry is None or entry.index is not index or not entry.current(index):
+            if len(_kept) >= CAPACITY:
+                del _kept[next(iter(_kept))]  # the oldest
+            entry = _kept[id(index)] = _Kept(index, device, stream)
+        entry.checks[(num_slots, spelled)] = checked
+        stats["checked"] += 1
     return checked
 
 

@@ -112,6 +112,13 @@ def quantize_flushes_subnormals(out, x, scale, fmt):
     out.copy_(torch.where(subnormal, zero, codes))
 
 
+def quantize_truncates_subnormals(out, x, scale, fmt):
+    q = _quotient(out, x, scale, fmt)
+    smallest_normal = torch.finfo(tn.FP8_DTYPES[fmt]).smallest_normal
+    q = torch.where(q.abs() < smallest_normal, _truncated(q, fmt), q)  # exact there: the cast keeps it
+    out.copy_(q.to(tn.FP8_DTYPES[fmt]).view(torch.uint8))
+
+
 def quantize_loses_negative_zero(out, x, scale, fmt):
     codes = _quotient(out, x, scale, fmt).to(tn.FP8_DTYPES[fmt]).view(torch.uint8)
     if not fmt.endswith("fnuz"):  # there 0x80 is the NaN, and -0 already +0
@@ -152,6 +159,9 @@ _ROWS = [
     ("quantize_fp8.flushes_subnormals", "quantize_fp8", T + "quantize_fp8",
      "flushes fp8 subnormal results to zero (of their sign)",
      "subnormals_flushed", quantize_flushes_subnormals),
+    ("quantize_fp8.truncates_subnormals", "quantize_fp8", T + "quantize_fp8",
+     "shifts subnormal results into place without rounding (toward zero); normal ones round to nearest even",
+     "subnormals_truncated", quantize_truncates_subnormals),
     ("quantize_fp8.loses_negative_zero", "quantize_fp8", T + "quantize_fp8",
      "writes -0 as +0 (0x00 instead of 0x80)",
      "negative_zero_mishandled", quantize_loses_negative_zero),

@@ -295,6 +295,10 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
     if declared.subnormals != "flush":
         out.append(Hypothesis("subnormals_flushed", "fp8 subnormal results flushed to zero of "
                               "their sign", {"subnormals": "flush"}))
+    if declared.subnormals != "truncate" and declared.rounding != "toward_zero":
+        out.append(Hypothesis("subnormals_truncated", "values below the smallest normal rounded toward "
+                              "zero (the mantissa shifted into the subnormal field without rounding), "
+                              "normal ones to nearest", {"subnormals": "truncate"}))
     if form.name == "e5m2":  # e5m2 is float16's top byte: the classic shortcut through float16 bits
         out += [Hypothesis("fp8_conversion", f"the e5m2 code taken as the top byte of the float16 value {how} "
                            "(float16 rounding first; past 65504 float16's inf; NaN float16's quiet 0x7E)",

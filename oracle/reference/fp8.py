@@ -166,6 +166,9 @@ def encode(bits: np.ndarray, form: Fp8Format, knobs: Fp8Knobs) -> np.ndarray:
 
     if knobs.subnormals == "flush":  # after rounding: what rounds up to the smallest normal stays
         code = np.where(code < (1 << form.binary.mantissa_bits), 0, code)
+    elif knobs.subnormals == "truncate":  # below the smallest normal, and only there, toward zero
+        truncated = round_float32(bits, form.binary, "toward_zero")[1]
+        code = np.where(truncated < (1 << form.binary.mantissa_bits), truncated, code)
     # Codes are only meaningful where no mask is set; the masks below overwrite the rest.
     unsigned_zero = (form.fnuz and knobs.negative_zero != "signed") or knobs.negative_zero == "positive"
     out = np.where(code == 0, 0, code | sign_bit) if unsigned_zero else code | sign_bit

@@ -47,7 +47,7 @@ FORMATS = {
 SCALE_OPS = ("div", "mul_reciprocal")
 INTERMEDIATES = {None: None, "float16": FLOAT16, "bfloat16": BFLOAT16}
 INF_POLICIES = ("max", "nan", "inf")
-SUBNORMALS = ("keep", "flush")
+SUBNORMALS = ("keep", "flush", "truncate")
 NEGATIVE_ZEROS = ("keep", "positive", "signed")
 
 
@@ -135,6 +135,10 @@ class Fp8Knobs:
     - ``subnormals``: ``"keep"`` (the default) or ``"flush"``: a result that is an fp8 subnormal
       after rounding (exponent field 0, mantissa non-zero) is written as zero of the input's sign
       (fnuz: +0, its only zero). A value that rounds up to the smallest normal is kept.
+      ``"truncate"``: a value below the smallest normal is rounded toward zero (its mantissa
+      shifted into the subnormal field without rounding, as a hand-written conversion's subnormal
+      branch may do), so one just below the smallest normal stays the largest subnormal; normal
+      values are rounded by ``rounding`` as before.
     - ``negative_zero``: ``"keep"`` (the default) or ``"positive"``: a result of -0 (0x80: -0.0 and
       negative values that round, or are flushed, to zero) is written as +0, 0x00. The fnuz
       formats always do this, unless ``"signed"``: a negative zero result keeps its sign bit even
