@@ -4,7 +4,9 @@
 
 :func:`raise_deferred_errors` serves every GPU backend: it synchronizes and raises the error a
 validating writer found on the device (see :mod:`oracle.kernels._deferred`);
-:func:`check_index` checks a slot index once for many writes (:mod:`oracle.kernels.checked_index`).
+:func:`check_index` checks a slot index once for many writes (:mod:`oracle.kernels.checked_index`);
+a validating GPU writer does so by itself for an index tensor that torch sees unchanged
+(:mod:`oracle.kernels.check_reuse`).
 Importing this package imports no torch; calling it does.
 """
 

@@ -174,7 +174,7 @@ def reusing(op: str, padding: str | None = None, reuse_from=None):
                 return fn(*args, **kwargs)
             entry = _kept.get(id(index))
             checked = None
-            # every layer of a step after the first comes this way: Kept.current and _slots inlined
+            # every layer of a step after the first comes this way (_Kept.current, inlined)
             if (entry is not None and entry.index is index and index._version == entry.version
                     and index.data_ptr() == entry.pointer and index.numel() == entry.entries
                     and (_raw_stream(entry.device) if entry.device >= 0 else -1) == entry.stream):
