@@ -213,6 +213,27 @@ def test_e2m1_codes_match_ml_dtypes_on_every_16_bit_pattern(dtype):
     assert np.array_equal(table, want)
 
 
+# (tie, its code to even, the other code): the midpoint between two adjacent e2m1 magnitudes
+FLIPPED_TIES = [(0.25, 0, 1), (0.75, 2, 1), (1.25, 2, 3), (1.75, 4, 3), (2.5, 4, 5), (3.5, 6, 5), (5.0, 6, 7)]
+
+
+@pytest.mark.parametrize("tie, even, other", FLIPPED_TIES)
+def test_a_single_flipped_tie_moves_that_tie_alone(tie, even, other):
+    """element_rounding="tie_flipped_at_T": the tie T rounds to its other neighbour, both signs;
+    every other tie, and every value off a tie, as to even; the block-by-block oracle agrees."""
+    flip = f"tie_flipped_at_{tie:g}"
+    ties = np.array([t for t, _, _ in FLIPPED_TIES], np.float32)
+    plain = nvfp4.e2m1_codes(np.concatenate([ties, -ties]))
+    flipped = nvfp4.e2m1_codes(np.concatenate([ties, -ties]), rounding=flip)
+    moved = np.flatnonzero(plain != flipped)
+    assert moved.tolist() == [ties.tolist().index(tie), len(ties) + ties.tolist().index(tie)]
+    assert flipped[moved].tolist() == [other, other | 8] and plain[moved].tolist() == [even, even | 8]
+    near = np.nextafter(np.float32(tie), np.float32([0, 10]))
+    assert np.array_equal(nvfp4.e2m1_codes(near, rounding=flip), nvfp4.e2m1_codes(near))
+    for x in (rows(seed(flip), gs=3.0), near_ties(seed(f"ties-{flip}"), 3.0)):
+        check_against_oracle(x, 3.0, element_rounding=flip)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
 def test_e2m1_codes_of_nan(dtype):
     bits_type = {np.float16: np.uint16, ml_dtypes.bfloat16: np.uint16, np.float32: np.uint32}[dtype]

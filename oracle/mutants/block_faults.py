@@ -40,7 +40,15 @@ def _e2m1_ties_away(q):
     return torch.where(torch.isnan(q), 7, code).to(torch.uint8)
 
 
-def _nvfp4(x, fmt, global_scale, *, unrounded=False, uses=1, swap=False, ties_away=False, half_product=False):
+def _e2m1_tie_at_2_5_up(q):
+    """e2m1 codes with the tie at 2.5 rounded up to 3.0 (a >= at that threshold alone); every
+    other tie to even."""
+    code = tb._e2m1(q)
+    return torch.where(q.abs() == 2.5, torch.where(torch.signbit(q), 5 | 8, 5), code).to(torch.uint8)
+
+
+def _nvfp4(x, fmt, global_scale, *, unrounded=False, uses=1, swap=False, ties_away=False, half_product=False,
+           tie_flip=False):
     if fmt != "nvfp4":
         return tb.encode(x, fmt, global_scale)
     gs = global_scale.reshape(()).float()
@@ -55,7 +63,8 @@ def _nvfp4(x, fmt, global_scale, *, unrounded=False, uses=1, swap=False, ties_aw
         q = (blocks.to(x.dtype) * out[..., None].to(x.dtype)).float()
     else:
         q = blocks * out[..., None]
-    codes = (_e2m1_ties_away if ties_away else tb._e2m1)(q).flatten(-2)[..., :x.shape[-1]]
+    convert = _e2m1_ties_away if ties_away else _e2m1_tie_at_2_5_up if tie_flip else tb._e2m1
+    codes = convert(q).flatten(-2)[..., :x.shape[-1]]
     even, odd = codes[..., 0::2], codes[..., 1::2]
     return (odd | (even << 4)) if swap else (even | (odd << 4)), scales.view(torch.uint8)
 
@@ -142,6 +151,8 @@ _ROWS = [
      "nibbles_swapped", _paged(lambda *a: _nvfp4(*a, swap=True)), ("block_scaled",)),
     (Q + ".e2m1_ties_away", Q, "NVFP4 element ties rounded away from zero (>= at every midpoint)",
      "element_rounding", _quantize(lambda *a: _nvfp4(*a, ties_away=True)), ("block_scaled",)),
+    (P + ".e2m1_tie_flipped", P, "NVFP4 elements at the 2.5 tie rounded up to 3 (>= at that threshold), every "
+     "other tie to even", "element_rounding", _paged(lambda *a: _nvfp4(*a, tie_flip=True)), ("block_scaled",)),
     (Q + ".global_scale_twice", Q, "NVFP4 per-tensor scale applied twice (gs * gs)",
      "global_scale_misapplied", _quantize(lambda *a: _nvfp4(*a, uses=2)), ("block_scaled",)),
     (P + ".global_scale_ignored", P, "NVFP4 per-tensor scale never applied",

@@ -188,6 +188,12 @@ def alternatives(fmt: str, contract: Contract, dtype: str = "float32") -> list[H
             other("block_scaling_rule", "scale_conversion", conversion, f"the e4m3fn block scale is {how}")
         other("nibbles_swapped", "nibble_order", "high_first" if declared.nibble_order == "low_first" else "low_first",
               "the two codes of each byte are in swapped nibbles")
+        if declared.element_rounding == "nearest_even":
+            for flip in nvfp4.TIE_FLIPS:
+                tie = float(flip.rsplit("_", 1)[1])
+                other("element_rounding", "element_rounding", flip,
+                      f"the e2m1 tie at {tie:g} rounded away from even, every other tie to even (one threshold "
+                      "compared with > where >= belongs, or the reverse)")
     for cause, knob, values, text in MX_ALTERNATIVES if family == "mx" else NVFP4_ALTERNATIVES:
         for value in values:
             other(cause, knob, value, text.format(value if "!r" in text else value.replace("_", " ")))

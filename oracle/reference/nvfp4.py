@@ -35,7 +35,9 @@ Where implementations differ, :class:`Nvfp4Knobs` says how:
   ±6 and its zeros as NaN).
 - ``element_rounding``: how the e2m1 codes round: ``"nearest_even"`` (the satfinite conversion),
   ``"ties_away"`` (a tie to the larger magnitude: converters that compare with ``>=`` at every
-  midpoint) or ``"toward_zero"`` (truncation).
+  midpoint) or ``"toward_zero"`` (truncation); and the faults ``"tie_flipped_at_T"`` (T one of
+  the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5: that tie rounded the other way than to even,
+  every other tie to even, as a threshold table with one comparison of the wrong kind does).
 
 Fault knobs (never a real writer's choice; the diagnosis replays them to name a bug):
 ``element_scale="unrounded"`` (elements scaled by the block scale before its e4m3fn rounding),
@@ -74,6 +76,9 @@ ZERO_GUARDS = ("stored", "unrounded")
 ELEMENT_SCALES = ("stored", "unrounded")
 SCALE_CONVERSIONS = ("satfinite", "toward_zero", "nonsaturating", "flush_subnormals")
 ELEMENT_ROUNDINGS = ("nearest_even", "ties_away", "toward_zero")
+# A fault: one midpoint between e2m1 magnitudes rounded the other way than to even, every other
+# tie to even (a converter comparing with ">" at one threshold where ">=" belongs, or the reverse)
+TIE_FLIPS = tuple(f"tie_flipped_at_{t:g}" for t in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0))
 GLOBAL_SCALE_USES = (0, 1, 2, -1)
 ELEMENT_PRODUCTS = ("float32", "source_dtype")
 
@@ -99,7 +104,7 @@ class Nvfp4Knobs:
         v.require_choice("nan_element", self.nan_element, NAN_ELEMENTS)
         v.require_choice("nonfinite", self.nonfinite, NONFINITE_BLOCKS)
         v.require_choice("zero_guard", self.zero_guard, ZERO_GUARDS)
-        v.require_choice("element_rounding", self.element_rounding, ELEMENT_ROUNDINGS)
+        v.require_choice("element_rounding", self.element_rounding, ELEMENT_ROUNDINGS + TIE_FLIPS)
         v.require_choice("element_scale", self.element_scale, ELEMENT_SCALES)
         v.require_choice("global_scale_uses", self.global_scale_uses, GLOBAL_SCALE_USES)
         v.require_choice("element_product", self.element_product, ELEMENT_PRODUCTS)
@@ -148,16 +153,18 @@ _TIE_GOES_UP = np.array([False, True, False, True, False, True, False])
 def e2m1_codes(q, *, nan_element: str = "max", rounding: str = "nearest_even") -> np.ndarray:
     """e2m1 codes (uint8 0..15) of float32 ``q``: rounded by ``rounding`` (``"nearest_even"``;
     ``"ties_away"``, a tie to the larger magnitude; ``"toward_zero"``, the largest magnitude not
-    above), saturating to +-6 (infinities too); -0 is code 8; NaN is code 7
-    (``nan_element="max"``) or 0 (``"zero"``)."""
+    above; a fault of :data:`TIE_FLIPS`, one tie the other way), saturating to +-6 (infinities
+    too); -0 is code 8; NaN is code 7 (``nan_element="max"``) or 0 (``"zero"``)."""
     v.require_choice("nan_element", nan_element, NAN_ELEMENTS)
-    v.require_choice("rounding", rounding, ELEMENT_ROUNDINGS)
+    v.require_choice("rounding", rounding, ELEMENT_ROUNDINGS + TIE_FLIPS)
     q = np.asarray(q, dtype=np.float32)
     magnitude = np.abs(q)
     index = np.searchsorted(_UPPER, magnitude, side="left")  # boundaries strictly below magnitude
     clipped = np.minimum(index, len(_UPPER) - 1)
     at_tie = _UPPER[clipped] == magnitude
-    up = _TIE_GOES_UP[clipped] if rounding == "nearest_even" else True
+    up = _TIE_GOES_UP[clipped] if rounding != "ties_away" else True
+    if rounding in TIE_FLIPS:
+        up = up ^ (clipped == TIE_FLIPS.index(rounding))
     code = np.where(at_tie & up, index + 1, index)
     if rounding == "toward_zero":
         with np.errstate(invalid="ignore"):
