@@ -186,24 +186,55 @@ def _nan_bits(array: np.ndarray, mode: str) -> np.ndarray:
     return np.where(nan, out, bits).astype(kind).view(array.dtype).reshape(array.shape)
 
 
-def narrowed_source_hypotheses(views: dict) -> list[Hypothesis]:
+# How a conversion to a narrower float writes NaN, where numpy's (sign and the payload's top bits
+# kept) is not the kernel's: x86's vcvtps2ph (the quiet bit set too), torch's scalar float16
+# conversion and CUDA's cvt (the canonical quiet NaN, with or without the sign), torch's
+# vectorized bfloat16 one (every bit set)
+NARROWED_NANS = {"quieted": "quieted (sign and payload kept, the quiet bit set)",
+                 "canonical_signed": "the canonical quiet NaN with its sign",
+                 "canonical": "the canonical quiet NaN, positive", "all_ones": "every bit set"}
+
+
+def narrowed_source_hypotheses(case, views: dict) -> list[Hypothesis]:
     """The float sources converted to float16 or bfloat16 and back before use (a float16 path
     taken for bfloat16 data, a bfloat16 one for float32): what a round trip through that type
-    keeps, its overflow to inf included."""
+    keeps, its overflow to inf included; for a case of special values (NaN among them), also with
+    the NaNs written as each conversion of :data:`NARROWED_NANS` writes them."""
     out = []
+    nan_modes = (None,) if case.p.get("values", "random") == "random" else (None, *NARROWED_NANS)
     for through in ("float16", "bfloat16"):
         sources = [v for v in _by_role(views, "source") if v.dtype in ("float32", "float16", "bfloat16")
                    and v.dtype != through]
-        if sources:
-            names = " and ".join(f"{v.name} ({v.dtype})" for v in sources)
-            out.append(Hypothesis("source_narrowed", f"{names} converted to {through} and back before use",
-                                  inputs={v.name: (lambda a, t=through: _round_trip(a, t)) for v in sources}))
+        if not sources:
+            continue
+        names = " and ".join(f"{v.name} ({v.dtype})" for v in sources)
+        for nan in nan_modes:
+            how = "" if nan is None else f", NaN written as {NARROWED_NANS[nan]}"
+            out.append(Hypothesis("source_narrowed", f"{names} converted to {through} and back before use{how}",
+                                  inputs={v.name: (lambda a, t=through, m=nan: _round_trip(a, t, m))
+                                          for v in sources}))
     return out
 
 
-def _round_trip(array: np.ndarray, through: str) -> np.ndarray:
+def _round_trip(array: np.ndarray, through: str, nan: str | None = None) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
-        return array.astype(NUMPY_DTYPES[through]).astype(array.dtype)
+        narrow = array.astype(NUMPY_DTYPES[through])
+        if nan == "quieted":
+            narrow = _quieted_nans(array, narrow)
+        elif nan is not None:
+            narrow = _nan_bits(narrow, nan)
+        return narrow.astype(array.dtype)
+
+
+def _quieted_nans(array: np.ndarray, narrow: np.ndarray) -> np.ndarray:
+    """``narrow`` with each NaN of ``array`` as a float unit narrows it: the sign, the quiet bit and
+    the payload's top bits (numpy instead sets the lowest bit where those are all 0)."""
+    kind, exponent, quiet = _FLOAT_BITS[narrow.dtype]
+    mantissa_bits = 10 if narrow.dtype == np.float16 else 7  # float16 or bfloat16
+    wide = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
+    made = (((wide >> 16) & 0x8000) | exponent | quiet | ((wide >> (23 - mantissa_bits)) & ((1 << mantissa_bits) - 1)))
+    bits = np.where(np.isnan(array), made.astype(kind), np.ascontiguousarray(narrow).view(kind))
+    return bits.view(narrow.dtype).reshape(narrow.shape)
 
 
 def swapped_source_hypotheses(views: dict) -> list[Hypothesis]:
@@ -462,7 +493,7 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
             + source_hypotheses(views) + offset_hypotheses(prepared.arena, prepared.caches)
             + adjacency_hypotheses(views) + nan_bits_hypotheses(case, views)
-            + narrowed_source_hypotheses(views) + swapped_source_hypotheses(views)
+            + narrowed_source_hypotheses(case, views) + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches, getattr(spec, "paged", False))
             + width_hypotheses(views, prepared.caches)
             + overrun_hypotheses(views, prepared.caches) + tail_hypotheses(views, prepared.caches)
