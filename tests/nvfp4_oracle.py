@@ -31,7 +31,6 @@ KNOB_CHOICES = {
     "zero_guard": ("stored", "unrounded"),
     "element_rounding": ("nearest_even", "ties_away", "toward_zero"),
 }
-TIE_FLIPS = tuple(f"tie_flipped_at_{t:g}" for t in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0))  # one tie the other way
 FAULT_KNOB_CHOICES = {  # bugs the reference can model: scale the elements by the unrounded sf,
     "element_scale": ("stored", "unrounded"),  # or apply gs 0 or 2 times instead of once, or 1 / gs
     "global_scale_uses": (1, 0, 2, -1),

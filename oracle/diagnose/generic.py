@@ -230,7 +230,7 @@ def _quieted_nans(array: np.ndarray, narrow: np.ndarray) -> np.ndarray:
     """``narrow`` with each NaN of ``array`` as a float unit narrows it: the sign, the quiet bit and
     the payload's top bits (numpy instead sets the lowest bit where those are all 0)."""
     kind, exponent, quiet = _FLOAT_BITS[narrow.dtype]
-    mantissa_bits = 10 if narrow.dtype == np.float16 else 7  # float16 or bfloat16
+    mantissa_bits = quiet.bit_length()  # the quiet bit is the mantissa's top one
     wide = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
     made = (((wide >> 16) & 0x8000) | exponent | quiet | ((wide >> (23 - mantissa_bits)) & ((1 << mantissa_bits) - 1)))
     bits = np.where(np.isnan(array), made.astype(kind), np.ascontiguousarray(narrow).view(kind))

@@ -189,8 +189,7 @@ def alternatives(fmt: str, contract: Contract, dtype: str = "float32") -> list[H
         other("nibbles_swapped", "nibble_order", "high_first" if declared.nibble_order == "low_first" else "low_first",
               "the two codes of each byte are in swapped nibbles")
         if declared.element_rounding == "nearest_even":
-            for flip in nvfp4.TIE_FLIPS:
-                tie = float(flip.rsplit("_", 1)[1])
+            for flip, tie in zip(nvfp4.TIE_FLIPS, nvfp4.MIDPOINTS):
                 other("element_rounding", "element_rounding", flip,
                       f"the e2m1 tie at {tie:g} rounded away from even, every other tie to even (one threshold "
                       "compared with > where >= belongs, or the reverse)")

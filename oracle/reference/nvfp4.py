@@ -76,9 +76,10 @@ ZERO_GUARDS = ("stored", "unrounded")
 ELEMENT_SCALES = ("stored", "unrounded")
 SCALE_CONVERSIONS = ("satfinite", "toward_zero", "nonsaturating", "flush_subnormals")
 ELEMENT_ROUNDINGS = ("nearest_even", "ties_away", "toward_zero")
-# A fault: one midpoint between e2m1 magnitudes rounded the other way than to even, every other
-# tie to even (a converter comparing with ">" at one threshold where ">=" belongs, or the reverse)
-TIE_FLIPS = tuple(f"tie_flipped_at_{t:g}" for t in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0))
+MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # between adjacent e2m1 magnitudes: the ties
+# A fault: one midpoint rounded the other way than to even, every other tie to even (a converter
+# comparing with ">" at one threshold where ">=" belongs, or the reverse); TIE_FLIPS[i] flips MIDPOINTS[i]
+TIE_FLIPS = tuple(f"tie_flipped_at_{t:g}" for t in MIDPOINTS)
 GLOBAL_SCALE_USES = (0, 1, 2, -1)
 ELEMENT_PRODUCTS = ("float32", "source_dtype")
 
@@ -146,7 +147,7 @@ def e2m1_values(codes) -> np.ndarray:
 
 # Round-to-nearest-even boundaries between adjacent magnitudes: a tie goes to the even code
 # (0, 1.0, 2.0, 4.0 have even codes 0, 2, 4, 6).
-_UPPER = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=np.float32)
+_UPPER = np.array(MIDPOINTS, dtype=np.float32)
 _TIE_GOES_UP = np.array([False, True, False, True, False, True, False])
 
 
