@@ -64,13 +64,18 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
 
 def _strides(spec: OpSpec, profile: str, contract=None):
     if spec.sources:
-        yield from _with_large_n(spec, {"src": "fused"})
+        for layout in spec.source_layouts:
+            yield from _with_large_n(spec, {"src": layout})
+        if "head" in spec.fp8_scales:  # a per-head scale over strided rows: a head taken from the address
+            yield {"src": spec.source_layouts[-1], "scale": "head", "fp8": "e4m3fn"}
         if len(spec.sources) > 1:
             yield {"src": "gapped"}
     for layout in ("strided", "offset") if spec.index_dtypes else ():
         for index in spec.index_dtypes:
             yield {"index_layout": layout, "index": index}
         yield _at_large_n(spec, {"index_layout": layout, "index": spec.index_dtypes[0]})
+        if spec.index_2d_shape:  # strided in both of its dimensions, or at an offset
+            yield {"index_layout": layout, "index": spec.index_dtypes[-1], "shape": spec.index_2d_shape}
 
 
 def _aliasing(spec: OpSpec, profile: str, contract=None):

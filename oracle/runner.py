@@ -34,6 +34,7 @@ class Outcome:
     expected: dict | None = None
     cause: dict | None = None  # the diagnosed cause of a failure (oracle.diagnose.Diagnosis.cause)
     pattern: list = field(default_factory=list)  # the difference's pattern, on failure
+    returned: object = None  # what a passing call of an op that returns a tensor returned
 
 
 def run_case(kernel: Kernel, case: Case) -> Outcome:
@@ -86,16 +87,48 @@ def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
     contract = kernel.contract
     arena = Arena(contract.device, case.seed)
     prepared = spec.build(case, arena, np.random.default_rng(case.seed), contract)
+    kept = None
     if case.p.get("repeat"):
         first = _judged_call(kernel, spec, case, prepared, diagnose=edit is None, bad=False)
         if first.status != PASS:
             first.message = ("the first of the case's two calls failed, before its inputs were redrawn "
                              "(an ordinary case's inputs: see its other classes)\n" + first.message)
             return first
+        kept = _kept_result(first.returned, prepared.arena)
         redraw_in_place(spec, case, prepared, contract)
     if edit is not None:
         edit(prepared)
-    return _judged_call(kernel, spec, case, prepared, diagnose=edit is None, bad=is_bad(case))
+    second = _judged_call(kernel, spec, case, prepared, diagnose=edit is None, bad=is_bad(case))
+    second.returned = None  # judged: nothing holds on to the kernel's tensor
+    if kept is not None and second.status == PASS and not is_bad(case):
+        return _first_result_kept(kept) or second
+    return second
+
+
+def _kept_result(returned, arena: Arena):
+    """(the tensor a first call returned, a copy of its bytes then), where it is a tensor of its
+    own (not a view of the case's inputs, whose redraw is meant to change it); else None."""
+    if not isinstance(returned, torch.Tensor) or returned.numel() == 0:
+        return None
+    storage = returned.untyped_storage().data_ptr()
+    if any(region.tensor.untyped_storage().data_ptr() == storage for region in arena.regions.values()):
+        return None
+    return returned, returned.detach().clone()
+
+
+def _first_result_kept(kept) -> Outcome | None:
+    """A failure where the first call's result changed during the second call (its bytes, NaN
+    bits included); else None."""
+    result, copy = kept
+    same = torch.equal(result.reshape(-1).contiguous().view(torch.uint8), copy.reshape(-1).contiguous().view(torch.uint8))
+    if same:
+        return None
+    changed = int((result.reshape(-1) != copy.reshape(-1)).sum())
+    return named(Outcome(FAIL, f"the first call's result changed when the kernel was called again: {changed} of "
+                               f"its {copy.numel()} elements now differ from what it returned (first "
+                               f"{copy.reshape(-1)[:4].tolist()}, now {result.reshape(-1)[:4].tolist()})"),
+                 Hypothesis("result_reused", "the tensor a call returns is a buffer the kernel keeps and writes "
+                            "again on its next call (a static output buffer), so an earlier result changes"))
 
 
 def _judged_call(kernel: Kernel, spec, case: Case, prepared: Prepared, *, diagnose: bool, bad: bool) -> Outcome:
@@ -134,7 +167,7 @@ def _judged_call(kernel: Kernel, spec, case: Case, prepared: Prepared, *, diagno
     problems += mixed_slots(arena, after, expected, spec.slot_groups)
     difference = first_difference(arena, regions, after)
     if difference is None and not problems:
-        return Outcome(PASS)
+        return Outcome(PASS, returned=returned if spec.returns else None)
     if difference is not None and contract.tolerance and not problems:
         tolerated = _within_tolerance(arena, expected, after, contract.tolerance)
         if tolerated is not None:

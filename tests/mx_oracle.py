@@ -70,15 +70,18 @@ def element_code(value: float, fmt: str, saturate: bool) -> int:
 
 def quantize_row(row: list, fmt: str, rule: str, *, block: int = 32, zero_block: str = "min",
                  nonfinite: str = "nan_scale", saturate: bool = True, min_scale_factor: str = "exact",
-                 nan_sign: bool = True, exponent_offset: int = 0) -> tuple[list, list]:
+                 nan_sign: bool = True, exponent_offset: int = 0, ahead: list = ()) -> tuple[list, list]:
     """(element codes, E8M0 scale codes) of one row (float32 values), block by block.
-    ``nan_sign=False``: NaN elements lose their sign (the CUDA satfinite conversion)."""
+    ``nan_sign=False``: NaN elements lose their sign (the CUDA satfinite conversion). ``ahead``:
+    values the last block's scale is computed over besides its own elements (a load past the
+    row's end); its codes are its own elements' alone."""
     codes, scales = [], []
     for start in range(0, len(row), block):
         part = row[start:start + block]
-        exponent = block_exponent(part, fmt, rule, zero_block, exponent_offset)
-        nonfinite_block = not all(math.isfinite(v) for v in part)
-        inf_block = nonfinite == "inf_saturates" and any(math.isinf(v) for v in part)
+        seen = part + list(ahead) if start + block >= len(row) else part
+        exponent = block_exponent(seen, fmt, rule, zero_block, exponent_offset)
+        nonfinite_block = not all(math.isfinite(v) for v in seen)
+        inf_block = nonfinite == "inf_saturates" and any(math.isinf(v) for v in seen)
         if inf_block:
             exponent = 127
         nan_scale = nonfinite in ("nan_scale", "nan_block") and nonfinite_block

@@ -464,6 +464,29 @@ def test_an_inclusive_loop_bound_is_named():
                           for o in failed), [o.message[-800:] for o in outcomes]
 
 
+def one_byte_past_each_tail(k, v, k_cache, v_cache, loc):
+    """A byte copier: whole 16-byte vectors, then a tail loop with an inclusive bound (j <=
+    row_bytes) where a row has a tail, so one byte past such a row is read and written."""
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        row_bytes = src.shape[1] * src.shape[2] * src.element_size()
+        length = row_bytes + (row_bytes % 16 != 0)
+        for i, slot in enumerate(loc.tolist()):
+            row = torch.as_strided(src.view(torch.uint8), (length,), (1,),
+                                   (src.storage_offset() + i * src.stride(0)) * src.element_size())
+            torch.as_strided(cache.view(torch.uint8), (length,), (1,),
+                             (cache.storage_offset() + slot * cache.stride(0)) * cache.element_size()).copy_(row)
+
+
+def test_a_byte_loop_one_past_the_row_is_named():
+    picked = cases("store_cache", lambda c: c.cls == "sizes" and c.p.get("shape") in ((1, 46), (1, 64, 97))
+                   and c.p.get("dtype", "bfloat16") == "bfloat16")
+    outcomes = [run_case(kernel("store_cache", one_byte_past_each_tail), c) for c in picked]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert len(failed) == len(picked) >= 2, [o.message[-800:] for o in outcomes]
+    assert all(o.cause and o.cause["id"] == "row_overrun" and "one byte past" in o.cause["text"]
+               for o in failed), [o.message[-800:] for o in failed]
+
+
 def k_pe_at_the_source_stride(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
     """k_pe written at element kv_c.stride(0) of the entry (the source's row stride taken for its
     width), entry by entry: with fused sources past the entry's end, into the next one."""

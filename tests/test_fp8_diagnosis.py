@@ -87,6 +87,25 @@ def test_every_failure_names_the_conversion_bug(fn, cause, words):
     assert all(words in o.cause["text"] for o in failed.values())
 
 
+def scale_head_from_the_address(out, x, scale, fmt):
+    """A per-head scale indexed by ``(offset // D) % H`` of each head's offset in x: the right
+    head in dense rows (or rows a multiple of H * D apart), another in padded ones."""
+    tokens, heads, dim = x.shape
+    offset = torch.arange(tokens)[:, None] * x.stride(0) + torch.arange(heads)[None, :] * x.stride(1)
+    per_head = scale.reshape(-1)[(offset // dim) % heads % scale.numel()]
+    out.copy_(tn._fp8_codes(x.float() / per_head[..., None], torch.ones(1), fmt))
+
+
+def test_a_scale_head_taken_from_the_address_is_named():
+    fields = dict(op="quantize_fp8", backend="test", fp8_formats=FORMATS, fp8_preset=tn._torch_fp8_preset())
+    wrong = Kernel(Contract(name="q.address_head", **fields), scale_head_from_the_address, "test")
+    outcomes = {c.id: run_case(wrong, c) for c in catalogue("quantize_fp8", "quick", wrong.contract)
+                if c.cls in ("strides", "fp8")}
+    failed = {cid: o for cid, o in outcomes.items() if o.status == FAIL}
+    assert list(failed) == ["e4m3fn-padded_src-scale_head"], list(failed)
+    assert all(o.cause["id"] == "scale_misindexed" and "offset" in o.cause["text"] for o in failed.values())
+
+
 def e5m2_top_byte(out, x, scale, fmt):
     """e5m2 as the top byte of the float16 quotient (the shortcut through float16 bits), other
     formats right."""

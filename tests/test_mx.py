@@ -80,6 +80,29 @@ def test_the_exponent_offset_fault_matches_the_oracle(fmt, offset):
         assert scales[r].tolist() == want_scales and codes[r].tolist() == want_codes, r
 
 
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("shape", [(3, 4, 40), (2, 72), (5, 46), (4, 64), (1, 7)])
+@pytest.mark.parametrize("nonfinite", ["nan_scale", "inf_saturates"])
+def test_the_tail_amax_read_ahead_fault_matches_the_oracle(fmt, shape, nonfinite):
+    """tail_amax="read_ahead": each row's partial last block takes its scale from its elements
+    and the next 32 - D % 32 of the tensor in C order (the next row's first ones), none past its
+    end; its codes, and every other block, as without the fault."""
+    rng = np.random.default_rng(zlib.crc32(f"ahead-{fmt}-{shape}".encode()))
+    x = (rng.normal(size=shape) * np.exp2(rng.integers(-6, 7, size=shape))).astype(np.float32)
+    x.reshape(-1, shape[-1])[1:, 0] *= 1024  # each row's first element outgrows the row before's tail
+    x.reshape(-1)[rng.integers(0, x.size, size=2)] = [np.inf, np.nan]
+    codes, scales = mx.quantize_mxfp8(x, fmt, tail_amax="read_ahead", nonfinite=nonfinite)
+    flat, width = [float(v) for v in x.reshape(-1)], shape[-1]
+    tail = width % 32
+    for r, row in enumerate(x.reshape(-1, width)):
+        ahead = flat[(r + 1) * width:(r + 1) * width + (32 - tail)] if tail else []
+        want_codes, want_scales = mx_oracle.quantize_row([float(v) for v in row], fmt, "floor", nonfinite=nonfinite,
+                                                         ahead=ahead)
+        got = scales.reshape(-1, scales.shape[-1])[r].tolist(), codes.reshape(-1, width)[r].tolist()
+        assert got == (want_scales, want_codes), r
+    assert np.array_equal(scales, mx.quantize_mxfp8(x, fmt, nonfinite=nonfinite)[1]) == (not tail or x.size == width)
+
+
 @pytest.mark.parametrize("width", [1, 31, 32, 33, 40, 64, 100])
 @pytest.mark.parametrize("zero_block, nonfinite", [("min", "nan_scale"), ("one", "finite_amax"), ("min", "nan_block"),
                                                    ("min", "inf_saturates")])

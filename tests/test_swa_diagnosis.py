@@ -40,7 +40,27 @@ def last_entry_unwritten(mapping, loc):
     return out
 
 
+def loc_through_its_last_stride(mapping, loc):
+    """A gather that walks loc as flat entries ``ptr + i * loc.stride(-1)``: right for a dense or
+    1-D loc, wrong where its rows lie apart (a column slice of a wider table)."""
+    tn.translate_full_to_swa(mapping, loc.reshape(-1)[:0])  # the checks
+    flat = loc.as_strided((loc.numel(),), (loc.stride(-1) if loc.dim() else 1,), loc.storage_offset())
+    return mapping[flat.long()].reshape(loc.shape)
+
+
+_STATIC = {}
+
+
+def into_a_kept_buffer(mapping, loc):
+    """The result written into a buffer kept per shape and dtype and returned itself (a static
+    output, as a CUDA-graph-friendly kernel keeps): the next call overwrites it."""
+    out = tn.translate_full_to_swa(mapping, loc)
+    kept = _STATIC.setdefault((tuple(out.shape), out.dtype), torch.empty_like(out))
+    return kept.copy_(out)
+
+
 @pytest.mark.parametrize("fn, cause", [(always_int32, "returned_layout"),
+                                       (loc_through_its_last_stride, "index_stride_ignored"),
                                        (minus_one_reads_the_word_before, "padding_policy"),
                                        (mapping_from_storage_start, "storage_offset_ignored"),
                                        (last_entry_unwritten, "rows_dropped")])
@@ -59,3 +79,12 @@ def test_every_failure_names_the_translation_bug(fn, cause):
     assert {cid: o.cause["id"] if o.cause else None for cid, o in failed.items()
             if not o.cause or o.cause["id"] != cause} == {}
     assert all(f"[{cause}]" in o.message for o in failed.values())
+
+
+def test_a_result_a_later_call_overwrites_is_named():
+    contract = Contract(op=OP, name="swa.into_a_kept_buffer", backend="test", padding="negative")
+    kernel = Kernel(contract, into_a_kept_buffer, "test")
+    outcomes = {case.id: run_case(kernel, case) for case in catalogue(OP, "quick", contract)}
+    failed = {cid: o for cid, o in outcomes.items() if o.status == FAIL}
+    assert failed and all(cid.startswith("repeat") for cid in failed), list(failed)
+    assert all(o.cause and o.cause["id"] == "result_reused" and "changed" in o.message for o in failed.values())

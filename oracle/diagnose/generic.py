@@ -59,6 +59,11 @@ def index_hypotheses(arena) -> list[Hypothesis]:
                                   f"(its stride {index.strides[-1]} ignored)",
                                   views={index.name: (index.shape, contiguous_strides(index.shape), index.offset)},
                                   override=ANY_DUPLICATES))
+        last_only = tuple(s * index.strides[-1] for s in contiguous_strides(index.shape))
+        if len(index.shape) > 1 and index.strides[-1] != 1 and last_only != index.strides:
+            out.append(Hypothesis("index_stride_ignored", f"{index.name} read through its last stride alone (flat "
+                                  f"entry i at i * {index.strides[-1]}: its other strides ignored)",
+                                  views={index.name: (index.shape, last_only, index.offset)}, override=ANY_DUPLICATES))
         start = -arena.regions[index.region].guard  # the storage starts at the leading guard band
         if index.offset != start:
             out.append(Hypothesis("index_offset_ignored", f"{index.name} read from its storage's "
@@ -354,8 +359,8 @@ VECTOR_BYTES = 16  # the widest plain vector store
 
 
 def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
-    """Rows copied past or short of their end: one element past (an inclusive loop bound), in
-    whole 16-byte vectors with no tail loop, each row's bytes rounded up to a multiple of 16 (read
+    """Rows copied past or short of their end: one element or one byte past (an inclusive loop
+    bound over elements or over bytes), in whole 16-byte vectors with no tail loop, each row's bytes rounded up to a multiple of 16 (read
     past the source row and written past the cache row) or rounded down (the row's tail never
     written). Flat [S, H, D] caches with packed rows only; each source and its cache by their own
     row width (K's and V's may differ)."""
@@ -379,6 +384,18 @@ def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     shown = " and ".join(str(w) for w in widths)
     out = [Hypothesis("row_overrun", f"each row copied one element past its end (rows of {shown} elements: an "
                       "inclusive loop bound, j <= width)", views=rows_of(lambda w: w + 1))]
+    if itemsize > 1:  # a byte loop's inclusive bound: one byte past the row, over all of it or
+        # over the tail a 16-byte vector body leaves (a loop that runs only where there is one)
+        tailed = {name for name, w in width.items() if w * itemsize % VECTOR_BYTES}
+        for past, how in ((set(width), "copied as bytes"),
+                          (tailed, f"whose length is not a multiple of {VECTOR_BYTES} bytes, the tail after the "
+                                   "whole vectors copied as bytes")):
+            if not past or (how != "copied as bytes" and past == set(width)):
+                continue
+            out.append(Hypothesis("row_overrun", f"each row {how} one byte past its end (rows of "
+                                  f"{' and '.join(str(b) for b in sorted({width[n] * itemsize for n in past}))} bytes, an inclusive "
+                                  "bound, j <= row_bytes: the byte after the row read from the source and written "
+                                  "into the cache)", views=_bytes_past(rows, width, itemsize, past)))
     if not vector or all(w % vector == 0 for w in widths):
         return out
     out.append(Hypothesis("row_overrun", f"each row copied as whole {VECTOR_BYTES}-byte vectors, past its end (rows of "
@@ -388,6 +405,15 @@ def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
         out.append(Hypothesis("row_tail_dropped", f"each row copied as whole {VECTOR_BYTES}-byte vectors only, the "
                               f"rest (no tail loop) left as it was (rows of {' and '.join(str(w * itemsize) for w in widths)} bytes)",
                               views=rows_of(lambda w: w // vector * vector)))
+    return out
+
+
+def _bytes_past(rows: list, width: dict, itemsize: int, past: set) -> dict:
+    """Packed rows re-addressed as bytes, one byte longer for the views named in ``past``."""
+    out = {}
+    for v in rows:
+        length = width[v.name] * itemsize + (v.name in past)
+        out[v.name] = ((v.shape[0], 1, length), (v.strides[0] * itemsize, length, 1), v.offset, None, "uint8")
     return out
 
 

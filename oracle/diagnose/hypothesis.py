@@ -58,6 +58,7 @@ CAUSES = {
     "not_reproducible": "the case passes when run again: the result depends on earlier calls or on timing",
     "returned_layout": "the returned tensor has another dtype, shape or device than the contract's",
     "input_modified": "an input (a source, the index, a scale) was modified",
+    "result_reused": "a returned tensor is overwritten by a later call (a static output buffer)",
     "nothing_written": "nothing was written",
     "row_overrun": "rows written past their end (whole vectors, no tail handling)",
     "row_tail_dropped": "each row's last bytes past its last whole vector are not written (no tail loop)",
@@ -71,6 +72,7 @@ CAUSES = {
     "padding_into_slot_zero": "padding rows are quantized and written into slot 0",
     "scale_layout_wrong": "the scale cache is written in another layout than its own",
     "blocks_straddle_heads": "scaling blocks run across head boundaries",
+    "block_amax_read_ahead": "a row's partial last block is scaled by elements past the row's end (an unmasked load)",
     "element_rounding": "the 4-bit elements are rounded another way (ties away from zero, toward zero)",
     "source_narrowed": "the sources are converted through a narrower float type before use (range or precision lost)",
 }

@@ -24,14 +24,18 @@ from .hypothesis import Hypothesis
 
 class _Readdressed(Arena):
     """The case's arena with some views re-addressed: ``(shape, strides, offset)`` in the view's
-    own region, or ``(shape, strides, offset, region)`` in another (the same bytes either way)."""
+    own region, ``(shape, strides, offset, region)`` in another (the same bytes either way), and
+    ``(shape, strides, offset, region, dtype)`` read as elements of another dtype (region None:
+    its own), as a kernel that copies rows as bytes addresses them."""
 
     def __init__(self, arena: Arena, views: dict):
         self.__dict__.update(arena.__dict__)
         self.views = dict(arena.views)
-        for name, (shape, strides, offset, *region) in views.items():
-            self.views[name] = replace(arena.views[name], shape=tuple(shape), strides=tuple(strides),
-                                       offset=int(offset), region=region[0] if region else arena.views[name].region)
+        for name, (shape, strides, offset, *rest) in views.items():
+            own = arena.views[name]
+            region = rest[0] if rest and rest[0] is not None else own.region
+            self.views[name] = replace(own, shape=tuple(shape), strides=tuple(strides), offset=int(offset),
+                                       region=region, dtype=rest[1] if len(rest) > 1 else own.dtype)
 
 
 class _AsRead(Prepared):

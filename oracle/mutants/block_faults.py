@@ -32,6 +32,29 @@ def _mx_log2f(x, fmt, global_scale):
                   floor_log2=lambda amax: torch.floor(torch.log2(amax)).nan_to_num(neginf=0).to(torch.int32))
 
 
+def _mx_amax_reads_ahead(x, fmt, global_scale):
+    """MX whose partial last block of a head takes its amax, and its NaN and inf test, from a
+    whole block's load from its start: past the head's end into the next head's or token's
+    elements of ``x``, masked only at the end of ``x``."""
+    dtype, block, emax = tb.FORMATS[fmt]
+    width = x.shape[-1]
+    pad = -width % block
+    if fmt == "nvfp4" or not pad:
+        return tb.encode(x, fmt, global_scale)
+    x32 = x.float()
+    flat = torch.cat([x32.reshape(-1), x32.new_zeros(pad)])
+    rows = torch.arange(1, x32.numel() // width + 1, device=x.device)
+    ahead = flat[rows[:, None] * width + torch.arange(pad, device=x.device)].reshape(x.shape[:-1] + (pad,))
+    seen = tb._blocks(torch.cat([x32, ahead], dim=-1), block)
+    blocks = tb._blocks(x32, block)
+    finite = torch.isfinite(seen)
+    amax = torch.where(finite, seen.abs(), 0).amax(dim=-1)
+    exponent = torch.where(amax > 0, tb._floor_log2(amax) - emax, -127).clamp(-127, 127)
+    scales = torch.where(finite.all(dim=-1), exponent + 127, 255).to(torch.uint8)
+    q = tb.with_signs_of(blocks * torch.ldexp(torch.ones_like(amax), -exponent)[..., None], blocks)
+    return tb._fp8_codes(q, dtype).flatten(-2)[..., :width], scales
+
+
 def _e2m1_ties_away(q):
     """e2m1 codes with every tie rounded to the larger magnitude (a >= at every midpoint)."""
     magnitude = q.abs()
@@ -141,6 +164,8 @@ _ROWS = [
      "shared_exponent_off_by_one", _quantize(_mx_exponent_plus_one), ("block_scaled",)),
     (P + ".exponent_plus_one", P, "MXFP8 shared exponent one too large (floor(log2 amax) - emax + 1)",
      "shared_exponent_off_by_one", _paged(_mx_exponent_plus_one), ("block_scaled",)),
+    (Q + ".amax_reads_ahead", Q, "MXFP8 partial last block's amax from an unmasked 32-element load (into the "
+     "next head's elements)", "block_amax_read_ahead", _quantize(_mx_amax_reads_ahead), ("block_scaled",)),
     (P + ".exponent_from_log2f", P, "MXFP8 shared exponent floor(log2f(amax)) - emax, log2 in float32",
      "block_scaling_rule", _paged(_mx_log2f), ("block_scaled",)),
     (Q + ".unrounded_block_scale", Q, "NVFP4 elements divided by the block scale before its e4m3fn rounding",

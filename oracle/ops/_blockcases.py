@@ -171,6 +171,10 @@ def alternatives(fmt: str, contract: Contract, dtype: str = "float32") -> list[H
         other("block_scaling_rule", "exponent_offset", offset,
               f"the shared exponent computed with {other_element}'s emax ({15 if other_element == 'e5m2' else 8}) "
               f"for {element}'s ({8 if element == 'e4m3fn' else 15}): E {offset:+d} in every block")
+        other("block_amax_read_ahead", "tail_amax", "read_ahead",
+              f"the partial last block of each head takes its scale from a whole {mx.BLOCK}-element load from its "
+              "start: its amax includes the elements past the head's end (the next head's, or the next token's), "
+              "masked only at the end of the tensor")
     else:
         other("block_scale_unrounded", "element_scale", "unrounded",
               "the elements are scaled by the block scale before its e4m3fn rounding, not by the stored scale")

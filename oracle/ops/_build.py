@@ -191,7 +191,8 @@ SOURCE_GAP_BYTES = 16  # other columns between the sources of a "gapped" fused r
 def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.Generator | None = None):
     """Source tensors ``[N, *row]``: each in its own allocation, or ("fused") all sliced out of one
     row-major tensor that also holds a leading block of other columns (a fused qkv projection),
-    so each one's row stride exceeds its row; ("gapped") the same with SOURCE_GAP_BYTES of other columns
+    so each one's row stride exceeds its row; ("padded") each in its own allocation, its rows
+    SOURCE_ROW_PAD elements apart past their end; ("gapped") the same with SOURCE_GAP_BYTES of other columns
     between one source and the next, so a kernel that reads a source right after the one before
     it (the adjacency assumed, not the source's own pointer) reads the gap. "longer": each
     followed by :func:`extra_rows` more rows of other random values (drawn from ``rng``), which
@@ -202,6 +203,8 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
         layout = "contig"
     if layout == "contig":
         return tuple(arena.tensor(n, a, role="source") for n, a in zip(names, arrays))
+    if layout == "padded":
+        return tuple(_padded_rows(arena, n, a) for n, a in zip(names, arrays))
     dtype = arrays[0].dtype
     n = arrays[0].shape[0]
     widths = [int(np.prod(a.shape[1:])) for a in arrays]
@@ -217,6 +220,21 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
                               _dtype_name(dtype), role="source", values=a))
         column += w + gap
     return tuple(out)
+
+
+SOURCE_ROW_PAD = 8  # elements past each row of a "padded" source: no multiple of a head's D
+
+
+def _padded_rows(arena: Arena, name: str, array: np.ndarray):
+    """``array`` as a source whose rows lie SOURCE_ROW_PAD elements apart past their end (a row
+    of a larger tensor whose extra columns are no whole head), so offsets from the row's start
+    are no multiple of the row's or a head's width."""
+    width = int(np.prod(array.shape[1:]))
+    row = width + SOURCE_ROW_PAD
+    region = name + "_padded"
+    arena.region(region, max(len(array) * row * array.itemsize, 1), GUARD_MIN)
+    return arena.view(name, region, array.shape, (row,) + contiguous_strides(array.shape[1:]), 0,
+                      _dtype_name(array.dtype), role="source", values=array)
 
 
 UNEQUAL_PAD = 16  # bytes past each slot of every cache but the first, in the "unequal" layout

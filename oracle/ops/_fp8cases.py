@@ -442,7 +442,9 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     float32 reciprocal, rounded to that type, the quotient or product rounded to it, as ``__hdiv``
     and ``__hmul`` compute); "vector_head=V" (a per-head scale read once per V-element vector
     along each token's flat ``[H * D]`` elements: a vector that starts in head h scales all its
-    elements by head h's scale)."""
+    elements by head h's scale); "address_head=S" (a per-head scale indexed by ``(offset // D) %
+    H``, each head's offset from the tensor's start in rows S elements apart: the head it would
+    have in dense rows)."""
     if mode is None:
         return source, scale
     if mode == "one":
@@ -467,6 +469,11 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             else:
                 reciprocal = (_F32(1) / divisor.astype(_F32)).astype(narrow)
                 quotient = (source * reciprocal).astype(narrow).astype(_F32)
+        elif mode.startswith("address_head="):  # the head of each element's offset, rows S apart
+            stride, (tokens, heads, dim) = int(mode.split("=")[1]), widened.shape[-3:]
+            flat = np.asarray(scale, _F32).reshape(-1)
+            offset = (np.arange(tokens)[:, None] * stride + np.arange(heads)[None, :] * dim)
+            quotient = widened / flat[(offset // dim) % heads % flat.size][..., None]
         elif mode.startswith("vector_head="):  # each V-element vector of the flat [H * D] row: its first head's scale
             vector, (heads, dim) = int(mode.split("=")[1]), widened.shape[head_axis:][:2]
             flat = np.asarray(scale, _F32).reshape(-1)

@@ -113,6 +113,8 @@ class OpSpec:
     sizes: tuple = (0, 1, 7, 133, 4096, 4099)  # 4099: past the size gates, and no multiple of any tile
     large_n_shape: tuple = ()  # the row shape of the layout and padding cases at N = 4096 (a narrow one keeps them cheap)
     sources: tuple = ()  # sources that can be non-contiguous slices of one tensor
+    source_layouts: tuple = ("fused",)  # the "strides" class's source layouts besides "gapped"
+    index_2d_shape: tuple = ()  # a shape whose index is 2-D (the "strides" class lays it out too)
     dcp: bool = False  # has a DCP-sharded form (contract fields dcp_world, dcp_rank, dcp_modulo)
     aliasing: tuple = ("aliased", "offset")  # cache variants
     layouts: tuple = ()  # paged cache layouts
@@ -162,7 +164,7 @@ class OpSpec:
                "fp8_format": p.get("fp8"), "kv_cache_dtype": p.get("spelling"), "scale": "head" if p.get("scale") == "head" else
                ("tensor" if p.get("fp8") else None),
                "layout": p.get("layout"), "padding": p.get("padding"),
-               "duplicates": bool(p.get("dups")), "strided_source": p.get("src") in ("fused", "gapped"),
+               "duplicates": bool(p.get("dups")), "strided_source": p.get("src") in ("fused", "gapped", "padded"),
                "longer_source": p.get("src") == "longer", "dcp": bool(p.get("dcp")),
                "strided_index": p.get("index_layout") in ("strided", "offset"),
                "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted", "unequal", "padded") or bool(p.get("large")),

@@ -35,6 +35,7 @@ class QuantizeFp8(OpSpec):
     default_shape = (8, 128)  # (heads, head_dim)
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (13, 46), (8, 96), (1, 97))
     sources = ("x",)
+    source_layouts = ("fused", "padded")  # padded: a row stride no multiple of H * D or of D
     aliasing = ("offset", "padded")  # out at a storage offset; out's rows past their end (a strided out)
 
     def p_with_defaults(self, case: Case) -> dict:
@@ -101,10 +102,23 @@ class QuantizeFp8(OpSpec):
         """The flattened tensor's scalar remainder converted another way (:func:`_flat_tail_hypotheses`):
         whether a way changes anything depends on the remainder's values, so these are offered
         for the built case, after the others."""
-        return _flat_tail_hypotheses(self.p_with_defaults(case), contract)
+        p = self.p_with_defaults(case)
+        return _flat_tail_hypotheses(p, contract) + _address_head_hypotheses(p, prepared)
 
     def bad_inputs(self) -> tuple:
         return ("x_dtype", "scale_dtype", "out_dtype", "shape_mismatch", "fmt")
+
+
+def _address_head_hypotheses(p: dict, prepared: Prepared) -> list[Hypothesis]:
+    """A per-head scale indexed by the head an element's offset from x's start would have in
+    dense rows, ``(offset // D) % H``: right while x's row stride is a multiple of ``H * D``."""
+    heads, dim = p["shape"]
+    row_stride = prepared.arena.views["x"].strides[0]
+    if p.get("scale") != "head" or heads < 2 or row_stride % (heads * dim) == 0:
+        return []
+    return [Hypothesis("scale_misindexed", f"the per-head scale indexed by (offset // {dim}) % {heads}, from each "
+                       f"element's offset in x (rows {row_stride} elements apart): the head it would have in "
+                       "dense rows, not its own", {"scale": f"address_head={row_stride}"})]
 
 
 def _flat_tail_hypotheses(p: dict, contract: Contract) -> list[Hypothesis]:

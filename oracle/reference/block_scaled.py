@@ -192,7 +192,10 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
     scales_out = []
     for cache, scale_cache, source, gs in ((key_cache, key_scale_cache, key, k_global_scale),
                                            (value_cache, value_scale_cache, value, v_global_scale)):
-        codes, scales = quantize_block(source[plan.positions], fmt, gs, preset=preset, **knobs)
+        if knobs.get("tail_amax", "own") == "own":
+            codes, scales = quantize_block(source[plan.positions], fmt, gs, preset=preset, **knobs)
+        else:  # a row's last block reads the next source row, written or not: quantize them all
+            codes, scales = (a[plan.positions] for a in quantize_block(source, fmt, gs, preset=preset, **knobs))
         out.append(write_rows(cache.copy(), plan, codes, slot_axes=(0, 1)))
         if scale_layout == "linear":
             scales_out.append(write_rows(scale_cache.copy(), plan, scales, slot_axes=(0, 1)))

@@ -38,10 +38,14 @@ Where implementations legitimately differ, :class:`MxKnobs` says how:
 - ``saturate`` and ``element_preset``: the element conversion, as :func:`oracle.reference.fp8.quantize`
   does it (default: saturating, round to nearest even, the preset ``ocp_satfinite``'s NaN byte).
 
-Fault knob (never a real writer's choice; the diagnosis replays it to name a bug):
+Fault knobs (never a real writer's choice; the diagnosis replays them to name a bug):
 ``exponent_offset``, added to ``E`` of every nonzero block before the clamp (the shared exponent
 off by one: -1 or +1; or by the difference of the element formats' ``emax``, 7: e5m2's 15 taken
-for e4m3fn's 8, or e4m3fn's for e5m2's).
+for e4m3fn's 8, or e4m3fn's for e5m2's). ``tail_amax``: ``"own"`` (the last, partial block of a
+row scaled by its own elements) or ``"read_ahead"`` (its amax, and whether it holds NaN or inf,
+taken over a whole block's width of ``x`` in C order from the block's start: the elements past
+the row's end, the next head's or the next token's, up to the end of ``x``; an unmasked vector
+load whose mask covers only the tensor's end). Its codes are its own elements' either way.
 
 ``x / X`` is computed in float32 (exact for a power of two unless the quotient is a float32
 subnormal, where it rounds once, as every kernel's float32 arithmetic does).
@@ -67,6 +71,7 @@ ZERO_BLOCKS = ("min", "one")
 NONFINITE_BLOCKS = ("nan_scale", "finite_amax", "nan_block", "inf_saturates")
 MIN_SCALE_FACTORS = ("exact", "one")
 EXPONENT_OFFSETS = (-7, -1, 0, 1, 7)
+TAIL_AMAX = ("own", "read_ahead")
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class MxKnobs:
     element_preset: str = "ocp_satfinite"
     min_scale_factor: str = "exact"
     exponent_offset: int = 0  # fault knob: -1 or +1, or -7 or +7 (the other element format's emax)
+    tail_amax: str = "own"  # fault knob: "read_ahead"
 
     def validated(self) -> "MxKnobs":
         v.require_choice("exponent", self.exponent, EXPONENT_RULES)
@@ -87,6 +93,7 @@ class MxKnobs:
         v.require_choice("nonfinite", self.nonfinite, NONFINITE_BLOCKS)
         v.require_choice("min_scale_factor", self.min_scale_factor, MIN_SCALE_FACTORS)
         v.require_choice("exponent_offset", self.exponent_offset, EXPONENT_OFFSETS)
+        v.require_choice("tail_amax", self.tail_amax, TAIL_AMAX)
         if not isinstance(self.saturate, bool):
             raise TypeError(f"saturate must be a bool, got {self.saturate!r}")
         return self
@@ -121,6 +128,20 @@ def _blocks(x32: np.ndarray, block: int) -> tuple[np.ndarray, int]:
     padded = np.zeros(x32.shape[:-1] + (count * block,), dtype=np.float32)
     padded[..., :width] = x32
     return padded.reshape(x32.shape[:-1] + (count, block)), width
+
+
+def _read_ahead(x32: np.ndarray, blocks: np.ndarray, width: int, block: int) -> np.ndarray:
+    """``blocks`` with each row's partial last block filled past the row's end from ``x32`` in C
+    order (the next row's first elements), up to ``x32``'s end (zeros beyond it)."""
+    tail = width % block
+    if not tail:
+        return blocks
+    flat = np.concatenate([x32.reshape(-1), np.zeros(block - tail, np.float32)])
+    rows = np.arange(int(np.prod(x32.shape[:-1])), dtype=np.int64)
+    ahead = flat[(rows + 1)[:, None] * width + np.arange(block - tail)]
+    seen = blocks.copy()
+    seen[..., -1, tail:] = ahead.reshape(x32.shape[:-1] + (block - tail,))
+    return seen
 
 
 def _floor_log2(values: np.ndarray) -> np.ndarray:
@@ -169,13 +190,16 @@ def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | 
         return np.zeros(x32.shape, dtype=np.uint8), np.zeros(x32.shape[:-1] + (0,), dtype=np.uint8)
     blocks, width = _blocks(x32, block)
     finite = np.isfinite(blocks)
+    # what each block's scale is computed from: its elements, or more under tail_amax
+    seen = _read_ahead(x32, blocks, width, block) if resolved.tail_amax == "read_ahead" else blocks
+    finite_seen = np.isfinite(seen)
     with np.errstate(invalid="ignore"):
-        amax = np.max(np.where(finite, np.abs(blocks), np.float32(0)), axis=-1)
+        amax = np.max(np.where(finite_seen, np.abs(seen), np.float32(0)), axis=-1)
     exponent = shared_exponents(amax, fmt, resolved)
-    has_inf = np.any(np.isinf(blocks), axis=-1) if resolved.nonfinite == "inf_saturates" else False
+    has_inf = np.any(np.isinf(seen), axis=-1) if resolved.nonfinite == "inf_saturates" else False
     exponent = np.where(has_inf, E_MAX, exponent)
     scales = (exponent + E8M0_BIAS).astype(np.uint8)
-    all_finite = np.all(finite, axis=-1)
+    all_finite = np.all(finite_seen, axis=-1)
     if resolved.nonfinite in ("nan_scale", "nan_block"):
         scales = np.where(all_finite, scales, np.uint8(E8M0_NAN)).astype(np.uint8)
     factor = np.ldexp(np.float32(1), -exponent).astype(np.float32)  # 2**-E, exact in float32
