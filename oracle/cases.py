@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .ops import SPECS
 from .ops.base import Case, OpSpec
+from .ops._fp8cases import MIXED_SCALES
 from .reference.fp8 import FORMATS
 
 PROFILES = ("quick", "full", "exhaustive")
@@ -129,6 +130,9 @@ def _fp8(spec: OpSpec, profile: str, contract=None):
         # other formats a kernel declares (fnuz: one NaN, no -0) get their special values too
         yield {"fp8": fmt, "scale": "1.0", "values": "special"}
         yield {"fp8": fmt, "scale": spec.fp8_scales[-1], "values": "random"}
+    if spec.fp8_mixed_scales:  # one scale per tensor, the other per head
+        for scale in MIXED_SCALES:
+            yield {"fp8": "e4m3fn", "scale": scale, "values": "random"}
     if spec.large_n_shape:  # past the size gates, where a fast path may convert another way
         yield {"fp8": "e4m3fn", "scale": "0.0123", "values": "special", "n": LARGE_N, "shape": spec.large_n_shape}
     if spec.fp8_tail_shape:  # rows of no multiple of 16 elements: a vector loop's scalar tail

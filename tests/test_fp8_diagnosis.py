@@ -96,6 +96,37 @@ def scale_head_from_the_address(out, x, scale, fmt):
     out.copy_(tn._fp8_codes(x.float() / per_head[..., None], torch.ones(1), fmt))
 
 
+def scale_in_the_source_dtype(out, x, scale, fmt):
+    """The scale narrowed to x's type (scale.to(x.dtype)), the quotient in float32."""
+    narrowed = scale.to(x.dtype).float().reshape(1, -1, 1)
+    out.copy_(tn._fp8_codes(x.float() / narrowed, torch.ones(1), fmt))
+
+
+def carry_lost(out, x, scale, fmt):
+    """Codes whose rounding carried into the next binade (a normal quotient written as 2^(e+1))
+    written as 2^e: the mantissa rounded apart from the exponent."""
+    tn.quantize_fp8(out, x, scale, fmt)
+    q = x.float() / scale.reshape(1, -1, 1)
+    mbits = 3 if fmt.startswith("e4m3") else 2
+    binade = (torch.frexp(q)[1] - 1).float()  # exact, where a float32 log2 may round up to 2^k
+    normal = torch.isfinite(q) & (q.abs() >= torch.finfo(tn.FP8_DTYPES[fmt]).smallest_normal)
+    steps = torch.round(q.abs() / torch.exp2(binade - mbits))  # half to even, in the binade's ulps
+    carried = normal & (steps == 2 ** (mbits + 1))
+    low = torch.copysign(torch.exp2(binade), q)
+    out.copy_(torch.where(carried, tn._fp8_codes(low, torch.ones(1), fmt), out))
+
+
+@pytest.mark.parametrize("fn, words", [(scale_in_the_source_dtype, "scale rounded to"),
+                                       (carry_lost, "carry out of the mantissa lost")])
+def test_a_scale_narrowed_or_a_lost_carry_is_named(fn, words):
+    fields = dict(op="quantize_fp8", backend="test", fp8_formats=("e4m3fn", "e5m2"), fp8_preset=tn._torch_fp8_preset())
+    wrong = Kernel(Contract(name="q." + fn.__name__, **fields), fn, "test")
+    failed = {c.id: o for c in catalogue("quantize_fp8", "quick", wrong.contract)
+              if c.cls in ("fp8", "dtypes") and (o := run_case(wrong, c)).status == FAIL}
+    assert len(failed) >= 3, list(failed)
+    assert {cid: (o.cause or {}).get("text") for cid, o in failed.items() if words not in (o.cause or {}).get("text", "")} == {}
+
+
 def test_a_scale_head_taken_from_the_address_is_named():
     fields = dict(op="quantize_fp8", backend="test", fp8_formats=FORMATS, fp8_preset=tn._torch_fp8_preset())
     wrong = Kernel(Contract(name="q.address_head", **fields), scale_head_from_the_address, "test")
@@ -190,3 +221,23 @@ def test_a_rerun_elsewhere_builds_at_other_addresses_and_names_stale_state():
     failed = explain_rejection(Outcome(FAIL, "accepted\ncause: x [validation_missing]",
                                        cause={"id": "validation_missing"}), case, rerun=rerun)
     assert failed.cause["id"] == "stale_state" and "validation_missing" not in failed.message
+
+
+def scale_kind_from_k(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+    """Per-head or per-tensor decided from k_scale's shape alone: a per-head v_scale beside a
+    per-tensor k_scale is read as per-tensor (its first head's value)."""
+    if k_scale.numel() == 1 and v_scale.numel() > 1:
+        v_scale = v_scale[:1]
+    tn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+
+
+def test_scales_of_two_kinds_are_reached_and_named():
+    """Only the cases whose K and V scales differ in kind fail, named as V's scale collapsed."""
+    fields = dict(op="reshape_and_cache_flash", backend="test", fp8_formats=("e4m3fn", "e5m2"),
+                  fp8_preset=tn._torch_fp8_preset(), padding="negative")
+    wrong = Kernel(Contract(name="paged.scale_kind_from_k", **fields), scale_kind_from_k, "test")
+    outcomes = {c.id: run_case(wrong, c) for c in catalogue("reshape_and_cache_flash", "quick", wrong.contract)
+                if c.cls == "fp8"}
+    failed = {cid: o for cid, o in outcomes.items() if o.status == FAIL}
+    assert list(failed) == ["e4m3fn-scale_k_tensor_v_head-random"], list(failed)
+    assert all(o.cause["id"] == "scale_collapsed" and "v_scale" in o.cause["text"] for o in failed.values())

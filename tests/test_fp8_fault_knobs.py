@@ -82,9 +82,38 @@ def positive_zero(codes: np.ndarray, fmt: str) -> np.ndarray:
     return codes if o.FNUZ[fmt] else np.where(codes == 0x80, 0, codes).astype(np.uint8)
 
 
+def overflow_code(x: np.ndarray, fmt: str, saturate: bool) -> np.ndarray:
+    """What an overflowing x becomes: ±max saturating, else ml_dtypes' code of ±inf."""
+    return nearest(np.copysign(np.float32(np.inf), x).astype(np.float32), fmt, saturate)
+
+
+def carry_dropped(codes: np.ndarray, x: np.ndarray, fmt: str, saturate: bool) -> np.ndarray:
+    """``codes`` where a normal |x| rounds to nearest even up to the next power of two (its
+    truncation in its own binade, one ulp up, reaching 2^(e+1): the mantissa field's carry)
+    replaced by 2^e with x's sign, or the overflow where 2^e is past max."""
+    mbits = 3 if fmt.startswith("e4m3") else 2
+    a = np.abs(x.astype(np.float64))
+    normal = np.isfinite(a) & (a >= ml_dtypes.finfo(o.ML_TYPES[fmt]).smallest_normal)
+    e = np.frexp(np.where(normal, a, 1.0))[1] - 1  # a in [2^e, 2^(e+1))
+    ulp = np.ldexp(1.0, e - mbits)
+    kept = np.floor(a / ulp)
+    rest = a - kept * ulp
+    up = (rest > ulp / 2) | ((rest == ulp / 2) & (kept % 2 == 1))
+    carried = normal & up & ((kept + 1) * ulp == np.ldexp(1.0, e + 1))
+    low = np.copysign(np.ldexp(1.0, e), x).astype(np.float32)
+    dropped = np.where(np.abs(low) > o.FMAX[fmt], overflow_code(x, fmt, saturate), o.ml_codes(low, fmt))
+    return np.where(carried, dropped, codes).astype(np.uint8)
+
+
 def oracle(x: np.ndarray, fmt: str, saturate: bool, rounding="nearest_even", subnormals="keep",
-           negative_zero="keep") -> np.ndarray:
+           negative_zero="keep", overflow_test="rounded", carry="kept") -> np.ndarray:
     codes = toward_zero(x, fmt, saturate) if rounding == "toward_zero" else nearest(x, fmt, saturate)
+    if carry == "dropped":
+        codes = carry_dropped(codes, x, fmt, saturate)
+    if overflow_test == "unrounded":  # past max before rounding: the overflow, whatever it rounds to
+        with np.errstate(invalid="ignore"):
+            past = np.isfinite(x) & (np.abs(x) > o.FMAX[fmt])
+        codes = np.where(past, overflow_code(x, fmt, saturate), codes)
     if subnormals == "truncate":  # below the smallest normal, the value truncated; above, as rounded
         with np.errstate(invalid="ignore"):
             below = np.abs(x) < ml_dtypes.finfo(o.ML_TYPES[fmt]).smallest_normal
@@ -145,6 +174,9 @@ KNOB_SETTINGS = [
     {"subnormals": "flush", "negative_zero": "signed"},
     {"subnormals": "truncate"},
     {"subnormals": "truncate", "negative_zero": "positive"},
+    {"carry": "dropped"},
+    {"overflow_test": "unrounded"},
+    {"carry": "dropped", "overflow_test": "unrounded"},
 ]
 
 
@@ -172,6 +204,8 @@ def test_oracle_sets_are_not_trivial():
             assert (reference(x, fmt, False, negative_zero="positive") != plain).sum() > 100
         band = np.isfinite(x) & (np.abs(x) > o.FMAX[fmt]) & (np.abs(x) < STEP_PAST_MAX[fmt])
         assert band.sum() > 4
+        assert (reference(x, fmt, False, carry="dropped") != plain).sum() > 100
+        assert (reference(x, fmt, False, overflow_test="unrounded") != plain).sum() > 4
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -274,6 +308,18 @@ HAND = [
     ("e5m2fnuz", -0.0, {"negative_zero": "signed"}, 0x80),
     ("e4m3fn", -0.0, {"negative_zero": "signed"}, 0x80),
     ("e4m3fn", -(2.0 ** -11), {"negative_zero": "signed"}, 0x80),
+    # the rounding's carry lost: 126.24 rounds up to 128 (0x70), written as 64 (0x68); 120 is kept;
+    # a subnormal that rounds up to the smallest normal is kept; e5m2's 62000 (nearest: inf) -> 32768
+    ("e4m3fn", 126.24, {"carry": "dropped"}, 0x68),
+    ("e4m3fn", -126.24, {"carry": "dropped"}, 0xE8),
+    ("e4m3fn", 120.0, {"carry": "dropped"}, 0x6F),
+    ("e4m3fn", 0.0155, {"carry": "dropped"}, 0x08),
+    ("e5m2", 62000.0, {"carry": "dropped", "saturate": False, "inf": None}, 0x78),
+    # overflow tested before rounding: 450 (nearest: 448) overflows; saturating, it is 448 anyway
+    ("e4m3fn", 450.0, {"overflow_test": "unrounded", "saturate": False, "inf": None}, 0x7F),
+    ("e4m3fn", 450.0, {"overflow_test": "unrounded"}, 0x7E),
+    ("e5m2", -60000.0, {"overflow_test": "unrounded", "saturate": False, "inf": None}, 0xFC),
+    ("e4m3fn", 448.0, {"overflow_test": "unrounded", "saturate": False, "inf": None}, 0x7E),
 ]
 
 

@@ -46,6 +46,9 @@ from ..reference.presets import PRESETS
 from . import _build
 
 SCALES = ("1.0", "0.0123", "head")
+# one tensor's scale per tensor, the other's per head ("k_tensor_v_head": the first's per tensor):
+# a writer that takes both scales' kind from one of them reads the other wrongly
+MIXED_SCALES = ("k_tensor_v_head", "k_head_v_tensor")
 VALUE_SETS = ("random", "special", "double_rounding")
 EXACT_SETS = ("special", "double_rounding")  # built in float32
 SECOND_SCALE = 2.61  # V's scale relative to K's
@@ -76,8 +79,10 @@ def cache_dtype(contract: Contract, fmt: str) -> str:
 def scale_values(choice: str, heads: int, tensor: int = 0) -> np.ndarray:
     """The float32 scale of case parameter ``choice``: shape (1,), or (heads,) for "head".
     ``tensor`` 0 is the first (or only) tensor's scale, 1 the second's."""
+    if choice in MIXED_SCALES:
+        return scale_values("head" if (choice == "k_tensor_v_head") == bool(tensor) else "0.0123", heads, tensor)
     if choice not in SCALES:
-        raise ValueError(f"scale={choice!r} is not one of {SCALES}")
+        raise ValueError(f"scale={choice!r} is not one of {SCALES + MIXED_SCALES}")
     if choice == "1.0":
         return np.ones(1, _F32)
     factor = SECOND_SCALE if tensor else 1.0
@@ -163,7 +168,10 @@ def special_pool(fmt: str) -> tuple[np.ndarray, np.ndarray]:
     edges = [above, np.nextafter(_F32(above), _F32(0)), np.nextafter(_F32(above), _F32(np.inf)),
              2 * maximum, 1e30, fmax, codes[1] / 4, codes[1] / 2,
              np.nextafter(_F32(codes[1] / 2), _F32(1)), np.nextafter(_F32(codes[1] / 2), _F32(0))]
-    finite = _signed(np.concatenate([codes, ties, edges]))
+    # just below each power of two past the first code, far from any tie even once scaled: they
+    # round up into the next binade (the rounding's carry into the exponent)
+    powers = codes[(codes > codes[1]) & (np.frexp(codes)[0] == 0.5)]
+    finite = _signed(np.concatenate([codes, ties, edges, powers * 0.985]))
     nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFC12345], np.uint32).view(_F32)
     specials = np.concatenate([finite, np.array([np.inf, -np.inf], _F32), nans])
     raw = np.array([fmax, -fmax], _F32)
@@ -226,6 +234,8 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
                                f"{p['dtype']} first", {"scale": mode})
                     for mode, how in (("source_dtype_div", "x / scale in half-precision arithmetic"),
                                       ("source_dtype_mul", "x * (1 / scale) in half-precision arithmetic"))]
+            out.append(Hypothesis("fp8_conversion", f"the scale rounded to {p['dtype']} (scale.to(x.dtype)), "
+                                  "then x / scale in float32", {"scale": "scale_source_dtype"}))
     try:
         declared = contract.knobs(fmt)
     except (TypeError, ValueError):  # the contract's preset does not cover this format
@@ -305,6 +315,14 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
                            {"intermediate": "float16", "saturate": False, "inf": None, "nan": "0x7E|sign", **extra})
                 for how, extra in (("(bits >> 8: truncated)", {"rounding": "toward_zero"}),
                                    ("rounded to nearest even on its low byte", {}))]
+    if declared.carry == "kept" and declared.rounding != "toward_zero":
+        out.append(Hypothesis("fp8_conversion", "the rounding's carry out of the mantissa lost (the mantissa "
+                              "rounded apart from the exponent: a value that rounds up to 2^(e+1) written as 2^e)",
+                              {"carry": "dropped"}))
+    if not declared.saturate and declared.overflow_test == "rounded":
+        out.append(Hypothesis("fp8_conversion", "overflow tested on the unrounded quotient (|q| > max before "
+                              "rounding): quotients just past max, which round to it, written as overflow",
+                              {"overflow_test": "unrounded"}))
     if declared.negative_zero != "positive" and not form.fnuz:  # fnuz has no -0 to lose
         out.append(Hypothesis("negative_zero_mishandled", "-0 written as +0 (0x00 instead of 0x80)",
                               {"negative_zero": "positive"}))
@@ -355,6 +373,11 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
     if not p.get("fp8") or choice == "1.0":
         return []
     out = []
+    if choice in MIXED_SCALES and heads > 1:
+        per_head = names[1] if choice == "k_tensor_v_head" else names[0]
+        out.append(Hypothesis("scale_collapsed", f"{per_head}, a per-head scale, read as a per-tensor one (its "
+                              "head 0's value for every head): both scales' kind taken from the other's shape",
+                              inputs={per_head: _first_head}))
     if choice == "head" and heads > 1:
         out.append(Hypothesis("scale_collapsed", "the per-head scale collapsed to head 0's ("
                               + ", ".join(names) + ")",
@@ -363,7 +386,7 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
         out.append(Hypothesis("scale_misindexed", "the per-head scale broadcast over each [H * D] row as "
                               "scale[j % H] (torch's repeat where repeat_interleave was meant)",
                               {"scale": "repeated"}))
-    if len(names) == 2:
+    if len(names) == 2 and choice not in MIXED_SCALES:
         out += [Hypothesis("scale_missing", f"{name} not applied (stored as x, not x / {name}); "
                            f"{other} applied", inputs={name: _ones})
                 for name, other in zip(names, names[::-1])]
@@ -440,7 +463,8 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     sign-magnitude conversion that takes the sign from ``x < 0``); "source_dtype_div" and
     "source_dtype_mul" (the quotient in the 16-bit source's own arithmetic: the scale, or its
     float32 reciprocal, rounded to that type, the quotient or product rounded to it, as ``__hdiv``
-    and ``__hmul`` compute); "vector_head=V" (a per-head scale read once per V-element vector
+    and ``__hmul`` compute); "scale_source_dtype" (the scale rounded to the 16-bit source's type,
+    the quotient in float32: ``x / scale.to(x.dtype)``); "vector_head=V" (a per-head scale read once per V-element vector
     along each token's flat ``[H * D]`` elements: a vector that starts in head h scales all its
     elements by head h's scale); "address_head=S" (a per-head scale indexed by ``(offset // D) %
     H``, each head's offset from the tensor's start in rows S elements apart: the head it would
@@ -469,6 +493,9 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             else:
                 reciprocal = (_F32(1) / divisor.astype(_F32)).astype(narrow)
                 quotient = (source * reciprocal).astype(narrow).astype(_F32)
+        elif mode == "scale_source_dtype":  # the scale narrowed to x's 16-bit type, the quotient in float32
+            divisor = broadcast_scale(scale, widened.ndim, head_axis).astype(source.dtype).astype(_F32)
+            quotient = widened / divisor
         elif mode.startswith("address_head="):  # the head of each element's offset, rows S apart
             stride, (tokens, heads, dim) = int(mode.split("=")[1]), widened.shape[-3:]
             flat = np.asarray(scale, _F32).reshape(-1)

@@ -120,6 +120,7 @@ class OpSpec:
     layouts: tuple = ()  # paged cache layouts
     returns: bool = False  # the op returns a tensor instead of writing a cache
     fp8_scales: tuple = ()  # scale variants of the "fp8" case class ("1.0", "0.0123", "head")
+    fp8_mixed_scales: bool = False  # two scales: the "fp8" class also gives them different kinds
     fp8_tail_shape: tuple = ()  # a shape whose rows are no multiple of 16 elements, for fp8 cases too
     block_formats: tuple = ()  # block-scaled formats of the "block_scaled" case class
     large_case = None  # params (dict) of the "large" case (caches past 2**31 elements), or None
@@ -161,7 +162,7 @@ class OpSpec:
         """What a kernel must declare for this case to be inside its contract."""
         p = self.p_with_defaults(case)
         out = {"dtype": p.get("dtype"), "index_dtype": p.get("index") if self.index_dtypes else None,
-               "fp8_format": p.get("fp8"), "kv_cache_dtype": p.get("spelling"), "scale": "head" if p.get("scale") == "head" else
+               "fp8_format": p.get("fp8"), "kv_cache_dtype": p.get("spelling"), "scale": "head" if p.get("scale", "").startswith(("head", "k_")) else
                ("tensor" if p.get("fp8") else None),
                "layout": p.get("layout"), "padding": p.get("padding"),
                "duplicates": bool(p.get("dups")), "strided_source": p.get("src") in ("fused", "gapped", "padded"),

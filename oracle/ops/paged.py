@@ -45,6 +45,7 @@ class ReshapeAndCacheFlash(OpSpec):
     dtypes = ("bfloat16", "float16", "float32")
     fp8 = True
     fp8_scales = _fp8cases.SCALES
+    fp8_mixed_scales = True
     fp8_tail_shape = (13, 46)
     default_shape = (8, 128)  # (heads, head_size)
     # (heads, head_size[, block_size]): blocks of 16 tokens unless a third entry says otherwise

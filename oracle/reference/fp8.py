@@ -5,8 +5,8 @@ quotient a few float32 ulps (to model approximate division), optionally rounds i
 bfloat16 first (double rounding, as some paths do), then rounds once to the
 fp8 format: to nearest, ties to even, overflow decided after rounding. The knobs choose what
 overflow, infinities and NaN become; everything else agrees across every implementation we know
-(see docs/semantics.md and ../shared/peer-semantics.md). Three more knobs (``rounding``,
-``subnormals``, ``negative_zero``) model conversion bugs, not real implementations: no preset sets
+(see docs/semantics.md and ../shared/peer-semantics.md). Five more knobs (``rounding``,
+``subnormals``, ``negative_zero``, ``overflow_test``, ``carry``) model conversion bugs, not real implementations: no preset sets
 them; the diagnosis replays them to name what a failing kernel does.
 
 Speed: an fp8 code depends only on the top 16 bits of the float32 input and on whether any of the
@@ -43,7 +43,8 @@ def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: in
     ``fp8(x / scale)`` (the "descale" convention every peer uses). Knobs come from ``preset``
     (see :mod:`oracle.reference.presets`; default ``ocp_satfinite``) and may be overridden one by
     one: ``saturate``, ``inf``, ``nan``, ``overflow_nan``, ``scale_op``, ``intermediate``,
-    ``quotient_ulps``, ``rounding``, ``subnormals``, ``negative_zero`` (see :class:`Fp8Knobs`).
+    ``quotient_ulps``, ``rounding``, ``subnormals``, ``negative_zero``, ``overflow_test``,
+    ``carry`` (see :class:`Fp8Knobs`).
     A named knob always wins over the preset; naming ``saturate`` alone also chooses that mode's
     ``inf`` rule (see :func:`resolve_knobs`), so ``saturate=False`` is the OCP non-saturating
     conversion, ±inf included. The input is never modified.
@@ -164,6 +165,16 @@ def encode(bits: np.ndarray, form: Fp8Format, knobs: Fp8Knobs) -> np.ndarray:
     sign_bit = (sign << np.uint32(7)).astype(np.int64)
     nan_code, made_nan = (_nan_codes(spec, form, sign_bit, code.shape) for spec in (knobs.nan, knobs.overflow_nan))
 
+    if knobs.carry == "dropped":  # the rounded mantissa field under the truncated exponent field
+        truncated = round_float32(bits, form.binary, "toward_zero")[1]
+        field = (1 << form.binary.mantissa_bits) - 1
+        # normal values only: a subnormal branch shifts into place and rounds to the smallest normal
+        carried = ~is_nan & ~is_inf & (truncated > field) & ((code & ~field) != (truncated & ~field))
+        code = np.where(carried, (truncated & ~field) | (code & field), code)
+        overflow = np.where(carried, code > form.max_code, overflow)
+    if knobs.overflow_test == "unrounded":  # max has no low bits set, so a table class compares exactly
+        magnitude = np.abs(bits.astype(np.uint32).view(np.float32))
+        overflow = ~is_nan & ~is_inf & (magnitude > code_values(form.name)[form.max_code])
     if knobs.subnormals == "flush":  # after rounding: what rounds up to the smallest normal stays
         code = np.where(code < (1 << form.binary.mantissa_bits), 0, code)
     elif knobs.subnormals == "truncate":  # below the smallest normal, and only there, toward zero

@@ -49,6 +49,8 @@ INTERMEDIATES = {None: None, "float16": FLOAT16, "bfloat16": BFLOAT16}
 INF_POLICIES = ("max", "nan", "inf")
 SUBNORMALS = ("keep", "flush", "truncate")
 NEGATIVE_ZEROS = ("keep", "positive", "signed")
+OVERFLOW_TESTS = ("rounded", "unrounded")
+CARRIES = ("kept", "dropped")
 
 
 def get_format(fmt: str) -> Fp8Format:
@@ -139,6 +141,15 @@ class Fp8Knobs:
       shifted into the subnormal field without rounding, as a hand-written conversion's subnormal
       branch may do), so one just below the smallest normal stays the largest subnormal; normal
       values are rounded by ``rounding`` as before.
+    - ``overflow_test``: ``"rounded"`` (the default: overflow is decided on the rounded value, so
+      e4m3fn's 448 < |q| < 464 rounds to 448) or ``"unrounded"``: a magnitude past max overflows
+      before any rounding (a hand-written conversion's ``if (|q| > max)`` branch first), which
+      only ``saturate=False`` can tell apart.
+    - ``carry``: ``"kept"`` (the default) or ``"dropped"``: a mantissa that rounds up past its
+      field does not carry into the exponent (the rounded mantissa field, wrapped to 0, joined to
+      the unrounded exponent, as a conversion that rounds the two fields apart does): the value
+      just below ``2**(e+1)`` is written as ``2**e``, half of it; overflow is then decided on that
+      code. Normal values only: a subnormal still rounds up to the smallest normal.
     - ``negative_zero``: ``"keep"`` (the default) or ``"positive"``: a result of -0 (0x80: -0.0 and
       negative values that round, or are flushed, to zero) is written as +0, 0x00. The fnuz
       formats always do this, unless ``"signed"``: a negative zero result keeps its sign bit even
@@ -155,6 +166,8 @@ class Fp8Knobs:
     rounding: str = "nearest_even"
     subnormals: str = "keep"
     negative_zero: str = "keep"
+    overflow_test: str = "rounded"
+    carry: str = "kept"
 
     def validated(self, fmt: Fp8Format) -> "Fp8Knobs":
         """The knobs with defaults filled in for ``fmt``, or a ValueError naming the bad knob."""
@@ -165,6 +178,8 @@ class Fp8Knobs:
         v.require_choice("rounding", self.rounding, ROUNDINGS)
         v.require_choice("subnormals", self.subnormals, SUBNORMALS)
         v.require_choice("negative_zero", self.negative_zero, NEGATIVE_ZEROS)
+        v.require_choice("overflow_test", self.overflow_test, OVERFLOW_TESTS)
+        v.require_choice("carry", self.carry, CARRIES)
         ulps = self.quotient_ulps
         if isinstance(ulps, (bool, np.bool_)) or not isinstance(ulps, (int, np.integer)):
             raise TypeError(f"quotient_ulps must be an int, got {ulps!r}")
