@@ -106,9 +106,12 @@ def _describe(arena: Arena, region: str, byte: int, count: int, want, got) -> Di
         lines.append(f"first difference at {element} byte {within}: expected {exp}, got {act}")
         first.update(expected=exp, got=act)
         if not 0 <= index[0] < spec.shape[0]:
+            past = index[0] >= spec.shape[0]
+            how = ("a row past the last, as from a loop or tile bound past the row count, or an int32 offset "
+                   "that wrapped" if past else "a row before the first, as from a negative slot or an int32 "
+                   "offset that wrapped")
             lines.append(f"row {index[0]} lies outside {spec.name} (shape {list(spec.shape)}): an "
-                         "address computed past the view, as from a negative slot or an int32 "
-                         "offset that wrapped")
+                         f"address computed past the view: {how}")
         if not in_guard:
             rows = _rows_differing(arena, region, spec, want, got)
             lines.append(f"{rows[0]} of {rows[1]} {'slots' if spec.role == 'cache' else 'rows'} of "

@@ -45,6 +45,8 @@ def block_exponent(block: list, fmt: str, rule: str, zero_block: str = "min", of
         exponent = -127 if zero_block == "min" else 0
     elif rule == "floor":
         exponent = floor_log2(amax) - emax
+    elif rule == "ceil_log2":  # the binade above amax's unless amax is a power of two
+        exponent = ceil_log2(amax) - emax
     elif rule == "round":  # the nearest binade, in float64 logarithms
         exponent = int(round(math.log2(amax))) - emax
     elif rule == "floor_log2f":  # log2 within half a float32 step below the next integer rounds up to it

@@ -19,7 +19,10 @@ Where implementations legitimately differ, :class:`MxKnobs` says how:
   of ``log2(amax)`` rounded to float32 first, minus emax_elem (Microsoft's microxcaling emulation,
   ``torch.floor(torch.log2(amax))``; a CUDA ``floorf(log2f(amax))``): the floor rule, except that an
   amax whose log2 lies within half a float32 step below an integer takes the exponent above (the
-  float just below ``2**k`` does so for ``k >= 3`` and ``k <= -2``), and its elements saturate.
+  float just below ``2**k`` does so for ``k >= 3`` and ``k <= -2``), and its elements saturate;
+  ``"ceil_log2"``: ``ceil(log2(amax)) - emax_elem`` (the binade above amax's unless amax is a power
+  of two, a hand-written rule that takes RCEIL's rounding up but not its division by the element
+  maximum: one binade lower than RCEIL wherever the mantissa of amax exceeds that of ``max_elem``).
 - ``zero_block``: the scale of a block whose elements are all zero: ``"min"`` (E = -127, code 0:
   what both rules give for ``amax = 0`` once ``E`` is clamped) or ``"one"`` (E = 0, code 127).
 - ``nonfinite``: a block holding NaN or ±inf: ``"nan_scale"`` (the scale is NaN, 0xFF: the spec
@@ -66,7 +69,7 @@ BLOCK = 32
 E8M0_BIAS, E8M0_NAN = 127, 0xFF
 E_MIN, E_MAX = -127, 127
 ELEMENT_FORMATS = ("e4m3fn", "e5m2")
-EXPONENT_RULES = ("floor", "ceil", "round", "floor_log2f")
+EXPONENT_RULES = ("floor", "ceil", "round", "floor_log2f", "ceil_log2")
 ZERO_BLOCKS = ("min", "one")
 NONFINITE_BLOCKS = ("nan_scale", "finite_amax", "nan_block", "inf_saturates")
 MIN_SCALE_FACTORS = ("exact", "one")
@@ -159,6 +162,8 @@ def shared_exponents(amax: np.ndarray, fmt: str, knobs: MxKnobs) -> np.ndarray:
         exponent = _floor_log2(safe) - emax
     elif knobs.exponent == "floor_log2f":  # log2 correctly rounded to float32, then the floor
         exponent = np.floor(np.log2(safe.astype(np.float64)).astype(np.float32)).astype(np.int64) - emax
+    elif knobs.exponent == "ceil_log2":  # the binade above, unless amax is a power of two
+        exponent = _floor_log2(safe) + (np.frexp(safe.astype(np.float64))[0] != 0.5) - emax
     elif knobs.exponent == "round":  # log2 of the mantissa in [1, 2) is >= 0.5 from sqrt(2) on
         mantissa = np.frexp(safe.astype(np.float64))[0] * 2
         exponent = _floor_log2(safe) + (mantissa >= np.sqrt(2.0)) - emax
