@@ -382,18 +382,19 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
         out.append(Hypothesis("scale_collapsed", "the per-head scale collapsed to head 0's ("
                               + ", ".join(names) + ")",
                               inputs={name: _first_head for name in names}))
-    if choice == "head" and heads > 1:
+    if (choice == "head" or choice in MIXED_SCALES) and heads > 1:
         out.append(Hypothesis("scale_misindexed", "the per-head scale broadcast over each [H * D] row as "
                               "scale[j % H] (torch's repeat where repeat_interleave was meant)",
                               {"scale": "repeated"}))
-    if len(names) == 2 and choice not in MIXED_SCALES:
+    if len(names) == 2:
         out += [Hypothesis("scale_missing", f"{name} not applied (stored as x, not x / {name}); "
                            f"{other} applied", inputs={name: _ones})
                 for name, other in zip(names, names[::-1])]
         values = [scale_values(choice, heads, t) for t in (0, 1)]
         for t, (name, used) in enumerate(zip(names, names[::-1])):
             out.append(Hypothesis("scale_swapped", f"{used} used for {name}",
-                                  inputs={name: functools.partial(_replaced, values[1 - t])}))
+                                  inputs={name: functools.partial(_replaced, values[1 - t],
+                                                                  any_shape=choice in MIXED_SCALES)}))
     return out
 
 
@@ -405,8 +406,10 @@ def _first_head(scale: np.ndarray) -> np.ndarray:
     return np.full_like(scale, scale.reshape(-1)[0])
 
 
-def _replaced(other: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    if scale.shape != other.shape:
+def _replaced(other: np.ndarray, scale: np.ndarray, any_shape: bool = False) -> np.ndarray:
+    """``other`` read in place of ``scale``, which must have its shape unless ``any_shape`` (scales
+    of two kinds: a per-tensor one read where a per-head one lies, or the reverse)."""
+    if scale.shape != other.shape and not any_shape:
         raise ValueError(f"a scale of shape {scale.shape}, not the case's {other.shape}")
     return other.astype(scale.dtype, copy=True)
 
