@@ -509,3 +509,21 @@ def test_k_pe_at_the_source_stride_is_named():
     failed = [o for o in outcomes if o.status == FAIL]
     assert failed and all(o.cause and o.cause["id"] == "part_misplaced" and "row stride" in o.cause["text"]
                           for o in failed), [o.message[-800:] for o in outcomes]
+
+
+def index_offset_twice(k, v, k_cache, v_cache, loc):
+    """The index's pointer taken as data_ptr() + storage_offset() * itemsize: its storage offset
+    counted twice (read as the view at twice its offset, where its storage reaches that far)."""
+    twice = torch.as_strided(loc, loc.shape, loc.stride(), 2 * loc.storage_offset())
+    for i, slot in enumerate(twice.tolist()):
+        if 0 <= slot < k_cache.shape[0]:
+            k_cache[slot], v_cache[slot] = k[i], v[i]
+
+
+def test_an_index_offset_counted_twice_is_named():
+    picked = cases("store_cache", lambda c: c.cls in ("sizes", "strides") and 0 < c.p.get("n", 133) < 1000)
+    outcomes = [run_case(kernel("store_cache", index_offset_twice, duplicates="any"), c) for c in picked]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert len(failed) >= 5, [o.message[-300:] for o in outcomes]
+    assert all(o.cause and o.cause["id"] == "index_offset_ignored" and "twice" in o.cause["text"]
+               for o in failed), [o.message[-600:] for o in failed if not o.cause or "twice" not in o.cause["text"]]

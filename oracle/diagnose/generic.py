@@ -71,6 +71,12 @@ def index_hypotheses(arena) -> list[Hypothesis]:
                                   "elements ignored)",
                                   views={index.name: (index.shape, index.strides, start)},
                                   override=ANY_DUPLICATES))
+            # the offset counted twice: a pointer from data_ptr(), which holds it, moved by it again
+            out.append(Hypothesis("index_offset_ignored", f"{index.name}'s storage offset of "
+                                  f"{(index.offset - start) // index.itemsize} elements applied twice (its data "
+                                  "pointer, which holds the offset already, moved by it again)",
+                                  views={index.name: (index.shape, index.strides, 2 * index.offset - start)},
+                                  override=ANY_DUPLICATES))
         if index.itemsize == 8 and len(index.shape) == 1 and index.strides == contiguous_strides(index.shape):
             out.append(Hypothesis("index_dtype_misread", f"{index.name}'s int64 entries read as int32 (each "
                                   "entry's low and high words taken as two entries: slot, then 0 or -1)",
