@@ -366,9 +366,9 @@ VECTOR_BYTES = 16  # the widest plain vector store
 
 def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     """Rows copied past or short of their end: one element or one byte past (an inclusive loop
-    bound over elements or over bytes), in whole 16-byte vectors with no tail loop, each row's bytes rounded up to a multiple of 16 (read
-    past the source row and written past the cache row) or rounded down (the row's tail never
-    written). Flat [S, H, D] caches with packed rows only; each source and its cache by their own
+    bound over elements or over bytes), in whole 16-byte vectors with no tail loop, each row's
+    bytes rounded up to a multiple of 16 (read past the source row and written past the cache row)
+    or rounded down (the row's tail never written). Flat [S, H, D] caches with packed rows only; each source and its cache by their own
     row width (K's and V's may differ)."""
     caches = [views[n] for n in written if n in views]
     rows = caches + _by_role(views, "source")
@@ -392,12 +392,12 @@ def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
                       "inclusive loop bound, j <= width)", views=rows_of(lambda w: w + 1))]
     if itemsize > 1:  # a byte loop's inclusive bound: one byte past the row, over all of it or
         # over the tail a 16-byte vector body leaves (a loop that runs only where there is one)
+        byte_loops = [(set(width), "copied as bytes")]
         tailed = {name for name, w in width.items() if w * itemsize % VECTOR_BYTES}
-        for past, how in ((set(width), "copied as bytes"),
-                          (tailed, f"whose length is not a multiple of {VECTOR_BYTES} bytes, the tail after the "
-                                   "whole vectors copied as bytes")):
-            if not past or (how != "copied as bytes" and past == set(width)):
-                continue
+        if tailed and tailed != set(width):
+            byte_loops.append((tailed, f"whose length is not a multiple of {VECTOR_BYTES} bytes, the tail "
+                                       "after the whole vectors copied as bytes"))
+        for past, how in byte_loops:
             out.append(Hypothesis("row_overrun", f"each row {how} one byte past its end (rows of "
                                   f"{' and '.join(str(b) for b in sorted({width[n] * itemsize for n in past}))} bytes, an inclusive "
                                   "bound, j <= row_bytes: the byte after the row read from the source and written "

@@ -35,7 +35,8 @@ def _mx_log2f(x, fmt, global_scale):
 def _mx_amax_reads_ahead(x, fmt, global_scale):
     """MX whose partial last block of a head takes its amax, and its NaN and inf test, from a
     whole block's load from its start: past the head's end into the next head's or token's
-    elements of ``x``, masked only at the end of ``x``."""
+    elements of ``x``, masked only at the end of ``x``. Each row is quantized with those elements
+    appended (its blocks then whole), and its own codes kept."""
     dtype, block, emax = tb.FORMATS[fmt]
     width = x.shape[-1]
     pad = -width % block
@@ -45,14 +46,8 @@ def _mx_amax_reads_ahead(x, fmt, global_scale):
     flat = torch.cat([x32.reshape(-1), x32.new_zeros(pad)])
     rows = torch.arange(1, x32.numel() // width + 1, device=x.device)
     ahead = flat[rows[:, None] * width + torch.arange(pad, device=x.device)].reshape(x.shape[:-1] + (pad,))
-    seen = tb._blocks(torch.cat([x32, ahead], dim=-1), block)
-    blocks = tb._blocks(x32, block)
-    finite = torch.isfinite(seen)
-    amax = torch.where(finite, seen.abs(), 0).amax(dim=-1)
-    exponent = torch.where(amax > 0, tb._floor_log2(amax) - emax, -127).clamp(-127, 127)
-    scales = torch.where(finite.all(dim=-1), exponent + 127, 255).to(torch.uint8)
-    q = tb.with_signs_of(blocks * torch.ldexp(torch.ones_like(amax), -exponent)[..., None], blocks)
-    return tb._fp8_codes(q, dtype).flatten(-2)[..., :width], scales
+    codes, scales = tb._mx(torch.cat([x32, ahead], dim=-1), dtype, block, emax)
+    return codes[..., :width], scales
 
 
 def _e2m1_ties_away(q):

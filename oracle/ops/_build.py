@@ -140,13 +140,22 @@ def extra_rows(n: int) -> int:
 
 def index(arena: Arena, name: str, entries: np.ndarray, dtype: str, layout: str, num_slots: int,
           rng: np.random.Generator, tail: int = 0):
-    """The index tensor: contiguous, every other element of a larger tensor ("strided"), or at a
-    storage offset ("offset"). The skipped elements hold valid but wrong slots, so a kernel that
+    """The index tensor: contiguous, every other element of a larger tensor ("strided"; a 2-D
+    index's rows also lie 3 entries further apart, as a column slice of a wider table's do), or at
+    a storage offset ("offset"). The skipped elements hold valid but wrong slots, so a kernel that
     ignores the stride or the offset writes wrong rows instead of crashing. ``tail``: the
     contiguous index is followed in its storage by that many valid slots it does not hold, so a
     kernel that reads past its length (a grid sized from the sources' rows) writes them."""
     entries = entries.astype(NUMPY_DTYPES[dtype])
     n = len(entries)
+    if entries.ndim == 2 and layout != "contig":
+        cols = entries.shape[1]
+        strides, offset = ((2 * cols + 3, 2), 1) if layout == "strided" else ((cols, 1), 5)
+        decoys = rng.integers(1, max(num_slots, 2), size=offset + n * strides[0]).astype(entries.dtype)
+        out = _index_view(arena, name, name + "_storage", decoys, entries.shape, strides,
+                          offset * entries.itemsize, entries)
+        _decoy_guards(arena, arena.views[name].region, entries.dtype, num_slots, rng)
+        return out
     if tail and layout == "contig":
         unused = np.setdiff1d(np.arange(2, num_slots), entries)  # 0 and 1 may be reserved
         storage = np.concatenate([entries, rng.permutation(unused)[:tail].astype(entries.dtype)])

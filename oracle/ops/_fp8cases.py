@@ -49,6 +49,7 @@ SCALES = ("1.0", "0.0123", "head")
 # one tensor's scale per tensor, the other's per head ("k_tensor_v_head": the first's per tensor):
 # a writer that takes both scales' kind from one of them reads the other wrongly
 MIXED_SCALES = ("k_tensor_v_head", "k_head_v_tensor")
+PER_HEAD_SCALES = ("head",) + MIXED_SCALES  # the choices that need per-head scales declared
 VALUE_SETS = ("random", "special", "double_rounding")
 EXACT_SETS = ("special", "double_rounding")  # built in float32
 SECOND_SCALE = 2.61  # V's scale relative to K's
@@ -382,7 +383,7 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
         out.append(Hypothesis("scale_collapsed", "the per-head scale collapsed to head 0's ("
                               + ", ".join(names) + ")",
                               inputs={name: _first_head for name in names}))
-    if (choice == "head" or choice in MIXED_SCALES) and heads > 1:
+    if choice in PER_HEAD_SCALES and heads > 1:
         out.append(Hypothesis("scale_misindexed", "the per-head scale broadcast over each [H * D] row as "
                               "scale[j % H] (torch's repeat where repeat_interleave was meant)",
                               {"scale": "repeated"}))
@@ -467,8 +468,8 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     "source_dtype_mul" (the quotient in the 16-bit source's own arithmetic: the scale, or its
     float32 reciprocal, rounded to that type, the quotient or product rounded to it, as ``__hdiv``
     and ``__hmul`` compute); "scale_source_dtype" (the scale rounded to the 16-bit source's type,
-    the quotient in float32: ``x / scale.to(x.dtype)``); "vector_head=V" (a per-head scale read once per V-element vector
-    along each token's flat ``[H * D]`` elements: a vector that starts in head h scales all its
+    the quotient in float32: ``x / scale.to(x.dtype)``); "vector_head=V" (a per-head scale read
+    once per V-element vector along each token's flat ``[H * D]`` elements: a vector that starts in head h scales all its
     elements by head h's scale); "address_head=S" (a per-head scale indexed by ``(offset // D) %
     H``, each head's offset from the tensor's start in rows S elements apart: the head it would
     have in dense rows)."""

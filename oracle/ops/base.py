@@ -14,6 +14,7 @@ import numpy as np
 
 from ..buffers import Arena, SHORT_NAMES
 from ..contract import Contract
+from ._fp8cases import PER_HEAD_SCALES
 
 PARAM_ORDER = ("dtype", "fp8", "spelling", "block", "index", "shape", "layout", "scale_layout", "src", "index_layout", "cache",
                "padding", "dups", "dcp", "scale", "values", "slots", "bad", "repeat", "large", "n")
@@ -162,7 +163,7 @@ class OpSpec:
         """What a kernel must declare for this case to be inside its contract."""
         p = self.p_with_defaults(case)
         out = {"dtype": p.get("dtype"), "index_dtype": p.get("index") if self.index_dtypes else None,
-               "fp8_format": p.get("fp8"), "kv_cache_dtype": p.get("spelling"), "scale": "head" if p.get("scale", "").startswith(("head", "k_")) else
+               "fp8_format": p.get("fp8"), "kv_cache_dtype": p.get("spelling"), "scale": "head" if p.get("scale") in PER_HEAD_SCALES else
                ("tensor" if p.get("fp8") else None),
                "layout": p.get("layout"), "padding": p.get("padding"),
                "duplicates": bool(p.get("dups")), "strided_source": p.get("src") in ("fused", "gapped", "padded"),

@@ -79,8 +79,7 @@ class TranslateFullToSwa(OpSpec):
         elif bad == "out_of_range" and count:
             entries[where] = table + 1 + 7
         if cols and p["index_layout"] != "contig":
-            loc = _index_2d(arena, entries.reshape(n, cols).astype(NUMPY_DTYPES[p["index"]]), p["index_layout"],
-                            table, rng)
+            loc = _build.index(arena, "loc", entries.reshape(n, cols), p["index"], p["index_layout"], table, rng)
         elif cols is not None:
             shape = (n, cols) if cols else ()
             loc = arena.tensor("loc", entries.reshape(shape).astype(NUMPY_DTYPES[p["index"]]), role="index")
@@ -231,19 +230,3 @@ def _tail_dropped(differ: np.ndarray, n: int) -> Hypothesis | None:
             return Hypothesis("rows_dropped", f"the last {k} entries of the result not written (a loop bound "
                               f"or tile mask that stops {k} short of loc's {n} entries)")
     return None
-
-
-def _index_2d(arena: Arena, entries: np.ndarray, layout: str, table: int, rng: np.random.Generator):
-    """A 2-D loc ``[n, cols]`` in a larger tensor of valid decoy entries: every other column of
-    rows ``2 * cols + 3`` apart, one entry in ("strided": neither dimension dense, as a column
-    slice of a wider table is), or dense at a storage offset of 5 entries ("offset")."""
-    n, cols = entries.shape
-    if layout == "strided":
-        shape, strides, offset, size = (n, cols), (2 * cols + 3, 2), 1, n * (2 * cols + 3) + 1
-    else:
-        shape, strides, offset, size = (n, cols), (cols, 1), 5, n * cols + 5
-    decoys = rng.integers(1, table, size=size).astype(entries.dtype)
-    arena.tensor("loc_storage", decoys, role="decoy")
-    return arena.view("loc", "loc_storage", shape, strides, offset * entries.itemsize, _build.dtype_of(entries),
-                      role="index", values=entries)
-

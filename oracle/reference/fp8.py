@@ -6,8 +6,9 @@ bfloat16 first (double rounding, as some paths do), then rounds once to the
 fp8 format: to nearest, ties to even, overflow decided after rounding. The knobs choose what
 overflow, infinities and NaN become; everything else agrees across every implementation we know
 (see docs/semantics.md and ../shared/peer-semantics.md). Five more knobs (``rounding``,
-``subnormals``, ``negative_zero``, ``overflow_test``, ``carry``) model conversion bugs, not real implementations: no preset sets
-them; the diagnosis replays them to name what a failing kernel does.
+``subnormals``, ``negative_zero``, ``overflow_test``, ``carry``) model conversion bugs, not real
+implementations: no preset sets them; the diagnosis replays them to name what a failing kernel
+does.
 
 Speed: an fp8 code depends only on the top 16 bits of the float32 input and on whether any of the
 low 16 bits is set (the round bit and everything kept lie in the top 16 bits for 2- and 3-bit
