@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..buffers import same_bytes
-from . import generic, patterns
+from . import generic, patterns, provenance
 from .hypothesis import CAUSES, Hypothesis
 from .probes import probes, variants
 from .replay import changed_bytes, holds, within_approx_division
@@ -20,6 +20,7 @@ class Diagnosis:
 
     matched: list = field(default_factory=list)
     pattern: list = field(default_factory=list)
+    misrouted: str | None = None  # the text of rows found at other slots, where that is all
 
     def lines(self) -> list[str]:
         """The message lines: up to three causes that hold, else the pattern."""
@@ -45,7 +46,9 @@ def diagnose(spec, case, contract, prepared, after: dict, expected_regions: dict
     matched = [h for h in candidates(spec, case, contract, prepared)
                if holds(h, spec, case, contract, prepared, after, changed)]
     pattern = patterns.describe(prepared.arena, prepared.before, expected_regions, after, prepared.caches)
-    return Diagnosis(matched, pattern)
+    found = provenance.of_case(prepared.arena, prepared.before, expected_regions, after, prepared.caches)
+    pattern += [line for moves, entries in found for line in provenance.describe(moves, entries)]
+    return Diagnosis(matched, pattern, provenance.misrouted(prepared.arena, expected_regions, after, found))
 
 
 def cause_record(hypothesis: Hypothesis, also=()) -> dict:
@@ -99,7 +102,8 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
         # kernel that skips slot 0 writes nothing when slot 0 is all there is
         return named(failed, Hypothesis("nothing_written", "nothing was written"))
     return ((_passes_again(failed, case, rerun) if repeat else None)
-            or _probe(failed, case, contract, rerun, inside) or _with_pattern(failed, diagnosis))
+            or _probe(failed, case, contract, rerun, inside) or _misrouted(failed, diagnosis)
+            or _with_pattern(failed, diagnosis))
 
 
 def explain_rejection(failed, case, *, rerun):
@@ -159,6 +163,15 @@ def _not_reproducible(failed):
 
 def _unchanged(prepared) -> None:
     """The edit of a probe that runs another case as it is built."""
+
+
+def _misrouted(failed, diagnosis: Diagnosis):
+    """``failed`` named rows_misrouted where every difference is rows of the reference's at other
+    slots (found from the memory, after every hypothesis and probe); else None."""
+    if diagnosis.misrouted is None:
+        return None
+    failed.message += "\nthe difference:\n" + "\n".join(f"  {line}" for line in diagnosis.pattern)
+    return named(failed, Hypothesis("rows_misrouted", diagnosis.misrouted))
 
 
 def _with_pattern(failed, diagnosis: Diagnosis):

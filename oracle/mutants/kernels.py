@@ -84,6 +84,16 @@ def store_cache_drops_last_row(k, v, k_cache, v_cache, loc):
     tn.store_cache(k[:n], v[:n], k_cache, v_cache, loc[:n])
 
 
+LAUNCH_ROWS = 1024  # rows per launch of a writer that launches in chunks
+
+
+def store_cache_index_not_advanced(k, v, k_cache, v_cache, loc):
+    check_store(k, v, k_cache, v_cache, loc)
+    for start in range(0, loc.shape[0], LAUNCH_ROWS):  # the sources move on per launch, loc does not
+        rows = min(LAUNCH_ROWS, loc.shape[0] - start)
+        tn.store_cache(k[start:start + rows], v[start:start + rows], k_cache, v_cache, loc[:rows])
+
+
 VECTOR_BYTES = 16
 
 
@@ -293,6 +303,7 @@ CAUSES = {  # mutant -> the cause its failures must name
     "store_cache.k_into_v": "sources_swapped",
     "store_cache.drops_last_row": "rows_dropped",
     "store_cache.vector_overrun": "row_overrun",
+    "store_cache.index_not_advanced": "rows_misrouted",
     "store_cache.writes_padding_rows": "padding_policy",
     "store_cache.writes_reserved_slot": "padding_policy",
     "store_cache.tears_duplicates": "torn_rows",
@@ -340,6 +351,9 @@ MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn, CAUSES[name
     ("store_cache.vector_overrun", "store_cache", T + "store_cache",
      "copies whole 16-byte vectors, writing past the row end when a row is not a multiple of 16 bytes",
      ("sizes",), store_cache_vector_overrun),
+    ("store_cache.index_not_advanced", "store_cache", T + "store_cache",
+     f"launches in chunks of {LAUNCH_ROWS} rows, moving the sources on per launch but not the index",
+     ("sizes",), store_cache_index_not_advanced),
     ("store_cache.writes_padding_rows", "store_cache", "mutant-base.store_cache.pad_negative",
      "writes -1 slots one row before the cache (ptr + slot * stride) instead of skipping them",
      ("padding",), store_cache_writes_padding_rows),
