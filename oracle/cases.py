@@ -54,6 +54,8 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
     for shape in spec.shapes:
         for dtype in (spec.dtypes if profile != "quick" else spec.dtypes[:1]) or (None,):
             yield {"shape": shape, "n": 7 if profile == "quick" else 133, "dtype": dtype}
+    if spec.wide_cache_shape:  # slot numbers past 2**16 in blocks that are no power of two
+        yield {"shape": spec.wide_cache_shape, "n": 133, "wide": True}
     if spec.index_dtypes:  # a prefill's consecutive run of slots, which fast paths special-case
         yield {"slots": "run", "n": 133}
         yield _at_large_n(spec, {"slots": "run"})

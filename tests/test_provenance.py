@@ -98,7 +98,7 @@ def writes_next_slot(k, v, k_cache, v_cache, loc):
 def test_rows_written_one_slot_on_are_named_with_their_shift():
     outcome = _named(writes_next_slot, "store_cache", "bf16-int64")
     assert outcome.cause["id"] == "rows_misrouted"
-    assert "132 of the 133 moved rows are +1 slot(s) from their own" in outcome.cause["text"]
+    assert "+1 slot(s) from their own in 132" in outcome.cause["text"]
 
 
 def rows_of_the_next_entry(k, v, k_cache, v_cache, loc):
@@ -130,3 +130,23 @@ def test_moved_rows_that_also_differ_in_value_are_not_named_misrouted():
     outcome = _named(moved_and_scaled, "store_cache", "bf16-int64")
     assert outcome.cause is None or outcome.cause["id"] != "rows_misrouted"
     assert any("hold the rows the reference writes at another slot" in line for line in outcome.pattern)
+
+
+def test_elements_moved_along_their_own_rows_are_found():
+    before = _cache(6, 8, 0)
+    want = before.copy()
+    want[[1, 2, 4]] = _cache(3, 8, 3)
+    got = want.copy()
+    got[[1, 2, 4], 4:7] = want[[1, 2, 4], 5:8]  # elements 5-7 written one to the left
+    moves = find_moves("c", want, got, before)
+    assert moves.shifted == [(5, 4), (6, 5), (7, 6)] and moves.explained and moves.moved == []
+
+
+def rope_rotated(kv_buffer, loc, cache_k_nope, cache_k_rope):
+    tn.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, torch.roll(cache_k_rope, 16, dims=-1))
+
+
+def test_a_part_written_at_another_offset_along_the_row_is_named_part_misplaced():
+    outcome = _named(rope_rotated, "set_mla_kv_buffer", "bf16-int64")
+    assert outcome.cause["id"] == "part_misplaced"
+    assert "hold what the reference writes at element(s) 512-575 of the same row" in outcome.cause["text"]

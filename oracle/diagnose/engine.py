@@ -20,7 +20,7 @@ class Diagnosis:
 
     matched: list = field(default_factory=list)
     pattern: list = field(default_factory=list)
-    misrouted: str | None = None  # the text of rows found at other slots, where that is all
+    misplaced: tuple | None = None  # (cause, text) of rows or elements found elsewhere, where that is all
 
     def lines(self) -> list[str]:
         """The message lines: up to three causes that hold, else the pattern."""
@@ -33,22 +33,28 @@ class Diagnosis:
         return out
 
 
-def candidates(spec, case, contract, prepared) -> list[Hypothesis]:
-    """The op's own hypotheses first (they know its layout), then the generic ones."""
+def candidates(spec, case, contract, prepared, after: dict) -> list[Hypothesis]:
+    """The op's own hypotheses first (they know its layout), then the generic ones, then those
+    built from the kernel's own result."""
     return (list(spec.alternatives(case, contract)) + list(spec.layout_alternatives(case, contract, prepared))
-            + generic.hypotheses(spec, case, contract, prepared))
+            + generic.hypotheses(spec, case, contract, prepared)
+            + list(spec.observed_alternatives(case, contract, prepared, after)))
 
 
 def diagnose(spec, case, contract, prepared, after: dict, expected_regions: dict) -> Diagnosis:
     """Which hypotheses hold for a failing case (``expected_regions``: the reference's whole
     memory under the contract, as compared)."""
     changed = changed_bytes(prepared.before, after)
-    matched = [h for h in candidates(spec, case, contract, prepared)
+    matched = [h for h in candidates(spec, case, contract, prepared, after)
                if holds(h, spec, case, contract, prepared, after, changed)]
     pattern = patterns.describe(prepared.arena, prepared.before, expected_regions, after, prepared.caches)
     found = provenance.of_case(prepared.arena, prepared.before, expected_regions, after, prepared.caches)
     pattern += [line for moves, entries in found for line in provenance.describe(moves, entries)]
-    return Diagnosis(matched, pattern, provenance.misrouted(prepared.arena, expected_regions, after, found))
+    arena = prepared.arena
+    misplaced = (("rows_misrouted", provenance.misrouted(arena, expected_regions, after, found))
+                 if any(m.moved for m, _ in found) else
+                 ("part_misplaced", provenance.shifted_along_rows(arena, expected_regions, after, found)))
+    return Diagnosis(matched, pattern, misplaced if misplaced[1] else None)
 
 
 def cause_record(hypothesis: Hypothesis, also=()) -> dict:
@@ -102,7 +108,7 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
         # kernel that skips slot 0 writes nothing when slot 0 is all there is
         return named(failed, Hypothesis("nothing_written", "nothing was written"))
     return ((_passes_again(failed, case, rerun) if repeat else None)
-            or _probe(failed, case, contract, rerun, inside) or _misrouted(failed, diagnosis)
+            or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis)
             or _with_pattern(failed, diagnosis))
 
 
@@ -165,13 +171,14 @@ def _unchanged(prepared) -> None:
     """The edit of a probe that runs another case as it is built."""
 
 
-def _misrouted(failed, diagnosis: Diagnosis):
+def _misplaced(failed, diagnosis: Diagnosis):
     """``failed`` named rows_misrouted where every difference is rows of the reference's at other
-    slots (found from the memory, after every hypothesis and probe); else None."""
-    if diagnosis.misrouted is None:
+    slots, part_misplaced where it is elements of the reference's moved along their own rows
+    (found from the memory, after every hypothesis and probe); else None."""
+    if diagnosis.misplaced is None:
         return None
     failed.message += "\nthe difference:\n" + "\n".join(f"  {line}" for line in diagnosis.pattern)
-    return named(failed, Hypothesis("rows_misrouted", diagnosis.misrouted))
+    return named(failed, Hypothesis(*diagnosis.misplaced))
 
 
 def _with_pattern(failed, diagnosis: Diagnosis):

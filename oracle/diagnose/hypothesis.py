@@ -66,6 +66,7 @@ CAUSES = {
     "row_tail_written": "the row past its written part is overwritten",
     "shared_exponent_off_by_one": "the shared (block) exponent is off by one",
     "block_scaling_rule": "another block-scaling rule (the exponent's rounding, where the per-tensor scale applies)",
+    "block_scale_wrong": "block scales from a wrong amax or exponent (each block's elements right under the scale written)",
     "block_nonfinite": "zero, NaN or inf blocks scaled or written another way",
     "block_scale_unrounded": "elements scaled by the block scale before its rounding to the stored format",
     "global_scale_misapplied": "the per-tensor scale is applied twice or not at all",

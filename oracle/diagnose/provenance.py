@@ -36,11 +36,15 @@ class Moves:
     untouched: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     unexplained: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     columns: np.ndarray | None = None
+    shifted: list = field(default_factory=list)  # (column the reference writes, column it is at), same rows
+    block: int | None = None  # tokens per block of a paged view
+    rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # the differing slots
 
     @property
     def explained(self) -> bool:
-        """Whether every differing row is a moved row or an untouched one, and one is moved."""
-        return bool(self.moved) and self.unexplained.size == 0
+        """Whether every differing row is a moved row or an untouched one, and one is moved; or
+        every differing element is one of its own row's moved along it."""
+        return bool(self.moved or self.shifted) and self.unexplained.size == 0
 
 
 def _as_rows(array: np.ndarray) -> np.ndarray:
@@ -62,19 +66,23 @@ def _keys(rows: np.ndarray, slots: np.ndarray) -> dict:
 def find_moves(view: str, want: np.ndarray, got: np.ndarray, before: np.ndarray) -> Moves | None:
     """The moves of one written view (want, got and before: its expected, actual and prior
     contents); None where it holds what the reference writes."""
+    block = want.shape[1] if want.ndim == 4 else None
     want, got, before = _as_rows(want), _as_rows(got), _as_rows(before)
     differs = differing_elements(want, got)
     rows = np.flatnonzero(differs.any(axis=1))
     if rows.size == 0:
         return None
     written = np.flatnonzero(differing_elements(want, before).any(axis=1))
+    columns = np.flatnonzero(differs[rows].any(axis=0))
+    shifted = _shifted_columns(want[rows], got[rows], columns)
+    if shifted:
+        return Moves(view, shifted=shifted, rows=rows)
     kept = ~differing_elements(got[rows], before[rows]).any(axis=1)
-    out = Moves(view, untouched=rows[kept])
+    out = Moves(view, untouched=rows[kept], rows=rows, block=block)
     rest = rows[~kept]
     keys = _keys(want, written)
     found = [keys.get(got[r].tobytes()) for r in rest]
     if any(s is None for s in found):  # not whole rows: match on the columns that differ
-        columns = np.flatnonzero(differs[rows].any(axis=0))
         if columns.size < want.shape[1]:
             keys = _keys(np.ascontiguousarray(want[:, columns]), written)
             found = [keys.get(np.ascontiguousarray(got[r, columns]).tobytes()) for r in rest]
@@ -82,6 +90,19 @@ def find_moves(view: str, want: np.ndarray, got: np.ndarray, before: np.ndarray)
     out.moved = [(s, int(r)) for s, r in zip(found, rest) if s is not None and s != r]
     out.unexplained = np.array([r for s, r in zip(found, rest) if s is None or s == r], np.int64)
     return out
+
+
+def _shifted_columns(want: np.ndarray, got: np.ndarray, columns: np.ndarray) -> list:
+    """(column the reference writes, column it is at) for every differing column of the
+    differing rows (``want`` and ``got``: those rows) where each holds, in every one of them,
+    what the reference writes at one other column of the same row; else []."""
+    if columns.size == want.shape[1] or want.shape[0] < 2:  # one row: single values match by chance
+        return []
+    keys = _keys(np.ascontiguousarray(want.T), np.arange(want.shape[1]))
+    found = [keys.get(np.ascontiguousarray(got[:, c]).tobytes()) for c in columns]
+    if any(s is None or s == c for s, c in zip(found, columns)):
+        return []
+    return [(int(s), int(c)) for s, c in zip(found, columns)]
 
 
 def entries_of(index: np.ndarray | None, written: np.ndarray) -> dict | None:
@@ -126,6 +147,8 @@ def entry_rule(pairs: list) -> str | None:
 
 def describe(moves: Moves, entries: dict | None) -> list[str]:
     """The lines about one view's moves: what moved, how (a rule, or examples), then examples."""
+    if moves.shifted:
+        return _describe_shifted(moves)
     if not moves.moved:
         return []
     name = moves.view
@@ -144,16 +167,42 @@ def describe(moves: Moves, entries: dict | None) -> list[str]:
         shown = [f"entry {i} (slot {a}) -> slot {b} (entry {j})"
                  for (a, b), (i, j) in list(zip(moved, pairs))[:SHOWN]]
     else:
-        (shift, count), = Counter(b - a for a, b in moves.moved).most_common(1)
-        if count == len(moves.moved):
-            lines.append(f"{name}: every moved row is {shift:+d} slot(s) from its own")
-        elif 2 * count > len(moves.moved):  # the rest wrapped, or moved by another rule
-            lines.append(f"{name}: {count} of the {len(moves.moved)} moved rows are {shift:+d} slot(s) from their own")
+        lines.append(f"{name}: {_slot_shifts(moves)}")
         shown = [f"slot {a} -> {b}" for a, b in moves.moved[:SHOWN]]
     lines.append(f"{name}: e.g. " + ", ".join(shown) + (", ..." if len(moves.moved) > SHOWN else ""))
     if moves.unexplained.size:
         lines.append(f"{name}: {moves.unexplained.size} other differing slot(s) hold no row of the reference's")
     return lines
+
+
+def _slot_shifts(moves: Moves) -> str:
+    """How far the moved rows went, in slots: one shift, or the commonest, and what they share
+    (whole blocks; a shift that grows with the slot number)."""
+    shifts = np.array([b - a for a, b in moves.moved])
+    common = Counter(shifts.tolist()).most_common(4)
+    if len(common) == 1:
+        text = f"every moved row is {common[0][0]:+d} slot(s) from its own"
+    else:
+        text = "the moved rows are " + ", ".join(f"{shift:+d} slot(s) from their own in {n}" for shift, n in common)
+        text += f" (of {shifts.size})" if sum(n for _, n in common) < shifts.size else ""
+    if moves.block and moves.block > 1 and not (shifts % moves.block).any():
+        text += (f"; every shift is whole blocks of {moves.block}: each row at its own token of another block "
+                 "(the block index wrong, the token within the block right)")
+    starts = np.array([a for a, _ in moves.moved], np.float64)
+    if len(common) >= 3 and np.corrcoef(starts, np.abs(shifts))[0, 1] >= 0.7:
+        text += ("; the shift grows with the slot number (an error that grows with it, as a division by an "
+                 "inexact reciprocal)")
+    return text
+
+
+def _describe_shifted(moves: Moves) -> list[str]:
+    sources, targets = zip(*moves.shifted)
+    (shift, count), = Counter(b - a for a, b in moves.shifted).most_common(1)
+    how = (f"each {abs(shift)} element(s) {'right' if shift > 0 else 'left'} of where the reference writes it"
+           if count == len(moves.shifted) else f"{count} of them {shift:+d} element(s) from their own")
+    return [f"{moves.view}: element(s) {_ranges(targets)} of the {moves.rows.size} differing slot(s) hold what the "
+            f"reference writes at element(s) {_ranges(sources)} of the same row",
+            f"{moves.view}: {how}"]
 
 
 def _index(arena, before: dict) -> np.ndarray | None:
@@ -200,16 +249,31 @@ def misrouted(arena, expected: dict, after: dict, found: list) -> str | None:
         return None
     if not any(m.moved for m, _ in found):
         return None
-    regions = {name: data.copy() for name, data in expected.items()}
-    for moves, _ in found:
-        mine, theirs = arena.numpy_view(regions, moves.view), arena.numpy_view(after, moves.view)
-        for slot in [b for _, b in moves.moved] + [int(s) for s in moves.untouched]:
-            at = _slot(mine, slot)
-            mine[at] = theirs[at]
-    if first_difference(arena, regions, after) is not None:
+    if not _accounts_for(arena, expected, after, found):
         return None
     moves, entries = next((m, e) for m, e in found if m.moved)
     headline, how = (line.split(": ", 1)[1] for line in describe(moves, entries)[:2])
     untouched = moves.untouched.size
     return (f"rows the reference writes at one slot written at another: {how} ({moves.view}: {headline}"
             + (f"; {untouched} slot(s) to be written left as they were" if untouched else "") + ")")
+
+
+def _accounts_for(arena, expected: dict, after: dict, found: list) -> bool:
+    """Whether the expected memory with every differing slot of ``found`` as the kernel left it
+    equals the kernel's, guard bands and every other view included (the moves themselves were
+    matched byte for byte)."""
+    regions = {name: data.copy() for name, data in expected.items()}
+    for moves, _ in found:
+        mine, theirs = arena.numpy_view(regions, moves.view), arena.numpy_view(after, moves.view)
+        for slot in moves.rows:
+            at = _slot(mine, int(slot))
+            mine[at] = theirs[at]
+    return first_difference(arena, regions, after) is None
+
+
+def shifted_along_rows(arena, expected: dict, after: dict, found: list) -> str | None:
+    """The cause's text where every difference of the case is elements the reference writes,
+    each at another place along its own row (a part of the row written at the wrong offset)."""
+    if not found or not all(m.shifted for m, _ in found) or not _accounts_for(arena, expected, after, found):
+        return None
+    return "; ".join(", ".join(line.split(": ", 1)[1] for line in describe(m, None)) for m, _ in found)

@@ -62,10 +62,11 @@ def _floor_log2(amax: torch.Tensor) -> torch.Tensor:
     return torch.frexp(amax).exponent.to(torch.int32) - 1
 
 
-def _mx(x: torch.Tensor, dtype, block: int, emax: int, floor_log2=_floor_log2) -> tuple[torch.Tensor, torch.Tensor]:
+def _mx(x: torch.Tensor, dtype, block: int, emax: int, floor_log2=_floor_log2,
+        magnitude=torch.abs) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = _blocks(x, block)
     finite = torch.isfinite(blocks)
-    amax = torch.where(finite, blocks.abs(), 0).amax(dim=-1)
+    amax = torch.where(finite, magnitude(blocks), 0).amax(dim=-1)
     exponent = floor_log2(amax) - emax
     exponent = torch.where(amax > 0, exponent, -127).clamp(-127, 127)
     real = ~torch.isnan(_blocks(torch.zeros_like(x), block))  # the padding of the last block

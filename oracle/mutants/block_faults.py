@@ -32,6 +32,15 @@ def _mx_log2f(x, fmt, global_scale):
                   floor_log2=lambda amax: torch.floor(torch.log2(amax)).nan_to_num(neginf=0).to(torch.int32))
 
 
+def _mx_signed_amax(x, fmt, global_scale):
+    """MX whose amax is the block's largest element, not its largest magnitude (the abs
+    forgotten): a block whose largest magnitude is a negative element's gets too small a scale."""
+    dtype, block, emax = tb.FORMATS[fmt]
+    if fmt == "nvfp4":
+        return tb.encode(x, fmt, global_scale)
+    return tb._mx(x.float(), dtype, block, emax, magnitude=lambda blocks: blocks)
+
+
 def _mx_amax_reads_ahead(x, fmt, global_scale):
     """MX whose partial last block of a head takes its amax, and its NaN and inf test, from a
     whole block's load from its start: past the head's end into the next head's or token's
@@ -65,14 +74,23 @@ def _e2m1_tie_at_2_5_up(q):
     return torch.where(q.abs() == 2.5, torch.where(torch.signbit(q), 5 | 8, 5), code).to(torch.uint8)
 
 
+def _pair_amax(amax):
+    """Each block's amax the larger of its aligned pair's (a reduction 32 elements wide, as MX's,
+    over blocks of 16); an odd last block keeps its own."""
+    count = amax.shape[-1]
+    padded = torch.cat([amax, amax[..., -1:]], dim=-1) if count % 2 else amax
+    return padded.unflatten(-1, (-1, 2)).amax(dim=-1).repeat_interleave(2, dim=-1)[..., :count]
+
+
 def _nvfp4(x, fmt, global_scale, *, unrounded=False, uses=1, swap=False, ties_away=False, half_product=False,
-           tie_flip=False):
+           tie_flip=False, pair_amax=False):
     if fmt != "nvfp4":
         return tb.encode(x, fmt, global_scale)
     gs = global_scale.reshape(()).float()
     gs = {0: torch.ones_like(gs), 1: gs, 2: gs * gs, -1: 1 / gs}[uses]
     blocks = tb._blocks(x.float(), 16)
     amax = torch.where(torch.isnan(blocks), 0, blocks.abs()).amax(dim=-1)
+    amax = _pair_amax(amax) if pair_amax else amax
     sf = gs * (amax * tb.SIXTH)
     scales = sf.clamp(max=448).to(torch.float8_e4m3fn)
     sfq = sf if unrounded else scales.float()
@@ -163,6 +181,10 @@ _ROWS = [
      "next head's elements)", "block_amax_read_ahead", _quantize(_mx_amax_reads_ahead), ("block_scaled",)),
     (P + ".exponent_from_log2f", P, "MXFP8 shared exponent floor(log2f(amax)) - emax, log2 in float32",
      "block_scaling_rule", _paged(_mx_log2f), ("block_scaled",)),
+    (Q + ".signed_amax", Q, "MXFP8 amax taken as the block's largest element, not its largest magnitude",
+     "block_scale_wrong", _quantize(_mx_signed_amax), ("block_scaled",)),
+    (P + ".pair_amax", P, "NVFP4 amax reduced over 32 elements (two blocks of 16), as MX's reduction",
+     "block_scale_wrong", _paged(lambda *a: _nvfp4(*a, pair_amax=True)), ("block_scaled",)),
     (Q + ".unrounded_block_scale", Q, "NVFP4 elements divided by the block scale before its e4m3fn rounding",
      "block_scale_unrounded", _quantize(lambda *a: _nvfp4(*a, unrounded=True)), ("block_scaled",)),
     (Q + ".nibbles_swapped", Q, "NVFP4 even elements in the high nibble, odd in the low",

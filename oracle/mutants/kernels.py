@@ -192,10 +192,11 @@ def _div_codes(rows, scale, fmt):
 
 
 def paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, *,
-           codes=_div_codes, views=None, write=True):
+                codes=_div_codes, views=None, write=True, block_of=None):
     """torch.reshape_and_cache_flash with its checks (run first on a zero-length call), the fp8
-    conversion ``codes(rows, scale, fmt)`` and the cache views ``views(key_cache, value_cache)``
-    swappable."""
+    conversion ``codes(rows, scale, fmt)``, the cache views ``views(key_cache, value_cache)`` and
+    the block of each slot ``block_of(slots, block_size)`` swappable (a block past the cache drops
+    its row)."""
     tn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping[:0],
                                kv_cache_dtype, k_scale, v_scale)
     num_blocks, block_size = key_cache.shape[:2]
@@ -210,9 +211,10 @@ def paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype
     fmt = checks.KV_CACHE_DTYPES[kv_cache_dtype]
     if views is not None:
         key_cache, value_cache = views(key_cache, value_cache)
-    keep = slot_mapping >= 0
+    blocks = slot_mapping.long() // block_size if block_of is None else block_of(slot_mapping.long(), block_size)
+    keep = (slot_mapping >= 0) & (blocks < num_blocks)
     slots = slot_mapping[keep].long()
-    index = (slots // block_size, slots % block_size)
+    index = (blocks[keep], slots % block_size)
     for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
         rows = src[:num_tokens][keep]
         cache.index_put_(index, rows if fmt is None else codes(rows, scale, fmt))
@@ -239,6 +241,12 @@ def paged_inverted_scale(*args):
 
 def paged_noop(*args):
     paged_write(*args, write=False)
+
+
+def paged_fixed_point_block(*args):
+    def block_of(slots, block_size):  # slot * ceil(2**16 / block_size) >> 16: exact for powers of two
+        return (slots * -(-(1 << 16) // block_size)) >> 16
+    paged_write(*args, block_of=block_of)
 
 
 # --- quantize_fp8 (base torch.quantize_fp8, or the satfinite variant) --------------------------
@@ -318,6 +326,7 @@ CAUSES = {  # mutant -> the cause its failures must name
     "reshape_and_cache_flash.assumes_nhd": "dense_cache_assumed",
     "reshape_and_cache_flash.inverted_scale": "scale_inverted",
     "reshape_and_cache_flash.noop": "nothing_written",
+    "reshape_and_cache_flash.fixed_point_block": "rows_misrouted",
     "quantize_fp8.multiplies_reciprocal": "fp8_conversion",
     "quantize_fp8.double_rounds_f16": "fp8_conversion",
     "quantize_fp8.drops_nan_sign": "nan_mishandled",
@@ -398,6 +407,10 @@ MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn, CAUSES[name
     ("reshape_and_cache_flash.noop", "reshape_and_cache_flash", T + "reshape_and_cache_flash",
      "validates, then leaves the caches untouched (a no-op)",
      ("dtypes",), paged_noop),
+    ("reshape_and_cache_flash.fixed_point_block", "reshape_and_cache_flash", T + "reshape_and_cache_flash",
+     "divides the slot by the block size with a 16.16 fixed-point reciprocal rounded up (exact for powers "
+     "of two; past slot 2**16 / (block_size * error) a slot's last token goes to a later block)",
+     ("sizes",), paged_fixed_point_block),
     ("quantize_fp8.multiplies_reciprocal", "quantize_fp8", T + "quantize_fp8",
      "multiplies by 1 / scale where the contract divides by scale",
      ("fp8",), quantize_multiplies_reciprocal),

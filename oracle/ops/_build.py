@@ -16,6 +16,10 @@ GUARD_MIN = 256
 # written there: computed in int32, their offsets wrap to 2**26 and 2**27 below the cache, into
 # LARGE_LEAD bytes of poisoned lead, where the comparison names them (``k_cache[-1, ...]``)
 # instead of the kernel scribbling over unrelated memory. About 4.3 GB, held sparsely.
+# The "wide" paged case: a cache of at least WIDE_SLOTS narrow slots in blocks that are no power of
+# two, so slot numbers pass 2**16 (a block index kept in 16 bits, a slot divided by a fixed-point
+# reciprocal) while the cache stays a few MiB.
+WIDE_SLOTS = 1 << 18
 LARGE_STRIDE = 1 << 26
 LARGE_UNITS = 64
 LARGE_LEAD = 3 << 26

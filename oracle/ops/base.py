@@ -112,6 +112,7 @@ class OpSpec:
     default_shape: tuple = ()
     shapes: tuple = ()  # shape variants for the "sizes" case class
     sizes: tuple = (0, 1, 7, 133, 4096, 4099)  # 4099: past the size gates, and no multiple of any tile
+    wide_cache_shape: tuple = ()  # (heads, head_size, block_size) of the "sizes" case over _build.WIDE_SLOTS slots
     large_n_shape: tuple = ()  # the row shape of the layout and padding cases at N = 4096 (a narrow one keeps them cheap)
     sources: tuple = ()  # sources that can be non-contiguous slices of one tensor
     source_layouts: tuple = ("fused",)  # the "strides" class's source layouts besides "gapped"
@@ -148,6 +149,12 @@ class OpSpec:
     def layout_alternatives(self, case: Case, contract: Contract, prepared: "Prepared") -> list:
         """The op's hypotheses that depend on the built case (its views' strides and offsets, or
         its values), after :meth:`alternatives`."""
+        return []
+
+    def observed_alternatives(self, case: Case, contract: Contract, prepared: "Prepared", after: dict) -> list:
+        """The op's hypotheses built from what the kernel wrote (``after``: its memory), tried
+        after every other: they assume more of the kernel's own result, so they name it only
+        where nothing more specific does."""
         return []
 
     def shape_strategy(self):

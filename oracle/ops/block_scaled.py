@@ -30,8 +30,10 @@ import torch
 
 from ..buffers import Arena
 from ..contract import Contract
+from ..diagnose import block_scales
 from ..diagnose.hypothesis import Hypothesis
 from ..reference import block_scaled as ref
+from ..reference.slots import Padding
 from . import _blockcases, _build
 from .base import Case, OpSpec, Prepared
 
@@ -82,6 +84,28 @@ class _BlockSpec(OpSpec):
         p = self.p_with_defaults(case)
         return _blockcases.alternatives(p["block"], contract, p["dtype"])
 
+    def observed_alternatives(self, case: Case, contract: Contract, prepared: Prepared, after: dict) -> list:
+        """The elements quantized under the scales the kernel wrote, where those differ from the
+        reference's: its scales' amax or exponent is wrong, its element path right."""
+        try:
+            written = self.written_scales(case, contract, prepared, after)
+        except ValueError:  # a sparse cache that does not read back whole
+            return []
+        fmt, knobs, _ = self._knobs(case, contract, {})
+        family, _, block = ref.require_format(fmt)
+        texts = []
+        for (source, gs), (rows, got, _) in zip(self.scaled_sources, written):
+            x = prepared.numpy(source)[rows]
+            with np.errstate(all="ignore"):
+                want = ref.quantize_block(x, fmt, prepared.numpy(gs), **knobs)[1]
+            if not np.array_equal(want, got[rows]):
+                texts.append(f"{source}: " + block_scales.describe(x.astype(np.float32), want, got[rows], family, block))
+        if not texts:
+            return []
+        given = tuple((got, codes if family == "mx" else None) for _, got, codes in written)
+        return [Hypothesis("block_scale_wrong", "; ".join(texts),
+                           override={"given_scales": given if len(given) > 1 else given[0]})]
+
 
 class QuantizeBlock(_BlockSpec):
     name = "quantize_block"
@@ -89,6 +113,7 @@ class QuantizeBlock(_BlockSpec):
     index_dtypes = ()
     sources = ("x",)
     aliasing = ("offset",)
+    scaled_sources = (("x", "global_scale"),)
 
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
         p, n, heads, dim, fmt, bad = self._params(case)
@@ -114,12 +139,14 @@ class QuantizeBlock(_BlockSpec):
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
         fmt, knobs, rest = self._knobs(case, contract, override)
         straddle = rest.pop("straddle_heads", False)
+        given, given_codes = rest.pop("given_scales", (None, None))
         if rest:
             raise ValueError(f"quantize_block has no {sorted(rest)} to override")
         x = prepared.numpy("x")
         with np.errstate(all="ignore"):
             if not straddle:
-                codes, scales = ref.quantize_block(x, fmt, prepared.numpy("global_scale"), **knobs)
+                codes, scales = ref.quantize_block(x, fmt, prepared.numpy("global_scale"), scales=given,
+                                                   nan_block_codes=given_codes, **knobs)
                 return {"codes": codes, "scales": scales}
             # blocks over each token's whole [H * D] row; its scales in the first entries of the
             # token's [H, blocks] scale row, the rest untouched
@@ -129,6 +156,11 @@ class QuantizeBlock(_BlockSpec):
         rows = scales.reshape(scales.shape[0], -1)
         rows[:, :flat_scales.shape[1]] = flat_scales
         return {"codes": flat.reshape(x.shape[:2] + (-1,)), "scales": rows.reshape(scales.shape)}
+
+    def written_scales(self, case: Case, contract: Contract, prepared: Prepared, after: dict) -> list:
+        """(the rows written, the kernel's scales ``[N, H, blocks]``, its codes) of x."""
+        arena = prepared.arena
+        return [(slice(None), np.array(arena.numpy_view(after, "scales")), np.array(arena.numpy_view(after, "codes")))]
 
     def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
         """The block-scaling hypotheses, and blocks that straddle heads (where D is not a multiple
@@ -156,6 +188,7 @@ class ReshapeAndCacheBlock(_BlockSpec):
     layouts = ("NHD", "HND")
     large_case = {"n": 7}
     scale_names = ("key_scale_cache", "value_scale_cache")
+    scaled_sources = (("key", "k_global_scale"), ("value", "v_global_scale"))
     slot_groups = (("key_cache", "key_scale_cache"), ("value_cache", "value_scale_cache"))
 
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
@@ -217,6 +250,35 @@ class ReshapeAndCacheBlock(_BlockSpec):
                 k_global_scale=prepared.numpy("k_global_scale"), v_global_scale=prepared.numpy("v_global_scale"),
                 scale_layout=layout, **policies, **knobs)
         return dict(zip(("key_cache", "value_cache") + self.scale_names, out))
+
+    def written_scales(self, case: Case, contract: Contract, prepared: Prepared, after: dict) -> list:
+        """For K and V: (the entries that write a slot no other entry writes, the scales ``[T,
+        H, blocks]`` and the codes the kernel left at each entry's slot; zero for the other
+        entries)."""
+        p = self.p_with_defaults(case)
+        arena, loc = prepared.arena, prepared.numpy("slot_mapping").astype(np.int64)
+        slots, counts = np.unique(loc, return_counts=True)
+        out = []
+        for name, source, code_name in zip(self.scale_names, ("key", "value"), ("key_cache", "value_cache")):
+            cache = np.asarray(arena.numpy_view(after, name))
+            code_cache = np.asarray(arena.numpy_view(after, code_name))
+            heads, dim = prepared.numpy(source).shape[1:]
+            count = ref.scale_count(p["block"], dim)
+            num_slots = cache.shape[0] * BLOCK_SIZE
+            once = np.isin(loc, slots[counts == 1])
+            rows = np.flatnonzero(once & ~Padding.parse(contract.padding).skipped(loc, num_slots)
+                                  & (loc >= 0) & (loc < num_slots))
+            pages, tokens = np.divmod(loc[rows], BLOCK_SIZE)
+            got = np.zeros((prepared.numpy(source).shape[0], heads, count), np.uint8)
+            if cache.ndim == 4:
+                got[rows] = cache[pages, tokens]
+            else:
+                offsets = ref.swizzled_offsets(BLOCK_SIZE * heads, count).reshape(BLOCK_SIZE, heads, count)
+                got[rows] = cache[pages[:, None, None], offsets[tokens]]
+            codes = np.zeros((got.shape[0],) + code_cache.shape[2:], np.uint8)
+            codes[rows] = code_cache[pages, tokens]
+            out.append((rows, got, codes))
+        return out
 
     def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
         """The block-scaling hypotheses, the per-tensor scales swapped (NVFP4), padding rows

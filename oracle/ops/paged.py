@@ -52,6 +52,7 @@ class ReshapeAndCacheFlash(OpSpec):
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (13, 46), (8, 96), (1, 97), (8, 128, 32),
               (2, 64, 64), (4, 64, 5))  # blocks of 5: a block size that is not a power of two
     large_n_shape = (2, 64)
+    wide_cache_shape = (1, 16, 5)  # blocks of 5 over WIDE_SLOTS slots of 16 elements
     sources = ("key", "value")
     aliasing = ("aliased", "offset", "padded", "unequal")
     layouts = ("NHD", "HND")
@@ -86,6 +87,8 @@ class ReshapeAndCacheFlash(OpSpec):
         block_size = p["shape"][2] if len(p["shape"]) > 2 else BLOCK_SIZE
         n, dtype, fmt, bad = p["n"], p["dtype"], p.get("fp8"), p.get("bad")
         num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // block_size)
+        if p.get("wide"):
+            num_blocks = -(-_build.WIDE_SLOTS // block_size)
         num_slots = num_blocks * block_size
         choice = p.get("scale", "1.0")
         scales = [_fp8cases.scale_values(choice, heads, t) for t in (0, 1)]

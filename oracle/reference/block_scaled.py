@@ -74,18 +74,21 @@ def scale_count(fmt: str, head_size: int) -> int:
     return -(-head_size // require_format(fmt)[2])
 
 
-def quantize_block(x, fmt: str, global_scale=1.0, *, preset: str | None = None,
-                   **knobs) -> tuple[np.ndarray, np.ndarray]:
+def quantize_block(x, fmt: str, global_scale=1.0, *, preset: str | None = None, scales=None,
+                   nan_block_codes=None, **knobs) -> tuple[np.ndarray, np.ndarray]:
     """(codes, scales) of ``x`` (float32, float16 or bfloat16, blocks along the last axis) in
     block format ``fmt``: codes uint8 ``x.shape[:-1] + (code_width,)``, scales uint8
     ``x.shape[:-1] + (scale_count,)``. ``global_scale`` is NVFP4's per-tensor scale (MX ignores
-    it). ``preset`` and ``knobs`` as :func:`knobs_for` resolves them."""
+    it). ``preset`` and ``knobs`` as :func:`knobs_for` resolves them. ``scales``: scale codes to
+    use where they differ from the computed ones, and (MX) ``nan_block_codes``: the element codes
+    of NaN-scaled blocks, for the diagnosis (:func:`mx.quantize_mxfp8`)."""
     family, element, block = require_format(fmt)
     resolved = knobs_for(fmt, preset, **knobs)
     as_dict = {f.name: getattr(resolved, f.name) for f in fields(resolved)}
     if family == "mx":
-        return mx.quantize_mxfp8(x, element, block=block, **as_dict)
-    return nvfp4.quantize_nvfp4(x, global_scale, block=block, **as_dict)
+        return mx.quantize_mxfp8(x, element, block=block, scales=scales, nan_block_codes=nan_block_codes,
+                                 **as_dict)
+    return nvfp4.quantize_nvfp4(x, global_scale, block=block, scales=scales, **as_dict)
 
 
 def swizzled_page_bytes(rows: int, cols: int) -> int:
@@ -124,7 +127,7 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
                             slot_mapping, key, value, *, fmt: str, k_global_scale=1.0,
                             v_global_scale=1.0, scale_layout: str = "linear",
                             padding="negative", duplicates="forbid", preset=None, swizzle_fault=None,
-                            **knobs):
+                            given_scales=None, **knobs):
     """The four caches after writing token ``i`` of ``key``/``value`` to slot
     ``slot_mapping[i]`` in block format ``fmt``.
 
@@ -139,7 +142,11 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
     value_scale_cache)``, new arrays (or :class:`~oracle.reference.slots.OneOfRows` where a slot
     is written twice under ``duplicates="any"``; in a swizzled scale cache the slot's "row" is its
     scattered scale bytes). Inputs are never modified. ``swizzle_fault``: a fault of the
-    swizzled layout (:func:`swizzled_offsets`), for the diagnosis.
+    swizzled layout (:func:`swizzled_offsets`), for the diagnosis. ``given_scales``: for K and
+    for V, (scale codes ``[T, H, scale_count]``, element codes ``[T, H, code_width]`` or None),
+    what a kernel wrote, read back per token: its scales used where they differ from the
+    computed ones, and its codes kept in NaN-scaled MX blocks (:func:`quantize_block`), for the
+    diagnosis.
     """
     parse_policies(padding, duplicates)
     require_format(fmt)
@@ -190,10 +197,14 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
                       duplicates=duplicates)
     out = []
     scales_out = []
-    for cache, scale_cache, source, gs in ((key_cache, key_scale_cache, key, k_global_scale),
-                                           (value_cache, value_scale_cache, value, v_global_scale)):
-        if knobs.get("tail_amax", "own") == "own":
-            codes, scales = quantize_block(source[plan.positions], fmt, gs, preset=preset, **knobs)
+    givens = given_scales if given_scales is not None else (None, None)
+    for cache, scale_cache, source, gs, given in ((key_cache, key_scale_cache, key, k_global_scale, givens[0]),
+                                                  (value_cache, value_scale_cache, value, v_global_scale, givens[1])):
+        given, given_codes = (None, None) if given is None else (a if a is None else np.asarray(a)[plan.positions]
+                                                                for a in given)
+        if knobs.get("tail_amax", "own") == "own" or given is not None:  # given scales: no amax is read
+            codes, scales = quantize_block(source[plan.positions], fmt, gs, preset=preset, scales=given,
+                                           nan_block_codes=given_codes, **knobs)
         else:  # a row's last block reads the next source row, written or not: quantize them all
             codes, scales = (a[plan.positions] for a in quantize_block(source, fmt, gs, preset=preset, **knobs))
         out.append(write_rows(cache.copy(), plan, codes, slot_axes=(0, 1)))

@@ -179,11 +179,17 @@ def shared_exponents(amax: np.ndarray, fmt: str, knobs: MxKnobs) -> np.ndarray:
 
 
 def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | None = None,
-                   **knobs) -> tuple[np.ndarray, np.ndarray]:
+                   scales=None, nan_block_codes=None, **knobs) -> tuple[np.ndarray, np.ndarray]:
     """(codes, scales) of ``x`` (float32, float16 or bfloat16, any shape, blocks along the last
     axis): ``codes`` uint8 of ``x``'s shape (fp8 ``fmt``), ``scales`` uint8 E8M0 codes of shape
     ``x.shape[:-1] + (ceil(D / block),)``. Knobs: :class:`MxKnobs` (``preset``: see
-    :data:`MX_PRESETS`). The input is never modified."""
+    :data:`MX_PRESETS`). The input is never modified.
+
+    ``scales`` (for the diagnosis; never a writer's choice): E8M0 codes of that shape to use
+    where they differ from the computed ones, the elements then scaled by them (a NaN code
+    leaves the elements as computed): whether a kernel's elements follow the scales it wrote.
+    ``nan_block_codes`` (with ``scales``): element codes of ``x``'s shape kept as they are in the
+    blocks whose scale is NaN, whose elements decode as NaN whatever their codes."""
     v.require_float_input("x", x)
     v.require_choice("fmt", fmt, ELEMENT_FORMATS)
     block = v.require_int("block", block, 1)
@@ -203,10 +209,18 @@ def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | 
     exponent = shared_exponents(amax, fmt, resolved)
     has_inf = np.any(np.isinf(seen), axis=-1) if resolved.nonfinite == "inf_saturates" else False
     exponent = np.where(has_inf, E_MAX, exponent)
+    given = scales
     scales = (exponent + E8M0_BIAS).astype(np.uint8)
     all_finite = np.all(finite_seen, axis=-1)
     if resolved.nonfinite in ("nan_scale", "nan_block"):
         scales = np.where(all_finite, scales, np.uint8(E8M0_NAN)).astype(np.uint8)
+    if given is not None:
+        given = np.asarray(given, np.uint8)
+        v.require_shape("scales", given, scales.shape, "one E8M0 code per block")
+        other = (given != scales) & (given != E8M0_NAN)
+        exponent = np.where(other, given.astype(np.int64) - E8M0_BIAS, exponent)
+        has_inf = has_inf & ~other
+        scales = given.copy()
     factor = np.ldexp(np.float32(1), -exponent).astype(np.float32)  # 2**-E, exact in float32
     if resolved.min_scale_factor == "one":
         factor = np.where(exponent == E_MIN, np.float32(1), factor).astype(np.float32)
@@ -219,6 +233,9 @@ def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | 
         quotient = np.where(np.asarray(has_inf)[..., None] & ~finite, np.float32(np.nan), quotient)
     codes = fp8_quantize(quotient, fmt, preset=resolved.element_preset, saturate=resolved.saturate)
     codes = codes.reshape(x32.shape[:-1] + (blocks.shape[-2] * block,))[..., :width]
+    if nan_block_codes is not None:
+        nan = np.repeat(scales == E8M0_NAN, block, axis=-1)[..., :width]
+        codes = np.where(nan, np.asarray(nan_block_codes, np.uint8), codes)
     return np.ascontiguousarray(codes), scales
 
 

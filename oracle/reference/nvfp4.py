@@ -201,11 +201,15 @@ def _require_global_scale(global_scale) -> np.float32:
 
 
 def quantize_nvfp4(x, global_scale=1.0, *, block: int = BLOCK, preset: str | None = None,
-                   **knobs) -> tuple[np.ndarray, np.ndarray]:
+                   scales=None, **knobs) -> tuple[np.ndarray, np.ndarray]:
     """(packed, scales) of ``x`` (float32, float16 or bfloat16, any shape, blocks along the last
     axis, whose length D must be even): ``packed`` uint8 ``x.shape[:-1] + (D // 2,)``,
     ``scales`` uint8 e4m3fn codes ``x.shape[:-1] + (ceil(D / block),)``. ``global_scale``: a
-    finite float32 > 0. Knobs: :class:`Nvfp4Knobs` (``preset``: see :data:`NVFP4_PRESETS`)."""
+    finite float32 > 0. Knobs: :class:`Nvfp4Knobs` (``preset``: see :data:`NVFP4_PRESETS`).
+
+    ``scales`` (for the diagnosis; never a writer's choice): e4m3fn scale codes of that shape to
+    use where they differ from the computed ones, the elements then scaled by their value:
+    whether a kernel's elements follow the scales it wrote."""
     v.require_float_input("x", x)
     block = v.require_int("block", block, 1)
     gs = _require_global_scale(global_scale)
@@ -219,14 +223,19 @@ def quantize_nvfp4(x, global_scale=1.0, *, block: int = BLOCK, preset: str | Non
     if width == 0:
         return (np.zeros(x32.shape[:-1] + (0,), np.uint8), np.zeros(x32.shape[:-1] + (0,), np.uint8))
     blocks, real = _blocks(x32, block)
-    codes, scales = _quantize_blocks(blocks, real, gs, k, x.dtype)
+    if scales is not None:
+        scales = np.asarray(scales, np.uint8)
+        v.require_shape("scales", scales, blocks.shape[:-1], "one e4m3fn code per block")
+    codes, scales = _quantize_blocks(blocks, real, gs, k, x.dtype, scales)
     codes = codes.reshape(x32.shape[:-1] + (blocks.shape[-2] * block,))[..., :width]
     return pack(codes, k.nibble_order), scales
 
 
-def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nvfp4Knobs, source_dtype):
+def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nvfp4Knobs, source_dtype,
+                     given: np.ndarray | None = None):
     """(element codes ``[..., blocks, block]``, scale codes ``[..., blocks]``) of float32 blocks
-    (``source_dtype``: the elements' own type, for ``element_product="source_dtype"``)."""
+    (``source_dtype``: the elements' own type, for ``element_product="source_dtype"``; ``given``:
+    scale codes that replace the computed ones where they differ)."""
     f32 = np.float32
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         encode = {0: f32(1), 1: f32(gs), 2: f32(f32(gs) * gs), -1: f32(f32(1) / gs)}[k.global_scale_uses]
@@ -246,6 +255,11 @@ def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nv
             nan = np.isnan(blocks) & real
             flagged = np.any(nan, axis=-1) if k.nonfinite == "nan_scale" else np.all(nan | ~real, axis=-1)
             scale_codes = np.where(flagged, np.uint8(SCALE_NAN), scale_codes).astype(np.uint8)
+        if given is not None:
+            other = given != scale_codes
+            scale_codes = given
+            sfq = np.where(other, code_values("e4m3fn")[given], sfq).astype(f32)
+            sf = np.where(other, sfq, sf).astype(f32)
         decode = (f32(1) / encode).astype(f32)
         zero = (sf if k.zero_guard == "unrounded" else sfq) == 0
         out = np.where(zero, f32(0), (f32(1) / (sfq * decode).astype(f32))).astype(f32)

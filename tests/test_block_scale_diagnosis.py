@@ -1,0 +1,89 @@
+"""Block scales a kernel wrote, replayed (oracle.diagnose.block_scales and the reference's
+``scales=``): elements quantized under given scales agree with independent per-block oracles,
+and the words name what every wrongly scaled block shares."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from mx_oracle import element_code
+from nvfp4_oracle import e2m1_code, e4m3_value, f32, pack
+from oracle.diagnose.block_scales import describe, properties
+from oracle.reference import mx, nvfp4
+
+
+def _rows(seed: int, shape=(6, 64)) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * np.exp2(rng.integers(-6, 7, shape))).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+def test_mx_elements_follow_the_given_scales(fmt):
+    x = _rows(1)
+    _, own = mx.quantize_mxfp8(x, fmt)
+    given = own.astype(np.int64)
+    given[::2, 0] += 1
+    given[1::2, 1] -= 2
+    given = given.astype(np.uint8)
+    codes, scales = mx.quantize_mxfp8(x, fmt, scales=given)
+    assert np.array_equal(scales, given)
+    for r, row in enumerate(x):
+        for b in range(2):
+            factor = 2.0 ** -(int(given[r, b]) - 127)
+            want = [element_code(float(np.float32(v) * np.float32(factor)), fmt, True) for v in row[32 * b:32 * b + 32]]
+            assert codes[r, 32 * b:32 * b + 32].tolist() == want, (r, b)
+
+
+def test_mx_given_scales_equal_to_the_computed_ones_change_nothing():
+    x = _rows(2)
+    assert all(np.array_equal(a, b) for a, b in zip(mx.quantize_mxfp8(x, "e4m3fn"),
+                                                    mx.quantize_mxfp8(x, "e4m3fn", scales=mx.quantize_mxfp8(x, "e4m3fn")[1])))
+
+
+def test_mx_nan_scaled_blocks_keep_the_given_codes_and_the_others_are_computed():
+    x = _rows(3, (2, 64))
+    x[0, 5] = np.nan  # block (0, 0) gets the NaN scale
+    codes, scales = mx.quantize_mxfp8(x, "e4m3fn")
+    kept = np.full(x.shape, 0x11, np.uint8)
+    again, _ = mx.quantize_mxfp8(x, "e4m3fn", scales=scales, nan_block_codes=kept)
+    assert scales[0, 0] == 0xFF
+    assert (again[0, :32] == 0x11).all() and np.array_equal(again[0, 32:], codes[0, 32:])
+    assert np.array_equal(again[1], codes[1])
+
+
+def test_nvfp4_elements_follow_the_given_scales():
+    x = _rows(4, (3, 32))
+    gs = 448 * 6 / float(np.abs(x).max())
+    _, own = nvfp4.quantize_nvfp4(x, gs)
+    given = own.copy()
+    given[:, 1] = np.clip(own[:, 1].astype(int) + 8, 0, 0x7E)  # one binade up in e4m3fn
+    packed, scales = nvfp4.quantize_nvfp4(x, gs, scales=given)
+    assert np.array_equal(scales, given)
+    for r, row in enumerate(x):
+        codes = []
+        for b in range(2):
+            out = f32(np.float32(1) / f32(e4m3_value(int(given[r, b])) * f32(np.float32(1) / f32(gs))))
+            codes += [e2m1_code(float(f32(f32(v) * out))) for v in row[16 * b:16 * b + 16]]
+        assert packed[r].tolist() == pack(codes), r
+
+
+def test_the_properties_are_those_of_each_block():
+    x = np.array([[1.0, -3.0] + [0.0] * 30 + [2.0, 1.0] + [0.0] * 30,
+                  [-np.inf] + [1.0] * 31 + [0.0] * 32], np.float32)
+    found = properties(x, 32, padded_tail=False)
+    assert found["its largest magnitude is a negative element's"].tolist() == [[True, False], [False, False]]
+    assert found["it holds -inf"].tolist() == [[False, False], [True, False]]
+    assert found["it is all zero"].tolist() == [[False, False], [False, True]]
+    tiny = np.full((1, 32), ml_dtypes.finfo(np.float16).smallest_subnormal, np.float32)
+    assert properties(tiny, 32, padded_tail=False)["its amax is below float16's smallest normal (2^-14)"].all()
+
+
+def test_the_words_give_the_offsets_and_the_property_every_wrong_block_shares():
+    x = _rows(5, (8, 64))
+    x[::2, :32] = -np.abs(x[::2, :32]) - 1  # every even row's first block: largest magnitude negative
+    _, want = mx.quantize_mxfp8(x, "e4m3fn")
+    got = want.copy()
+    got[::2, 0] -= 1
+    text = describe(x, want, got, "mx", 32)
+    assert "in 4 of 16 blocks (-1 binade(s) in 4)" in text
+    assert "every block with a wrong scale: its largest magnitude is a negative element's" in text
