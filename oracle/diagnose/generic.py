@@ -414,6 +414,34 @@ def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     return out
 
 
+HEAD_TILES = (2, 4, 8)  # heads per program of a kernel that tiles the head axis
+
+
+def head_tile_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
+    """Heads handled in tiles of T with no mask on the head index: where T does not divide H,
+    each row's heads padded to a multiple of T, the extra heads read past each source row and
+    written past each cache row (into the next token's heads, or the next block's). Sources
+    [N, H, D] and caches whose last two axes are [H, D]."""
+    caches = [views[n] for n in written if n in views]
+    sources = [v for v in _by_role(views, "source") if len(v.shape) == 3]
+    if not caches or not sources or any(len(v.shape) not in (3, 4) for v in caches):
+        return []
+    heads = sources[0].shape[1]
+    if any(v.shape[-2] != heads for v in sources + caches):
+        return []
+    out = []
+    for tile in HEAD_TILES:
+        padded = -(-heads // tile) * tile
+        if padded == heads:
+            continue
+        out.append(Hypothesis("row_overrun", f"heads handled {tile} at a time with no mask on the head index: "
+                              f"{padded} heads where there are {heads}, the extra ones read past each source row "
+                              "and written past each cache row",
+                              views={v.name: (v.shape[:-2] + (padded, v.shape[-1]), v.strides, v.offset)
+                                     for v in sources + caches}))
+    return out
+
+
 def _bytes_past(rows: list, width: dict, itemsize: int, past: set) -> dict:
     """Packed rows re-addressed as bytes, one byte longer for the views named in ``past``."""
     out = {}
@@ -528,5 +556,6 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + narrowed_source_hypotheses(case, views) + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches, getattr(spec, "paged", False))
             + width_hypotheses(views, prepared.caches)
-            + overrun_hypotheses(views, prepared.caches) + tail_hypotheses(views, prepared.caches)
+            + overrun_hypotheses(views, prepared.caches) + head_tile_hypotheses(views, prepared.caches)
+            + tail_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared))
