@@ -23,6 +23,17 @@ def require_index(name: str, index) -> None:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(index.shape)}")
 
 
+def mla_rows(name: str, t: torch.Tensor, rows: int | None, what: str) -> torch.Tensor:
+    """An MLA writer's ``[N, W]`` argument as 2-D: ``[N, 1, W]`` (sglang's callers pass nope and
+    rope so, and the buffer may be so) becomes its ``[:, 0]`` view, whose row stride is
+    ``stride(0)`` (never the unit axis's stride). ``rows``: the row count required (None: any)."""
+    if t.dim() == 3 and t.shape[1] == 1:
+        t = t[:, 0]
+    if t.dim() != 2 or (rows is not None and t.shape[0] != rows):
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {what}")
+    return t
+
+
 def check_rows(name: str, src: torch.Tensor, cache_name: str, cache: torch.Tensor, n: int) -> None:
     if src.dtype != cache.dtype:
         raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")

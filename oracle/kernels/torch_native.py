@@ -15,7 +15,7 @@ import oracle
 
 from . import torch_block
 from ._nan_signs import with_signs_of
-from ._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_concat_mla, check_paged_write, check_rows, check_scale,
+from ._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_concat_mla, check_paged_write, check_rows, mla_rows, check_scale,
                       check_translate, check_translate_values)
 
 
@@ -79,13 +79,12 @@ def set_mla_kv_buffer_dcp(kv_buffer, loc, cache_k_nope, cache_k_rope, *, dcp_wor
         keep, rows = None, loc.long()
     else:
         keep, rows = _dcp_rows(loc, kv_buffer.shape[0], dcp_world, dcp_rank, dcp_modulo)
-    if kv_buffer.dim() != 2:
-        raise ValueError(f"kv_buffer must be 2-D [S, W], got shape {tuple(kv_buffer.shape)}")
+    kv_buffer = mla_rows("kv_buffer", kv_buffer, None, "[S, W] or [S, 1, W]")
     for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)):
         if src.dtype != kv_buffer.dtype:
             raise TypeError(f"{name} has dtype {src.dtype} but kv_buffer has dtype {kv_buffer.dtype}")
-        if src.dim() != 2 or src.shape[0] != loc.shape[0]:
-            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [{loc.shape[0]}, width]")
+    cache_k_nope, cache_k_rope = (mla_rows(name, src, loc.shape[0], f"[{loc.shape[0]}, width] or [{loc.shape[0]}, 1, width]")
+                                  for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)))
     width = cache_k_nope.shape[1] + cache_k_rope.shape[1]
     if kv_buffer.shape[1] < width:
         raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")

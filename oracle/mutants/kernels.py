@@ -149,6 +149,13 @@ def _check_mla(kv_buffer, loc, nope, rope) -> int:
     return nope.shape[1] + rope.shape[1]
 
 
+def set_mla_row_stride_from_unit_axis(kv_buffer, loc, cache_k_nope, cache_k_rope):
+    # rows addressed by stride(-2): stride(0) for [N, d], the unit axis's stride for [N, 1, d]
+    nope, rope = (t.as_strided((t.shape[0], t.shape[-1]), (t.stride(-2), t.stride(-1)), t.storage_offset())
+                  for t in (cache_k_nope, cache_k_rope))
+    tn.set_mla_kv_buffer(kv_buffer, loc, nope, rope)
+
+
 def set_mla_swaps_nope_rope(kv_buffer, loc, cache_k_nope, cache_k_rope):
     tn.set_mla_kv_buffer(kv_buffer, loc, cache_k_rope, cache_k_nope)
 
@@ -317,6 +324,7 @@ CAUSES = {  # mutant -> the cause its failures must name
     "store_cache.tears_duplicates": "torn_rows",
     "store_cache.accepts_out_of_range": "validation_missing",
     "set_mla_kv_buffer.swaps_nope_rope": "parts_swapped",
+    "set_mla_kv_buffer.row_stride_from_unit_axis": "source_stride_ignored",
     "set_mla_kv_buffer.rope_at_row_end": "part_misplaced",
     "set_mla_kv_buffer.clobbers_row_tail": "row_tail_written",
     "set_mla_kv_buffer.ignores_buffer_offset": "storage_offset_ignored",
@@ -378,6 +386,9 @@ MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn, CAUSES[name
     ("set_mla_kv_buffer.ignores_buffer_offset", "set_mla_kv_buffer", T + "set_mla_kv_buffer",
      "addresses kv_buffer from its storage's start, ignoring its storage offset",
      ("dtypes",), set_mla_ignores_buffer_offset),
+    ("set_mla_kv_buffer.row_stride_from_unit_axis", "set_mla_kv_buffer", T + "set_mla_kv_buffer",
+     "takes a source's row stride from stride(-2), which for an [N, 1, d] source is the unit axis's",
+     ("strides",), set_mla_row_stride_from_unit_axis),
     ("set_mla_kv_buffer.swaps_nope_rope", "set_mla_kv_buffer", T + "set_mla_kv_buffer",
      "swaps nope and rope (rope at offset 0, nope after it)",
      ("dtypes",), set_mla_swaps_nope_rope),

@@ -204,7 +204,8 @@ SOURCE_GAP_BYTES = 16  # other columns between the sources of a "gapped" fused r
 def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.Generator | None = None):
     """Source tensors ``[N, *row]``: each in its own allocation, or ("fused") all sliced out of one
     row-major tensor that also holds a leading block of other columns (a fused qkv projection),
-    so each one's row stride exceeds its row; ("padded") each in its own allocation, its rows
+    so each one's row stride exceeds its row; ("fused_unsqueezed") those as ``[N, 1, *row]`` views
+    with ``unsqueeze(1)``'s strides; ("padded") each in its own allocation, its rows
     SOURCE_ROW_PAD elements apart past their end; ("gapped") the same with SOURCE_GAP_BYTES of other columns
     between one source and the next, so a kernel that reads a source right after the one before
     it (the adjacency assumed, not the source's own pointer) reads the gap. "longer": each
@@ -218,6 +219,9 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
         return tuple(arena.tensor(n, a, role="source") for n, a in zip(names, arrays))
     if layout == "padded":
         return tuple(_padded_rows(arena, n, a) for n, a in zip(names, arrays))
+    if layout == "fused_unsqueezed":  # x.unsqueeze(1) of each fused slice: [N, 1, *row]
+        rows(arena, names, arrays, "fused", rng)
+        return tuple(_unsqueezed(arena, name) for name in names)
     dtype = arrays[0].dtype
     n = arrays[0].shape[0]
     widths = [int(np.prod(a.shape[1:])) for a in arrays]
@@ -233,6 +237,16 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
                               _dtype_name(dtype), role="source", values=a))
         column += w + gap
     return tuple(out)
+
+
+def _unsqueezed(arena: Arena, name: str):
+    """Fused source ``name`` re-viewed as ``[N, 1, *row]`` with the strides ``unsqueeze(1)``
+    gives: the unit axis's stride is the row's width, not its stride, so a kernel that takes
+    ``stride(-2)`` (or ``stride(1)``) for the row stride reads the wrong rows."""
+    spec = arena.views[name]
+    width = int(np.prod(spec.shape[1:]))
+    return arena.view(name, spec.region, (spec.shape[0], 1) + spec.shape[1:], (spec.strides[0], width) + spec.strides[1:],
+                      spec.offset, spec.dtype, role="source")
 
 
 SOURCE_ROW_PAD = 8  # elements past each row of a "padded" source: no multiple of a head's D

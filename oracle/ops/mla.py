@@ -59,6 +59,7 @@ class SetMlaKvBuffer(OpSpec):
               (511, 65), (97, 31), (1, 1))  # odd widths: alignment fallbacks
     large_n_shape = (128, 64)
     sources = ("nope", "rope")
+    source_layouts = ("fused", "fused_unsqueezed")  # [N, 1, n] sources, as sglang's callers pass them
     dcp = True  # under a DCP contract every case's locs are widened (oracle.ops._dcp)
     large_case = {"dtype": "uint8", "n": 7}  # the fp8 byte layout, rows past 2**31 elements
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from ..check_reuse import reusing
-from .._checks import (FLOAT_DTYPES, FP8_FORMATS, KV_CACHE_DTYPES, check_concat_mla, check_paged_write,
+from .._checks import (FLOAT_DTYPES, FP8_FORMATS, KV_CACHE_DTYPES, check_concat_mla, check_paged_write, mla_rows,
                        check_rows, check_scale, check_translate, check_translate_values)
 from . import _host, _plans, _runtime, _validate, tiles
 from ._host import Padding, parse_padding  # noqa: F401  (part of this module's interface)
@@ -121,13 +121,12 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
     pad = _host.parse_padding(padding)
     loc, checked = _host.index_arg(loc)
     _host.check_index("loc", loc)
-    if kv_buffer.dim() != 2:
-        raise ValueError(f"kv_buffer must be 2-D [S, W], got shape {tuple(kv_buffer.shape)}")
+    kv_buffer = mla_rows("kv_buffer", kv_buffer, None, "[S, W] or [S, 1, W]")
     for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)):
         if src.dtype != kv_buffer.dtype:
             raise TypeError(f"{name} has dtype {src.dtype} but kv_buffer has dtype {kv_buffer.dtype}")
-        if src.dim() != 2 or src.shape[0] != loc.shape[0]:
-            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [{loc.shape[0]}, width]")
+    cache_k_nope, cache_k_rope = (mla_rows(name, src, loc.shape[0], f"[{loc.shape[0]}, width] or [{loc.shape[0]}, 1, width]")
+                                  for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)))
     width = cache_k_nope.shape[1] + cache_k_rope.shape[1]
     if kv_buffer.shape[1] < width:
         raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")
