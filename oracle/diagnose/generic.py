@@ -120,6 +120,13 @@ def source_hypotheses(views: dict) -> list[Hypothesis]:
         out += [Hypothesis("source_stride_ignored", f"the row stride of {v.name} ignored (its rows read "
                            "as if packed)", views={v.name: (v.shape, contiguous_strides(v.shape), v.offset)})
                 for v in strided]
+    inner = [v for v in strided if len(v.shape) > 2 and v.strides[1:] != contiguous_strides(v.shape[1:])]
+    if inner:  # each row's base from its own stride, its elements then read as one run
+        out.append(Hypothesis("source_stride_ignored", f"the inner strides of {', '.join(v.name for v in inner)} "
+                              "ignored (each row read as one run of elements from its start: its heads taken as "
+                              "adjacent, its row stride kept)",
+                              views={v.name: (v.shape, (v.strides[0],) + contiguous_strides(v.shape[1:]), v.offset)
+                                     for v in inner}))
     return out
 
 

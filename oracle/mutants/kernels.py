@@ -57,6 +57,13 @@ def store_cache_ignores_source_stride(k, v, k_cache, v_cache, loc):
     tn.store_cache(read_packed(k), read_packed(v), k_cache, v_cache, loc)
 
 
+def store_cache_ignores_head_stride(k, v, k_cache, v_cache, loc):
+    # each row from its own base, its heads then read as one run (the head stride ignored)
+    k, v = (t.as_strided(t.shape, (t.stride(0),) + tuple(read_packed(t[0]).stride()), t.storage_offset())
+            for t in (k, v))
+    tn.store_cache(k, v, k_cache, v_cache, loc)
+
+
 def store_cache_ignores_index_stride(k, v, k_cache, v_cache, loc):
     tn.store_cache(k, v, k_cache, v_cache, read_packed(loc))
 
@@ -313,6 +320,7 @@ def translate_ignores_index_stride(mapping, loc):
 CAUSES = {  # mutant -> the cause its failures must name
     "store_cache.ignores_source_stride": "source_stride_ignored",
     "store_cache.ignores_index_stride": "index_stride_ignored",
+    "store_cache.ignores_head_stride": "source_stride_ignored",
     "store_cache.ignores_index_offset": "index_offset_ignored",
     "store_cache.int32_offsets": "int32_offsets",
     "store_cache.k_into_v": "sources_swapped",
@@ -350,6 +358,9 @@ MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn, CAUSES[name
     ("store_cache.ignores_source_stride", "store_cache", T + "store_cache",
      "reads K and V rows as if contiguous, ignoring the source row stride (fused qkv)",
      ("strides",), store_cache_ignores_source_stride),
+    ("store_cache.ignores_head_stride", "store_cache", T + "store_cache",
+     "reads each K and V row from its own row stride but its heads as one run (the head stride ignored)",
+     ("strides",), store_cache_ignores_head_stride),
     ("store_cache.ignores_index_stride", "store_cache", T + "store_cache",
      "reads loc contiguously, ignoring the index tensor's stride",
      ("strides",), store_cache_ignores_index_stride),

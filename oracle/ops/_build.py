@@ -205,7 +205,8 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
     """Source tensors ``[N, *row]``: each in its own allocation, or ("fused") all sliced out of one
     row-major tensor that also holds a leading block of other columns (a fused qkv projection),
     so each one's row stride exceeds its row; ("fused_unsqueezed") those as ``[N, 1, *row]`` views
-    with ``unsqueeze(1)``'s strides; ("padded") each in its own allocation, its rows
+    with ``unsqueeze(1)``'s strides; ("interleaved") ``[N, H, D]`` sources whose heads interleave
+    (:func:`_interleaved`); ("padded") each in its own allocation, its rows
     SOURCE_ROW_PAD elements apart past their end; ("gapped") the same with SOURCE_GAP_BYTES of other columns
     between one source and the next, so a kernel that reads a source right after the one before
     it (the adjacency assumed, not the source's own pointer) reads the gap. "longer": each
@@ -219,6 +220,8 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
         return tuple(arena.tensor(n, a, role="source") for n, a in zip(names, arrays))
     if layout == "padded":
         return tuple(_padded_rows(arena, n, a) for n, a in zip(names, arrays))
+    if layout == "interleaved":
+        return _interleaved(arena, names, arrays)
     if layout == "fused_unsqueezed":  # x.unsqueeze(1) of each fused slice: [N, 1, *row]
         rows(arena, names, arrays, "fused", rng)
         return tuple(_unsqueezed(arena, name) for name in names)
@@ -237,6 +240,22 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
                               _dtype_name(dtype), role="source", values=a))
         column += w + gap
     return tuple(out)
+
+
+def _interleaved(arena: Arena, names: tuple, arrays: tuple):
+    """``[N, H, D]`` sources whose heads interleave with each other's and a leading part's, as
+    ``qkv.view(N, H, 3, D)[:, :, j]`` gives (GPT-NeoX-style fused projections): a head's D
+    elements are contiguous, the heads ``(len(arrays) + 1) * D`` apart, so a kernel that copies
+    each row's ``H * D`` elements as one run reads the other tensors' heads."""
+    if len({a.shape for a in arrays}) != 1 or arrays[0].ndim != 3:
+        raise ValueError(f"interleaved sources need one [N, H, D] shape, got {[a.shape for a in arrays]}")
+    n, heads, dim = arrays[0].shape
+    parts, dtype = len(arrays) + 1, arrays[0].dtype
+    region = "_".join(names) + "_interleaved"
+    arena.region(region, max(n * heads * parts * dim * dtype.itemsize, 1), GUARD_MIN)
+    strides = (heads * parts * dim, parts * dim, 1)
+    return tuple(arena.view(name, region, a.shape, strides, (j + 1) * dim * dtype.itemsize, _dtype_name(dtype),
+                            role="source", values=a) for j, (name, a) in enumerate(zip(names, arrays)))
 
 
 def _unsqueezed(arena: Arena, name: str):

@@ -54,6 +54,7 @@ class ReshapeAndCacheFlash(OpSpec):
     large_n_shape = (2, 64)
     wide_cache_shape = (1, 16, 5)  # blocks of 5 over WIDE_SLOTS slots of 16 elements
     sources = ("key", "value")
+    source_layouts = ("fused", "interleaved")  # interleaved: heads apart, as qkv.view(N, H, 3, D)[:, :, j]
     aliasing = ("aliased", "offset", "padded", "unequal")
     layouts = ("NHD", "HND")
     large_case = {"fp8": "e4m3fn", "n": 7}

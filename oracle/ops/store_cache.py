@@ -29,6 +29,7 @@ class StoreCache(OpSpec):
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (1, 96), (1, 97), (8, 192, 128), (1, 64, 97))
     large_n_shape = (2, 64)
     sources = ("k", "v")
+    source_layouts = ("fused", "interleaved")  # interleaved: heads apart, as qkv.view(N, H, 3, D)[:, :, j]
     aliasing = ("aliased", "offset", "unequal")
     large_case = {"dtype": "uint8", "n": 7}  # 8 x 128 byte rows (an fp8 pool) past 2**31 elements
 
