@@ -40,7 +40,7 @@ def always_available() -> str | None:
 
 GAP_KEYS = ("dtype", "index_dtype", "fp8_format", "kv_cache_dtype", "block_format", "scale_layout", "scale", "layout",
             "padding", "duplicates",
-            "strided_source", "longer_source", "strided_index", "aliased_caches", "cache_strides", "large_cache",
+            "strided_source", "strided_heads", "longer_source", "strided_index", "aliased_caches", "cache_strides", "large_cache",
             "row_bytes", "dcp", "bad_input")
 
 
@@ -81,6 +81,8 @@ class Contract:
     duplicates: str = "forbid"  # forbid (never tested) or any (whole rows, no torn rows)
     layouts: tuple = LAYOUTS  # paged cache layouts
     strided_sources: bool = True  # honours any source row stride (K, V sliced from fused qkv)
+    strided_heads: bool = True  # honours a source's head stride inside a row (heads not adjacent,
+    # as qkv.view(N, H, 3, D)[:, :, j] gives); False: each row's heads are read as one run
     source_rows: str | None = None  # "index": the index's length is the token count and sources
     # may hold extra rows it must not read (vLLM); "equal": sources have exactly that many rows
     # (sglang). None: the op's own convention (SOURCE_ROWS_BY_OP, else "equal").
@@ -278,6 +280,7 @@ def gaps(contract: Contract, needs: dict) -> list[Gap]:
     if needs.get("duplicates") and contract.duplicates != "any":
         out.append(Gap("duplicates", "duplicate slots; the kernel declares duplicates=forbid", False))
     for key, attr, text in (("strided_source", "strided_sources", "a non-contiguous source"),
+                            ("strided_heads", "strided_heads", "a source whose heads are not adjacent in its rows"),
                             ("strided_index", "strided_index", "a strided or offset index tensor"),
                             ("aliased_caches", "aliased_caches", "caches that alias one allocation"),
                             ("large_cache", "large_caches", "offsets past 2**31 elements"),

@@ -49,10 +49,11 @@ def _cuda() -> str | None:
 
 # What both writers' code does, as contract fields: one token per program, the slot loaded as it
 # is (the index's stride ignored), negative slots skipped, the quotient x / scale in Triton's
-# default (approximate) division with one per-tensor scale, the store's own fp8 conversion, and
-# V's cache addressed with K's strides.
+# default (approximate) division with one per-tensor scale, the store's own fp8 conversion, V's
+# cache addressed with K's strides, and each source row's heads read as one run from its row
+# stride (key.stride(0) is the only source stride passed).
 _COMMON = dict(op="reshape_and_cache_flash", device="cuda", padding="negative", layouts=("NHD",),
-               strided_index=False, shared_cache_strides=True, scales=("tensor",), fp8_preset="triton_sm90",
+               strided_index=False, shared_cache_strides=True, strided_heads=False, scales=("tensor",), fp8_preset="triton_sm90",
                fp8_division="approx", validates=False, available=_cuda)
 
 

@@ -173,7 +173,8 @@ class OpSpec:
                "fp8_format": p.get("fp8"), "kv_cache_dtype": p.get("spelling"), "scale": "head" if p.get("scale") in PER_HEAD_SCALES else
                ("tensor" if p.get("fp8") else None),
                "layout": p.get("layout"), "padding": p.get("padding"),
-               "duplicates": bool(p.get("dups")), "strided_source": p.get("src") in ("fused", "gapped", "padded"),
+               "duplicates": bool(p.get("dups")), "strided_source": p.get("src") in ("fused", "gapped", "padded", "fused_unsqueezed", "interleaved"),
+               "strided_heads": p.get("src") == "interleaved",
                "longer_source": p.get("src") == "longer", "dcp": bool(p.get("dcp")),
                "strided_index": p.get("index_layout") in ("strided", "offset"),
                "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted", "unequal", "padded") or bool(p.get("large")),
