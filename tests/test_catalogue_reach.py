@@ -527,3 +527,34 @@ def test_an_index_offset_counted_twice_is_named():
     assert len(failed) >= 5, [o.message[-300:] for o in outcomes]
     assert all(o.cause and o.cause["id"] == "index_offset_ignored" and "twice" in o.cause["text"]
                for o in failed), [o.message[-600:] for o in failed if not o.cause or "twice" not in o.cause["text"]]
+
+
+# --- source layouts a careless kernel misreads, and slot numbers past 2**16 --------------------
+
+def _built(op: str, pick):
+    case = cases(op, pick)[0]
+    contract = Contract(op=op, name="probe", backend="test")
+    return SPECS[op].build(case, Arena("cpu", case.seed), np.random.default_rng(case.seed), contract)
+
+
+@pytest.mark.parametrize("op", ["store_cache", "reshape_and_cache_flash"])
+def test_interleaved_sources_have_their_heads_apart_inside_each_row(op):
+    prepared = _built(op, lambda c: c.p.get("src") == "interleaved")
+    k = prepared.args[0]
+    heads, dim = k.shape[1:]
+    assert k.stride() == (heads * 3 * dim, 3 * dim, 1)
+    assert prepared.args[1].data_ptr() - k.data_ptr() == dim * k.element_size()  # V's heads follow K's
+
+
+def test_mla_sources_come_as_unsqueezed_slices_of_the_fused_row():
+    prepared = _built("set_mla_kv_buffer", lambda c: c.p.get("src") == "fused_unsqueezed")
+    for source in prepared.args[2:]:
+        assert source.dim() == 3 and source.shape[1] == 1
+        assert source.stride(1) == source.shape[2] != source.stride(0)  # unsqueeze(1)'s stride, not the row's
+
+
+def test_the_wide_paged_case_writes_slots_past_two_to_the_sixteen_in_blocks_of_five():
+    prepared = _built("reshape_and_cache_flash", lambda c: c.p.get("wide"))
+    assert prepared.args[2].shape[1] == 5
+    slots = prepared.args[4]
+    assert int(((slots >= 1 << 16) & (slots % 5 == 4)).sum()) >= 10  # each a last token of its block
