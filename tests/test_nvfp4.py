@@ -213,6 +213,22 @@ def test_e2m1_codes_match_ml_dtypes_on_every_16_bit_pattern(dtype):
     assert np.array_equal(table, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_e2m1_negative_zero_fault_clears_the_sign_of_every_zero_magnitude_alone(dtype):
+    """negative_zero="positive" (a fault: the sign applied only to a nonzero magnitude): every
+    16-bit pattern but NaN gets ml_dtypes' code, its sign bit cleared where the magnitude code is
+    0 (-0 and the negatives that round to 0), and nowhere else."""
+    values = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    wide = values.astype(np.float32)
+    keep = ~np.isnan(wide)
+    values, wide = values[keep], wide[keep]
+    with np.errstate(invalid="ignore"):
+        want = np.clip(values, dtype(-6.0), dtype(6.0)).astype(F4).view(np.uint8)
+    want = np.where(want == 8, np.uint8(0), want)
+    assert np.array_equal(nvfp4.e2m1_codes(wide, negative_zero="positive"), want)
+    assert (want == 0).sum() > (nvfp4.e2m1_codes(wide) == 0).sum()  # the fault moves codes
+
+
 # (tie, its code to even, the other code): the midpoint between two adjacent e2m1 magnitudes
 FLIPPED_TIES = [(0.25, 0, 1), (0.75, 2, 1), (1.25, 2, 3), (1.75, 4, 3), (2.5, 4, 5), (3.5, 6, 5), (5.0, 6, 7)]
 

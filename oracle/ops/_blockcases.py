@@ -190,6 +190,9 @@ def alternatives(fmt: str, contract: Contract, dtype: str = "float32") -> list[H
         for conversion, how in (("toward_zero", "truncated"), ("nonsaturating", "not saturated (past 448: the NaN byte)"),
                                 ("flush_subnormals", "flushed to 0 where it rounds to a subnormal (the block written as 0)")):
             other("block_scaling_rule", "scale_conversion", conversion, f"the e4m3fn block scale is {how}")
+        other("negative_zero_mishandled", "negative_zero", "positive",
+              "the e2m1 sign applied only to a nonzero magnitude: -0 and negative values that round to 0 "
+              "written as +0 (code 0, not 8)")
         other("nibbles_swapped", "nibble_order", "high_first" if declared.nibble_order == "low_first" else "low_first",
               "the two codes of each byte are in swapped nibbles")
         if declared.element_rounding == "nearest_even":

@@ -76,6 +76,7 @@ ZERO_GUARDS = ("stored", "unrounded")
 ELEMENT_SCALES = ("stored", "unrounded")
 SCALE_CONVERSIONS = ("satfinite", "toward_zero", "nonsaturating", "flush_subnormals")
 ELEMENT_ROUNDINGS = ("nearest_even", "ties_away", "toward_zero")
+NEGATIVE_ZEROS = ("keep", "positive")
 MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # between adjacent e2m1 magnitudes: the ties
 # A fault: one midpoint rounded the other way than to even, every other tie to even (a converter
 # comparing with ">" at one threshold where ">=" belongs, or the reverse); TIE_FLIPS[i] flips MIDPOINTS[i]
@@ -98,6 +99,7 @@ class Nvfp4Knobs:
     global_scale_uses: int = 1  # fault knob: 0, 2 or -1 (its reciprocal)
     element_product: str = "float32"  # fault knob: "source_dtype"
     scale_conversion: str = "satfinite"  # fault knob: "toward_zero" or "nonsaturating"
+    negative_zero: str = "keep"  # fault knob: "positive" (a magnitude code of 0 written without its sign)
 
     def validated(self) -> "Nvfp4Knobs":
         v.require_choice("global_scale_at", self.global_scale_at, GLOBAL_SCALE_AT)
@@ -110,6 +112,7 @@ class Nvfp4Knobs:
         v.require_choice("global_scale_uses", self.global_scale_uses, GLOBAL_SCALE_USES)
         v.require_choice("element_product", self.element_product, ELEMENT_PRODUCTS)
         v.require_choice("scale_conversion", self.scale_conversion, SCALE_CONVERSIONS)
+        v.require_choice("negative_zero", self.negative_zero, NEGATIVE_ZEROS)
         return self
 
 
@@ -151,12 +154,16 @@ _UPPER = np.array(MIDPOINTS, dtype=np.float32)
 _TIE_GOES_UP = np.array([False, True, False, True, False, True, False])
 
 
-def e2m1_codes(q, *, nan_element: str = "max", rounding: str = "nearest_even") -> np.ndarray:
+def e2m1_codes(q, *, nan_element: str = "max", rounding: str = "nearest_even",
+               negative_zero: str = "keep") -> np.ndarray:
     """e2m1 codes (uint8 0..15) of float32 ``q``: rounded by ``rounding`` (``"nearest_even"``;
     ``"ties_away"``, a tie to the larger magnitude; ``"toward_zero"``, the largest magnitude not
     above; a fault of :data:`TIE_FLIPS`, one tie the other way), saturating to +-6 (infinities
-    too); -0 is code 8; NaN is code 7 (``nan_element="max"``) or 0 (``"zero"``)."""
+    too); -0 and negative values that round to 0 are code 8 (``negative_zero="positive"``, a
+    fault: code 0, the sign applied only to a nonzero magnitude); NaN is code 7
+    (``nan_element="max"``) or 0 (``"zero"``)."""
     v.require_choice("nan_element", nan_element, NAN_ELEMENTS)
+    v.require_choice("negative_zero", negative_zero, NEGATIVE_ZEROS)
     v.require_choice("rounding", rounding, ELEMENT_ROUNDINGS + TIE_FLIPS)
     q = np.asarray(q, dtype=np.float32)
     magnitude = np.abs(q)
@@ -171,7 +178,8 @@ def e2m1_codes(q, *, nan_element: str = "max", rounding: str = "nearest_even") -
         with np.errstate(invalid="ignore"):
             code = np.searchsorted(E2M1_MAGNITUDES, magnitude, side="right") - 1
     code = np.minimum(code, 7)
-    code = np.where(np.signbit(q), code | 8, code)
+    signed = np.signbit(q) & ((code > 0) if negative_zero == "positive" else True)
+    code = np.where(signed, code | 8, code)
     nan = np.isnan(q)
     code = np.where(nan, 7 if nan_element == "max" else 0, code)
     return code.astype(np.uint8)
@@ -268,7 +276,8 @@ def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nv
             q = (blocks.astype(narrow) * out[..., None].astype(narrow)).astype(narrow).astype(f32)
         else:
             q = (blocks * out[..., None]).astype(f32)
-    return e2m1_codes(q, nan_element=k.nan_element, rounding=k.element_rounding), scale_codes.astype(np.uint8)
+    return (e2m1_codes(q, nan_element=k.nan_element, rounding=k.element_rounding, negative_zero=k.negative_zero),
+            scale_codes.astype(np.uint8))
 
 
 def pack(codes: np.ndarray, nibble_order: str = "low_first") -> np.ndarray:
