@@ -87,3 +87,29 @@ def test_the_words_give_the_offsets_and_the_property_every_wrong_block_shares():
     text = describe(x, want, got, "mx", 32)
     assert "in 4 of 16 blocks (-1 binade(s) in 4)" in text
     assert "every block with a wrong scale: its largest magnitude is a negative element's" in text
+
+
+def _tile_offset(r: int, c: int, cols: int) -> int:
+    """cuBLAS's 128x4 layout of block-scaling factors, written out from its definition."""
+    cp = -(-cols // 4) * 4
+    return ((r // 128) * (cp // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+
+
+def test_the_head_major_row_fault_puts_token_t_head_h_at_row_h_times_block_size_plus_t():
+    from oracle.reference import block_scaled as bs
+    heads, dim, block_size, blocks = 3, 64, 4, 2
+    rng = np.random.default_rng(7)
+    key = rng.standard_normal((5, heads, dim)).astype(np.float32)
+    codes = np.zeros((blocks, block_size, heads, dim), np.uint8)
+    count = bs.scale_count("mxfp8_e4m3fn", dim)
+    page = bs.swizzled_page_bytes(block_size * heads, count)
+    scales = np.full((blocks, page), 0xAA, np.uint8)
+    slots = np.array([0, 3, 5, 6, 7])
+    out = bs.reshape_and_cache_block(codes, codes, scales, scales, slots, key, key, fmt="mxfp8_e4m3fn",
+                                     scale_layout="swizzled", swizzle_fault="rows_head_major")[2]
+    want = bs.quantize_block(key, "mxfp8_e4m3fn")[1]
+    for i, slot in enumerate(slots):
+        p, t = divmod(int(slot), block_size)
+        for h in range(heads):
+            for c in range(count):
+                assert out[p, _tile_offset(h * block_size + t, c, count)] == want[i, h, c], (i, h, c)

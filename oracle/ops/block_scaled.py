@@ -306,7 +306,9 @@ class ReshapeAndCacheBlock(_BlockSpec):
                                         f"= {count // 4}, rounded down, not up"),
                                        ("tiles_column_major", "its 128x4 tiles in column-major order"),
                                        ("rows_not_interleaved", "each 128x4 tile's rows in order, not "
-                                        "interleaved 32 apart"))]
+                                        "interleaved 32 apart"),
+                                       (ref.ROWS_HEAD_MAJOR, "the row of token t, head h numbered head-major, "
+                                        f"h * {BLOCK_SIZE} + t, not t * {heads} + h"))]
         return out
 
     def bad_inputs(self) -> tuple:

@@ -97,6 +97,7 @@ def swizzled_page_bytes(rows: int, cols: int) -> int:
 
 
 SWIZZLE_FAULTS = ("col_tiles_floor", "tiles_column_major", "rows_not_interleaved")
+ROWS_HEAD_MAJOR = "rows_head_major"  # a fault of the paged write's row order, not of the tile layout
 
 
 def swizzled_offsets(rows: int, cols: int, fault: str | None = None) -> np.ndarray:
@@ -142,7 +143,8 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
     value_scale_cache)``, new arrays (or :class:`~oracle.reference.slots.OneOfRows` where a slot
     is written twice under ``duplicates="any"``; in a swizzled scale cache the slot's "row" is its
     scattered scale bytes). Inputs are never modified. ``swizzle_fault``: a fault of the
-    swizzled layout (:func:`swizzled_offsets`), for the diagnosis. ``given_scales``: for K and
+    swizzled layout (:func:`swizzled_offsets`), or ``"rows_head_major"`` (the page's row of
+    token t, head h taken as ``h * block_size + t`` where it is ``t * H + h``), for the diagnosis. ``given_scales``: for K and
     for V, (scale codes ``[T, H, scale_count]``, element codes ``[T, H, code_width]`` or None),
     what a kernel wrote, read back per token: its scales used where they differ from the
     computed ones, and its codes kept in NaN-scaled MX blocks (:func:`quantize_block`), for the
@@ -151,6 +153,8 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
     parse_policies(padding, duplicates)
     require_format(fmt)
     v.require_choice("scale_layout", scale_layout, SCALE_LAYOUTS)
+    if swizzle_fault is not None:
+        v.require_choice("swizzle_fault", swizzle_fault, SWIZZLE_FAULTS + (ROWS_HEAD_MAJOR,))
     arrays = (("key_cache", key_cache), ("value_cache", value_cache),
               ("key_scale_cache", key_scale_cache), ("value_scale_cache", value_scale_cache),
               ("slot_mapping", slot_mapping), ("key", key), ("value", value))
@@ -211,7 +215,10 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
         if scale_layout == "linear":
             scales_out.append(write_rows(scale_cache.copy(), plan, scales, slot_axes=(0, 1)))
             continue
-        offsets = swizzled_offsets(rows, count, swizzle_fault).reshape(block_size, heads, count)
+        if swizzle_fault == ROWS_HEAD_MAJOR:  # the row of (token, head) taken as head * block_size + token
+            offsets = swizzled_offsets(rows, count).reshape(heads, block_size, count).transpose(1, 0, 2)
+        else:
+            offsets = swizzled_offsets(rows, count, swizzle_fault).reshape(block_size, heads, count)
         scales_out.append(_write_swizzled(scale_cache.copy(), plan, scales, offsets, block_size,
                                           in_order=swizzle_fault is not None))
     return out[0], out[1], scales_out[0], scales_out[1]
