@@ -39,7 +39,7 @@ import numpy as np
 
 from ..buffers import NUMPY_DTYPES
 from ..contract import Contract
-from ..diagnose.generic import vector_tails
+from ..diagnose.row_bounds import vector_tails
 from ..diagnose.hypothesis import Hypothesis
 from ..reference import fp8 as _fp8
 from ..reference.presets import PRESETS

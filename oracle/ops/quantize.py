@@ -18,7 +18,7 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
-from ..diagnose.generic import VECTOR_LENGTHS
+from ..diagnose.row_bounds import VECTOR_LENGTHS
 from ..diagnose.hypothesis import Hypothesis
 from . import _build, _fp8cases
 from .base import Case, OpSpec, Prepared

@@ -1,0 +1,161 @@
+"""Hypotheses about how far along its rows a kernel reads and writes: rows copied past their end
+(one element or byte, whole 16-byte vectors, heads in unmasked tiles), short of it (no tail loop),
+or with the other source's row width.
+
+Derived from the case's views alone, as the hypotheses of :mod:`.generic` are, which lists these
+among its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..buffers import contiguous_strides
+from .hypothesis import Hypothesis
+
+
+def _sources(views: dict) -> list:
+    return [v for v in views.values() if v.role == "source"]
+
+
+VECTOR_LENGTHS = (4, 8, 16, 32, 64)  # elements per step of a vector loop along a row
+
+
+def vector_tails(width: int) -> list[tuple[int, int]]:
+    """(vector, whole) for each vector length that leaves a tail of its own in a row of ``width``
+    elements: ``whole`` elements in whole vectors, ``width - whole`` in the scalar tail."""
+    out, seen = [], set()
+    for vector in VECTOR_LENGTHS:
+        whole = width - width % vector
+        if 0 < whole < width and whole not in seen:
+            seen.add(whole)
+            out.append((vector, whole))
+    return out
+
+
+def width_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
+    """Two sources whose rows differ in width, each with the cache of its own width: each one's
+    rows copied with the other's width (a kernel that takes one row width for both), from its own
+    row starts, in its own row strides or in the other's."""
+    sources = [v for v in _sources(views) if len(v.shape) == 3]
+    caches = [views[n] for n in written if n in views and len(views[n].shape) == 3]
+    if len(sources) != 2 or len(caches) != 2 or sources[0].shape[-1] == sources[1].shape[-1]:
+        return []
+    pair = {s.name: next((c for c in caches if c.shape[1:] == s.shape[1:]), None) for s in sources}
+    if None in pair.values() or pair[sources[0].name] is pair[sources[1].name]:
+        return []
+    out = []
+    for src, other in (sources, sources[::-1]):
+        cache, other_cache = pair[src.name], pair[other.name]
+        flat = int(np.prod(other.shape[1:]))
+        for (s_stride, c_stride), how in (((src.strides[0], cache.strides[0]), "its own row strides"),
+                                          ((other.strides[0], other_cache.strides[0]), f"{other.name}'s row strides")):
+            out.append(Hypothesis("cache_strides_swapped", f"{src.name}'s rows copied with {other.name}'s row width "
+                                  f"({flat} elements where they hold {int(np.prod(src.shape[1:]))}), with {how}",
+                                  views={src.name: ((src.shape[0], 1, flat), (s_stride, flat, 1), src.offset),
+                                         cache.name: ((cache.shape[0], 1, flat), (c_stride, flat, 1), cache.offset)}))
+    return out
+
+
+VECTOR_BYTES = 16  # the widest plain vector store
+
+
+def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
+    """Rows copied past or short of their end: one element or one byte past (an inclusive loop
+    bound over elements or over bytes), in whole 16-byte vectors with no tail loop, each row's
+    bytes rounded up to a multiple of 16 (read past the source row and written past the cache row)
+    or rounded down (the row's tail never written). Flat [S, H, D] caches with packed rows only; each source and its cache by their own
+    row width (K's and V's may differ)."""
+    caches = [views[n] for n in written if n in views]
+    rows = caches + _sources(views)
+    if not caches or any(len(v.shape) != 3 for v in rows):
+        return []
+    if any(v.strides[1:] != contiguous_strides(v.shape[1:]) for v in rows):
+        return []
+    itemsize = caches[0].itemsize
+    if any(v.itemsize != itemsize for v in rows):
+        return []
+    width = {v.name: int(np.prod(v.shape[1:])) for v in rows}
+    vector = VECTOR_BYTES // itemsize if VECTOR_BYTES % itemsize == 0 else 0
+
+    def rows_of(new_width) -> dict:
+        return {v.name: ((v.shape[0], 1, new_width(width[v.name])), (v.strides[0], new_width(width[v.name]), 1), v.offset)
+                for v in rows}
+
+    widths = sorted(set(width.values()))
+    shown = " and ".join(str(w) for w in widths)
+    out = [Hypothesis("row_overrun", f"each row copied one element past its end (rows of {shown} elements: an "
+                      "inclusive loop bound, j <= width)", views=rows_of(lambda w: w + 1))]
+    if itemsize > 1:  # a byte loop's inclusive bound: one byte past the row, over all of it or
+        # over the tail a 16-byte vector body leaves (a loop that runs only where there is one)
+        byte_loops = [(set(width), "copied as bytes")]
+        tailed = {name for name, w in width.items() if w * itemsize % VECTOR_BYTES}
+        if tailed and tailed != set(width):
+            byte_loops.append((tailed, f"whose length is not a multiple of {VECTOR_BYTES} bytes, the tail "
+                                       "after the whole vectors copied as bytes"))
+        for past, how in byte_loops:
+            out.append(Hypothesis("row_overrun", f"each row {how} one byte past its end (rows of "
+                                  f"{' and '.join(str(b) for b in sorted({width[n] * itemsize for n in past}))} bytes, an inclusive "
+                                  "bound, j <= row_bytes: the byte after the row read from the source and written "
+                                  "into the cache)", views=_bytes_past(rows, width, itemsize, past)))
+    if not vector or all(w % vector == 0 for w in widths):
+        return out
+    out.append(Hypothesis("row_overrun", f"each row copied as whole {VECTOR_BYTES}-byte vectors, past its end (rows of "
+                          f"{' and '.join(str(w * itemsize) for w in widths)} bytes)",
+                          views=rows_of(lambda w: -(-w // vector) * vector)))
+    if all(w >= vector for w in widths):
+        out.append(Hypothesis("row_tail_dropped", f"each row copied as whole {VECTOR_BYTES}-byte vectors only, the "
+                              f"rest (no tail loop) left as it was (rows of {' and '.join(str(w * itemsize) for w in widths)} bytes)",
+                              views=rows_of(lambda w: w // vector * vector)))
+    return out
+
+
+HEAD_TILES = (2, 4, 8)  # heads per program of a kernel that tiles the head axis
+
+
+def head_tile_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
+    """Heads handled in tiles of T with no mask on the head index: where T does not divide H,
+    each row's heads padded to a multiple of T, the extra heads read past each source row and
+    written past each cache row (into the next token's heads, or the next block's). Sources
+    [N, H, D] and caches whose last two axes are [H, D]."""
+    caches = [views[n] for n in written if n in views]
+    sources = [v for v in _sources(views) if len(v.shape) == 3]
+    if not caches or not sources or any(len(v.shape) not in (3, 4) for v in caches):
+        return []
+    heads = sources[0].shape[1]
+    if any(v.shape[-2] != heads for v in sources + caches):
+        return []
+    out = []
+    for tile in HEAD_TILES:
+        padded = -(-heads // tile) * tile
+        if padded == heads:
+            continue
+        out.append(Hypothesis("row_overrun", f"heads handled {tile} at a time with no mask on the head index: "
+                              f"{padded} heads where there are {heads}, the extra ones read past each source row "
+                              "and written past each cache row",
+                              views={v.name: (v.shape[:-2] + (padded, v.shape[-1]), v.strides, v.offset)
+                                     for v in sources + caches}))
+    return out
+
+
+def _bytes_past(rows: list, width: dict, itemsize: int, past: set) -> dict:
+    """Packed rows re-addressed as bytes, one byte longer for the views named in ``past``."""
+    out = {}
+    for v in rows:
+        length = width[v.name] * itemsize + (v.name in past)
+        out[v.name] = ((v.shape[0], 1, length), (v.strides[0] * itemsize, length, 1), v.offset, None, "uint8")
+    return out
+
+
+def tail_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
+    """A vector loop of V elements along the last axis (a head's D) with no tail loop: the last
+    ``D % V`` elements of every row never written, for each V that leaves a tail of its own
+    (sources and caches of one last-axis width only)."""
+    rows = [views[n] for n in written if n in views] + _sources(views)
+    if not written or not rows or len({v.shape[-1] for v in rows if v.shape}) != 1 or not rows[0].shape:
+        return []
+    width = rows[0].shape[-1]
+    return [Hypothesis("row_tail_dropped", f"the last {width - whole} of every {width} elements along "
+                       f"the last axis not written (a {vector}-element vector loop with no tail)",
+                       views={v.name: (v.shape[:-1] + (whole,), v.strides, v.offset) for v in rows})
+            for vector, whole in vector_tails(width)]
