@@ -275,7 +275,7 @@ def test_block_sizes_5_32_and_64_catch_a_hard_coded_16():
     assert {c.p["shape"][2] for c in shaped} == {5, 32, 64}
     wrong = kernel("reshape_and_cache_flash", blocks_of_16, padding="negative", dtypes=("bfloat16",))
     # (blocks of 5 catch it too, but this emulation cannot address 16-token blocks in a 5-token cache)
-    outcomes = [run_case(wrong, c) for c in shaped if c.p["dtype"] == "bfloat16" and c.p["shape"][2] > 16]
+    outcomes = [run_case(wrong, c) for c in shaped if c.p.get("dtype", "bfloat16") == "bfloat16" and c.p["shape"][2] > 16]
     assert outcomes and all(o.status == FAIL and o.cause["id"] == "block_size_hardcoded" for o in outcomes), \
         [o.message for o in outcomes]
     assert all(run_case(baseline("reshape_and_cache_flash", padding="negative"), c).status == PASS for c in shaped)

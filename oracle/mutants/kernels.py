@@ -146,14 +146,14 @@ def store_cache_accepts_out_of_range(k, v, k_cache, v_cache, loc):
 
 # --- set_mla_kv_buffer (base torch.set_mla_kv_buffer) ------------------------------------------
 
-def _check_mla(kv_buffer, loc, nope, rope) -> int:
-    """torch.set_mla_kv_buffer's checks (run on a zero-length call); returns nope + rope."""
+def _check_mla(kv_buffer, loc, nope, rope) -> tuple:
+    """torch.set_mla_kv_buffer's checks (run on a zero-length call); returns nope and rope as
+    ``[N, width]`` (an ``[N, 1, width]`` source as its ``[:, 0]`` view) and nope + rope."""
     tn._check_index("loc", loc, kv_buffer.shape[0])
     tn.set_mla_kv_buffer(kv_buffer, loc[:0], nope[:0], rope[:0])
-    for name, src in (("cache_k_nope", nope), ("cache_k_rope", rope)):
-        if src.dim() != 2 or src.shape[0] != loc.shape[0]:
-            raise ValueError(f"{name} has shape {tuple(src.shape)}; expected [{loc.shape[0]}, width]")
-    return nope.shape[1] + rope.shape[1]
+    nope, rope = (checks.mla_rows(name, src, loc.shape[0], f"[{loc.shape[0]}, width]")
+                  for name, src in (("cache_k_nope", nope), ("cache_k_rope", rope)))
+    return nope, rope, nope.shape[1] + rope.shape[1]
 
 
 def set_mla_row_stride_from_unit_axis(kv_buffer, loc, cache_k_nope, cache_k_rope):
@@ -168,7 +168,7 @@ def set_mla_swaps_nope_rope(kv_buffer, loc, cache_k_nope, cache_k_rope):
 
 
 def set_mla_rope_at_row_end(kv_buffer, loc, cache_k_nope, cache_k_rope):
-    _check_mla(kv_buffer, loc, cache_k_nope, cache_k_rope)
+    cache_k_nope, cache_k_rope, _ = _check_mla(kv_buffer, loc, cache_k_nope, cache_k_rope)
     index = loc.long()
     width, rope = kv_buffer.shape[1], cache_k_rope.shape[1]
     kv_buffer[:, : cache_k_nope.shape[1]].index_put_((index,), cache_k_nope)
@@ -176,7 +176,7 @@ def set_mla_rope_at_row_end(kv_buffer, loc, cache_k_nope, cache_k_rope):
 
 
 def set_mla_clobbers_row_tail(kv_buffer, loc, cache_k_nope, cache_k_rope):
-    written = _check_mla(kv_buffer, loc, cache_k_nope, cache_k_rope)
+    cache_k_nope, cache_k_rope, written = _check_mla(kv_buffer, loc, cache_k_nope, cache_k_rope)
     tail = kv_buffer.new_zeros((loc.shape[0], kv_buffer.shape[1] - written))
     kv_buffer.index_put_((loc.long(),), torch.cat([cache_k_nope, cache_k_rope, tail], dim=1))
 
