@@ -1,6 +1,7 @@
 """A wrong SWA translation is named by what it returned: the wrong dtype or shape
 (returned_layout), -1 read through pointer arithmetic (padding_policy), the mapping read from its
-storage's start (storage_offset_ignored), the last entries left unwritten (rows_dropped). Every
+storage's start (storage_offset_ignored), the last entries left unwritten (rows_dropped), the
+mapping read once per page (mapping_assumed_paged). Every
 failure of each such kernel in the quick catalogue names its cause; the baseline passes the same
 cases."""
 
@@ -51,6 +52,14 @@ def loc_through_its_last_stride(mapping, loc):
 _STATIC = {}
 
 
+def read_once_per_page(mapping, loc):
+    """The mapping read at each page's first slot, plus the offset: mapping[loc & ~15] + (loc & 15)."""
+    tn.translate_full_to_swa(mapping, loc.reshape(-1)[:0])  # the checks
+    flat = loc.long()
+    first = mapping[torch.where(flat >= 0, flat - flat % 16, flat)]
+    return torch.where(flat >= 0, first + flat % 16, first).to(mapping.dtype)
+
+
 def into_a_kept_buffer(mapping, loc):
     """The result written into a buffer kept per shape and dtype and returned itself (a static
     output, as a CUDA-graph-friendly kernel keeps): the next call overwrites it."""
@@ -63,7 +72,8 @@ def into_a_kept_buffer(mapping, loc):
                                        (loc_through_its_last_stride, "index_stride_ignored"),
                                        (minus_one_reads_the_word_before, "padding_policy"),
                                        (mapping_from_storage_start, "storage_offset_ignored"),
-                                       (last_entry_unwritten, "rows_dropped")])
+                                       (last_entry_unwritten, "rows_dropped"),
+                                       (read_once_per_page, "mapping_assumed_paged")])
 def test_every_failure_names_the_translation_bug(fn, cause):
     contract = Contract(op=OP, name="swa." + fn.__name__, backend="test", padding="negative")
     wrong, right = Kernel(contract, fn, "test"), Kernel(contract, tn.translate_full_to_swa, "test")

@@ -48,6 +48,7 @@ CAUSES = {
     "sources_assumed_adjacent": "a source is read right after another in a fused row, not from its own pointer",
     "sources_swapped": "one source is written into another's cache",
     "index_assumed_consecutive": "the index is taken as a consecutive run because its ends are",
+    "mapping_assumed_paged": "the SWA mapping read once per page (its first slot's entry plus the offset)",
     "rows_misrouted": "rows the reference writes at one slot are written at another (an entry paired with the wrong slot or source row)",
     "rows_dropped": "the last rows are not written (a loop bound short of the index's length)",
     "cache_layout_ignored": "the caches' strides or storage offsets are not honoured",

@@ -158,8 +158,8 @@ class TranslateFullToSwa(OpSpec):
             index = ", ".join(str(int(k)) for k in where)
             problems.append(f"returned[{index}] = {int(got[i])}, expected {int(flat[i])} "
                             f"(loc[{index}] = {int(loc[i])}); {differ.size} of {flat.size} entries differ")
-            matched = _tail_dropped(differ, flat.size) or next(
-                (h for h, alt in self._misreads(prepared) if alt.shape == got.shape and np.array_equal(alt, got)), None)
+            matched = next((h for h, alt in self._misreads(prepared) if alt.shape == got.shape
+                            and np.array_equal(alt, got)), None) or _tail_dropped(differ, flat.size)
         if matched is None and problems and not differ.size:  # the right values, in the wrong tensor
             matched = _layout_cause(problems)
         return expected, "\n".join(problems) or None, matched
@@ -184,6 +184,20 @@ class TranslateFullToSwa(OpSpec):
             yield (Hypothesis("padding_policy", "-1 entries read as the word before the mapping "
                               "(mapping_ptr + loc, pointer arithmetic) instead of the sentinel"),
                    np.where(padding, word.astype(np.int64)[0], mapping[np.where(padding, 0, loc)]))
+        valid = (loc >= 0) & (loc < len(mapping) - 1)
+        if valid.any() and np.all(valid | padding):
+            for page in PAGE_GUESSES:
+                start = np.where(valid, loc - loc % page, 0)
+                first = mapping[start]
+                paged = np.where(valid, first + loc % page, mapping[SENTINEL])
+                yield (Hypothesis("mapping_assumed_paged", f"the mapping read once per page of {page} slots: "
+                                  f"mapping[loc & ~{page - 1}] + (loc & {page - 1}), as if every page were mapped "
+                                  "whole and in order (wrong for a partly filled page, or one mapped out of order)"),
+                       paged)
+                yield (Hypothesis("mapping_assumed_paged", f"the mapping read once per page of {page} slots: "
+                                  f"mapping[loc & ~{page - 1}] + (loc & {page - 1}), 0 where that first entry is "
+                                  "0, as if every page were mapped whole and in order"),
+                       np.where(valid & (first == 0), 0, paged))
         readdressed = [h for h in index_hypotheses(arena) if h.cause in ("index_stride_ignored", "index_offset_ignored")]
         for hypothesis in (stale_hypotheses(prepared) + run_hypotheses(prepared) + readdressed
                            + offset_hypotheses(arena, ())):
@@ -205,6 +219,9 @@ class TranslateFullToSwa(OpSpec):
 
 
 __all__ = ["TranslateFullToSwa"]
+
+
+PAGE_GUESSES = (8, 16, 32, 64, 128)  # page sizes a kernel that reads the mapping per page may assume
 
 
 def _layout_cause(problems: list) -> Hypothesis:
