@@ -160,3 +160,16 @@ def test_a_part_written_at_another_offset_along_the_row_is_named_part_misplaced(
     outcome = _named(rope_rotated, "set_mla_kv_buffer", "bf16-int64")
     assert outcome.cause["id"] == "part_misplaced"
     assert "hold what the reference writes at element(s) 512-575 of the same row" in outcome.cause["text"]
+
+
+def rows_three_quarters_written(k, v, k_cache, v_cache, loc):
+    tn.store_cache(k[:0], v[:0], k_cache, v_cache, loc[:0])  # the checks
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        width = src[0].numel()
+        cache.view(cache.shape[0], -1)[loc.long(), : 3 * width // 4] = src.reshape(src.shape[0], -1)[:, : 3 * width // 4]
+
+
+def test_rows_written_only_up_to_a_byte_read_off_the_result_are_named_row_tail_dropped():
+    outcome = _named(rows_three_quarters_written, "store_cache", "bf16-int64")
+    assert outcome.cause["id"] == "row_tail_dropped"
+    assert "each row written only up to byte 1536 of 2048" in outcome.cause["text"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..buffers import same_bytes
-from . import generic, patterns, provenance
+from . import generic, patterns, provenance, row_bounds
 from .hypothesis import CAUSES, Hypothesis
 from .probes import probes, variants
 from .replay import changed_bytes, holds, within_approx_division
@@ -38,7 +38,8 @@ def candidates(spec, case, contract, prepared, after: dict) -> list[Hypothesis]:
     built from the kernel's own result."""
     return (list(spec.alternatives(case, contract)) + list(spec.layout_alternatives(case, contract, prepared))
             + generic.hypotheses(spec, case, contract, prepared)
-            + list(spec.observed_alternatives(case, contract, prepared, after)))
+            + list(spec.observed_alternatives(case, contract, prepared, after))
+            + row_bounds.prefix_hypotheses(prepared.arena, prepared.caches, prepared.before, after))
 
 
 def diagnose(spec, case, contract, prepared, after: dict, expected_regions: dict) -> Diagnosis:

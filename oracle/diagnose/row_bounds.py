@@ -159,3 +159,34 @@ def tail_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
                        f"the last axis not written (a {vector}-element vector loop with no tail)",
                        views={v.name: (v.shape[:-1] + (whole,), v.strides, v.offset) for v in rows})
             for vector, whole in vector_tails(width)]
+
+
+def prefix_hypotheses(arena, written: tuple, before: dict, after: dict) -> list[Hypothesis]:
+    """Each row written only up to some byte K, the rest left as it was, with K read off the
+    kernel's result (one past the last byte it changed in any row of a cache; a copy loop that
+    stops short, its chunk offsets or its length counted in the wrong unit). Flat caches of
+    packed rows, each source with the cache of its row width."""
+    views = arena.views
+    caches = [views[n] for n in written if n in views]
+    rows = caches + _sources(views)
+    if not caches or any(len(v.shape) != 3 or v.strides[1:] != contiguous_strides(v.shape[1:]) for v in rows):
+        return []
+    reach = {}  # row bytes -> how far into its rows a cache of that width was written
+    for v in caches:
+        try:
+            old, new = (np.ascontiguousarray(arena.numpy_view(s, v.name)).view(np.uint8).reshape(v.shape[0], -1)
+                        for s in (before, after))
+        except ValueError:  # a sparse cache
+            return []
+        changed = np.flatnonzero((old != new).any(axis=0))
+        if changed.size:
+            reach[old.shape[1]] = max(reach.get(old.shape[1], 0), int(changed[-1]) + 1)
+    itemsize = caches[0].itemsize
+    widths = {v.name: int(np.prod(v.shape[1:])) * itemsize for v in rows}
+    if not reach or all(k == width for width, k in reach.items()) or any(w not in reach for w in widths.values()):
+        return []
+    shown = ", ".join(f"{k} of {width}" for width, k in sorted(reach.items()))
+    return [Hypothesis("row_tail_dropped", f"each row written only up to byte {shown}, the rest left as it was (a "
+                       "copy loop that stops short: its chunk offsets or its length counted in the wrong unit)",
+                       views={v.name: ((v.shape[0], 1, reach[widths[v.name]]), (v.strides[0] * itemsize,
+                                       reach[widths[v.name]], 1), v.offset, None, "uint8") for v in rows})]
