@@ -79,12 +79,16 @@ def set_mla_kv_buffer_dcp(kv_buffer, loc, cache_k_nope, cache_k_rope, *, dcp_wor
         keep, rows = None, loc.long()
     else:
         keep, rows = _dcp_rows(loc, kv_buffer.shape[0], dcp_world, dcp_rank, dcp_modulo)
-    kv_buffer = mla_rows("kv_buffer", kv_buffer, None, "[S, W] or [S, 1, W]")
+    if kv_buffer.dim() != 2:  # an [S, 1, W] buffer as its [:, 0] view
+        kv_buffer = mla_rows("kv_buffer", kv_buffer, None, "[S, W] or [S, 1, W]")
     for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)):
         if src.dtype != kv_buffer.dtype:
             raise TypeError(f"{name} has dtype {src.dtype} but kv_buffer has dtype {kv_buffer.dtype}")
-    cache_k_nope, cache_k_rope = (mla_rows(name, src, loc.shape[0], f"[{loc.shape[0]}, width] or [{loc.shape[0]}, 1, width]")
-                                  for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)))
+    n = loc.shape[0]
+    if cache_k_nope.dim() != 2 or cache_k_nope.shape[0] != n:
+        cache_k_nope = mla_rows("cache_k_nope", cache_k_nope, n, f"[{n}, width] or [{n}, 1, width]")
+    if cache_k_rope.dim() != 2 or cache_k_rope.shape[0] != n:
+        cache_k_rope = mla_rows("cache_k_rope", cache_k_rope, n, f"[{n}, width] or [{n}, 1, width]")
     width = cache_k_nope.shape[1] + cache_k_rope.shape[1]
     if kv_buffer.shape[1] < width:
         raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")
