@@ -15,26 +15,16 @@ from collections import Counter
 import numpy as np
 
 from ..reference.fp8 import code_values
+from ..reference.nvfp4 import padded_blocks
 
 E8M0_NAN = 0xFF
 F16_SMALLEST_NORMAL = np.float32(2.0 ** -14)
 
 
-def _blocks(x: np.ndarray, block: int) -> np.ndarray:
-    """``x`` (float32 ``[..., D]``) as ``[..., ceil(D / block), block]``, the last block padded
-    with NaN (which no property below counts: each looks at real elements only)."""
-    width = x.shape[-1]
-    count = -(-width // block)
-    padded = np.full(x.shape[:-1] + (count * block,), np.nan, np.float32)
-    padded[..., :width] = x
-    return padded.reshape(x.shape[:-1] + (count, block))
-
-
 def properties(x: np.ndarray, block: int, padded_tail: bool) -> dict:
     """Name -> bool ``[..., blocks]``: the properties of each block of ``x`` ([..., D] float32)
     a wrong amax or exponent typically follows."""
-    blocks = _blocks(x, block)
-    real = ~np.isnan(_blocks(np.zeros_like(x), block))  # the padding is NaN there, the elements 0
+    blocks, real = padded_blocks(x, block)  # the last block padded with NaN, which ``real`` masks
     finite = np.isfinite(blocks)
     amax = np.where(finite, np.abs(blocks), np.float32(0)).max(axis=-1)
     top = np.where(finite, blocks, -np.inf).max(axis=-1)
@@ -76,9 +66,8 @@ def describe(x: np.ndarray, want: np.ndarray, got: np.ndarray, family: str, bloc
     text = (f"the scale differs from the reference's in {int(wrong.sum())} of {wrong.size} blocks "
             f"({_offsets(want[wrong], got[wrong], family)}), and each block's elements are quantized "
             "right under the scale written for it: the amax or the exponent the scale comes from is wrong")
-    shared = []
+    shared, right = [], ~wrong
     for name, has in properties(x, block, x.shape[-1] % block != 0).items():
-        right = ~wrong
         if has[wrong].all() and (not right.any() or has[right].mean() < 0.5):
             shared.append(f"{name} (as {int(has[right].sum())} of the {int(right.sum())} blocks "
                           "with a right scale)")

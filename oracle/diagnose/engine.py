@@ -20,7 +20,7 @@ class Diagnosis:
 
     matched: list = field(default_factory=list)
     pattern: list = field(default_factory=list)
-    misplaced: tuple | None = None  # (cause, text) of rows or elements found elsewhere, where that is all
+    found: list = field(default_factory=list)  # where the reference's rows went (provenance.of_case)
 
     def lines(self) -> list[str]:
         """The message lines: up to three causes that hold, else the pattern."""
@@ -51,11 +51,7 @@ def diagnose(spec, case, contract, prepared, after: dict, expected_regions: dict
     pattern = patterns.describe(prepared.arena, prepared.before, expected_regions, after, prepared.caches)
     found = provenance.of_case(prepared.arena, prepared.before, expected_regions, after, prepared.caches)
     pattern += [line for moves, entries in found for line in provenance.describe(moves, entries)]
-    arena = prepared.arena
-    misplaced = (("rows_misrouted", provenance.misrouted(arena, expected_regions, after, found))
-                 if any(m.moved for m, _ in found) else
-                 ("part_misplaced", provenance.shifted_along_rows(arena, expected_regions, after, found)))
-    return Diagnosis(matched, pattern, misplaced if misplaced[1] else None)
+    return Diagnosis(matched, pattern, found)
 
 
 def cause_record(hypothesis: Hypothesis, also=()) -> dict:
@@ -109,7 +105,7 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
         # kernel that skips slot 0 writes nothing when slot 0 is all there is
         return named(failed, Hypothesis("nothing_written", "nothing was written"))
     return ((_passes_again(failed, case, rerun) if repeat else None)
-            or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis)
+            or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis, after, regions)
             or _with_pattern(failed, diagnosis))
 
 
@@ -172,14 +168,15 @@ def _unchanged(prepared) -> None:
     """The edit of a probe that runs another case as it is built."""
 
 
-def _misplaced(failed, diagnosis: Diagnosis):
+def _misplaced(failed, diagnosis: Diagnosis, after: dict, regions: dict):
     """``failed`` named rows_misrouted where every difference is rows of the reference's at other
     slots, part_misplaced where it is elements of the reference's moved along their own rows
     (found from the memory, after every hypothesis and probe); else None."""
-    if diagnosis.misplaced is None:
+    cause = provenance.misplaced(failed.prepared.arena, regions, after, diagnosis.found)
+    if cause is None:
         return None
     failed.message += "\nthe difference:\n" + "\n".join(f"  {line}" for line in diagnosis.pattern)
-    return named(failed, Hypothesis(*diagnosis.misplaced))
+    return named(failed, Hypothesis(*cause))
 
 
 def _with_pattern(failed, diagnosis: Diagnosis):

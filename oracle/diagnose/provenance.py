@@ -40,6 +40,7 @@ class Moves:
     shifted: list = field(default_factory=list)  # (column the reference writes, column it is at), same rows
     block: int | None = None  # tokens per block of a paged view
     rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # the differing slots
+    written: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # the slots the reference writes
 
     @property
     def explained(self) -> bool:
@@ -77,9 +78,9 @@ def find_moves(view: str, want: np.ndarray, got: np.ndarray, before: np.ndarray)
     columns = np.flatnonzero(differs[rows].any(axis=0))
     shifted = _shifted_columns(want[rows], got[rows], columns)
     if shifted:
-        return Moves(view, shifted=shifted, rows=rows)
+        return Moves(view, shifted=shifted, rows=rows, written=written)
     kept = ~differing_elements(got[rows], before[rows]).any(axis=1)
-    out = Moves(view, untouched=rows[kept], rows=rows, block=block)
+    out = Moves(view, untouched=rows[kept], rows=rows, block=block, written=written)
     rest = rows[~kept]
     keys = _keys(want, written)
     found = [keys.get(got[r].tobytes()) for r in rest]
@@ -231,9 +232,7 @@ def of_case(arena, before: dict, expected: dict, after: dict, written) -> list[t
             continue
         moves = find_moves(name, want, got, prior)
         if moves is not None:
-            rows = _as_rows(want)
-            written_slots = np.flatnonzero(differing_elements(rows, _as_rows(prior)).any(axis=1))
-            out.append((moves, entries_of(index, written_slots)))
+            out.append((moves, entries_of(index, moves.written)))
     return out
 
 
@@ -242,13 +241,22 @@ def _slot(array: np.ndarray, slot: int):
     return divmod(slot, array.shape[1]) if array.ndim == 4 else (slot,)
 
 
-def misrouted(arena, expected: dict, after: dict, found: list) -> str | None:
+def misplaced(arena, expected: dict, after: dict, found: list) -> tuple[str, str] | None:
+    """(cause, text) where every difference of the case is rows of the reference's at other
+    slots (``rows_misrouted``) or elements of the reference's moved along their own rows
+    (``part_misplaced``); else None. ``found``: :func:`of_case`'s."""
+    if any(m.moved for m, _ in found):
+        text = _misrouted(arena, expected, after, found)
+        return ("rows_misrouted", text) if text else None
+    text = _shifted_along_rows(arena, expected, after, found)
+    return ("part_misplaced", text) if text else None
+
+
+def _misrouted(arena, expected: dict, after: dict, found: list) -> str | None:
     """The cause's text where every difference of the case is rows of the reference's at other
     slots, or rows left as they were, with at least one moved: the expected memory with those
     rows as the kernel left them equals the kernel's, guard bands and every other view included."""
-    if not found or not all(m.explained or (not m.moved and m.unexplained.size == 0) for m, _ in found):
-        return None
-    if not any(m.moved for m, _ in found):
+    if not all(m.explained or (not m.moved and m.unexplained.size == 0) for m, _ in found):
         return None
     if not _accounts_for(arena, expected, after, found):
         return None
@@ -274,7 +282,7 @@ def _accounts_for(arena, expected: dict, after: dict, found: list) -> bool:
     return first_difference(arena, regions, after) is None
 
 
-def shifted_along_rows(arena, expected: dict, after: dict, found: list) -> str | None:
+def _shifted_along_rows(arena, expected: dict, after: dict, found: list) -> str | None:
     """The cause's text where every difference of the case is elements the reference writes,
     each at another place along its own row (a part of the row written at the wrong offset)."""
     if not found or not all(m.shifted for m, _ in found) or not _accounts_for(arena, expected, after, found):

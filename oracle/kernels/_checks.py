@@ -34,6 +34,16 @@ def mla_rows(name: str, t: torch.Tensor, rows: int | None, what: str) -> torch.T
     return t
 
 
+def mla_sources(nope: torch.Tensor, rope: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """set_mla_kv_buffer's ``cache_k_nope`` and ``cache_k_rope`` as ``[n, width]`` (see
+    :func:`mla_rows`); the 2-D forms pass on a plain test, as they do on the eager host path."""
+    if nope.dim() != 2 or nope.shape[0] != n:
+        nope = mla_rows("cache_k_nope", nope, n, f"[{n}, width] or [{n}, 1, width]")
+    if rope.dim() != 2 or rope.shape[0] != n:
+        rope = mla_rows("cache_k_rope", rope, n, f"[{n}, width] or [{n}, 1, width]")
+    return nope, rope
+
+
 def check_rows(name: str, src: torch.Tensor, cache_name: str, cache: torch.Tensor, n: int) -> None:
     if src.dtype != cache.dtype:
         raise TypeError(f"{name} has dtype {src.dtype} but {cache_name} has dtype {cache.dtype}")

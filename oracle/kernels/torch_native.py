@@ -15,8 +15,8 @@ import oracle
 
 from . import torch_block
 from ._nan_signs import with_signs_of
-from ._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_concat_mla, check_paged_write, check_rows, mla_rows, check_scale,
-                      check_translate, check_translate_values)
+from ._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_concat_mla, check_paged_write, check_rows, check_scale,
+                      check_translate, check_translate_values, mla_rows, mla_sources)
 
 
 
@@ -85,10 +85,7 @@ def set_mla_kv_buffer_dcp(kv_buffer, loc, cache_k_nope, cache_k_rope, *, dcp_wor
         if src.dtype != kv_buffer.dtype:
             raise TypeError(f"{name} has dtype {src.dtype} but kv_buffer has dtype {kv_buffer.dtype}")
     n = loc.shape[0]
-    if cache_k_nope.dim() != 2 or cache_k_nope.shape[0] != n:
-        cache_k_nope = mla_rows("cache_k_nope", cache_k_nope, n, f"[{n}, width] or [{n}, 1, width]")
-    if cache_k_rope.dim() != 2 or cache_k_rope.shape[0] != n:
-        cache_k_rope = mla_rows("cache_k_rope", cache_k_rope, n, f"[{n}, width] or [{n}, 1, width]")
+    cache_k_nope, cache_k_rope = mla_sources(cache_k_nope, cache_k_rope, n)
     width = cache_k_nope.shape[1] + cache_k_rope.shape[1]
     if kv_buffer.shape[1] < width:
         raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import torch_native as tn
-from ..kernels._checks import mla_rows
+from ..kernels._checks import mla_sources
 from . import _raw
 from .bases import check_store
 from .kernels import Mutant, read_packed, paged_write
@@ -52,8 +52,7 @@ def set_mla_dcp_floor_modulo(kv_buffer, loc, cache_k_nope, cache_k_rope):
     dcp = dict(dcp_world=DCP_WORLD, dcp_rank=DCP_RANK)
     tn.set_mla_kv_buffer_dcp(kv_buffer, loc[:0], cache_k_nope[:0], cache_k_rope[:0], **dcp)  # shapes
     tn._dcp_rows(loc, kv_buffer.shape[0], DCP_WORLD, DCP_RANK, "truncate")  # the base's loc checks
-    cache_k_nope, cache_k_rope = (mla_rows(name, src, loc.shape[0], f"[{loc.shape[0]}, width]")
-                                  for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)))
+    cache_k_nope, cache_k_rope = mla_sources(cache_k_nope, cache_k_rope, loc.shape[0])
     locs = loc.long()
     keep = torch.remainder(locs, DCP_WORLD) == DCP_RANK
     rows = torch.div(locs[keep], DCP_WORLD, rounding_mode="floor")

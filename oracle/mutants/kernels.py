@@ -151,8 +151,7 @@ def _check_mla(kv_buffer, loc, nope, rope) -> tuple:
     ``[N, width]`` (an ``[N, 1, width]`` source as its ``[:, 0]`` view) and nope + rope."""
     tn._check_index("loc", loc, kv_buffer.shape[0])
     tn.set_mla_kv_buffer(kv_buffer, loc[:0], nope[:0], rope[:0])
-    nope, rope = (checks.mla_rows(name, src, loc.shape[0], f"[{loc.shape[0]}, width]")
-                  for name, src in (("cache_k_nope", nope), ("cache_k_rope", rope)))
+    nope, rope = checks.mla_sources(nope, rope, loc.shape[0])
     return nope, rope, nope.shape[1] + rope.shape[1]
 
 

@@ -102,9 +102,8 @@ class _BlockSpec(OpSpec):
                 texts.append(f"{source}: " + block_scales.describe(x.astype(np.float32), want, got[rows], family, block))
         if not texts:
             return []
-        given = tuple((got, codes if family == "mx" else None) for _, got, codes in written)
-        return [Hypothesis("block_scale_wrong", "; ".join(texts),
-                           override={"given_scales": given if len(given) > 1 else given[0]})]
+        given = tuple((got, codes if family == "mx" else None) for _, got, codes in written)  # per source
+        return [Hypothesis("block_scale_wrong", "; ".join(texts), override={"given_scales": given})]
 
 
 class QuantizeBlock(_BlockSpec):
@@ -139,7 +138,7 @@ class QuantizeBlock(_BlockSpec):
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
         fmt, knobs, rest = self._knobs(case, contract, override)
         straddle = rest.pop("straddle_heads", False)
-        given, given_codes = rest.pop("given_scales", (None, None))
+        (given, given_codes), = rest.pop("given_scales", ((None, None),))  # x's alone
         if rest:
             raise ValueError(f"quantize_block has no {sorted(rest)} to override")
         x = prepared.numpy("x")
@@ -258,18 +257,17 @@ class ReshapeAndCacheBlock(_BlockSpec):
         p = self.p_with_defaults(case)
         arena, loc = prepared.arena, prepared.numpy("slot_mapping").astype(np.int64)
         slots, counts = np.unique(loc, return_counts=True)
+        num_slots = prepared.args[2].shape[0] * BLOCK_SIZE  # key_cache's blocks
+        padded = Padding.parse(contract.padding).skipped(loc, num_slots)
+        rows = np.flatnonzero(np.isin(loc, slots[counts == 1]) & ~padded & (loc >= 0) & (loc < num_slots))
+        pages, tokens = np.divmod(loc[rows], BLOCK_SIZE)
         out = []
         for name, source, code_name in zip(self.scale_names, ("key", "value"), ("key_cache", "value_cache")):
             cache = np.asarray(arena.numpy_view(after, name))
             code_cache = np.asarray(arena.numpy_view(after, code_name))
-            heads, dim = prepared.numpy(source).shape[1:]
+            tokens_in, heads, dim = prepared.numpy(source).shape
             count = ref.scale_count(p["block"], dim)
-            num_slots = cache.shape[0] * BLOCK_SIZE
-            once = np.isin(loc, slots[counts == 1])
-            rows = np.flatnonzero(once & ~Padding.parse(contract.padding).skipped(loc, num_slots)
-                                  & (loc >= 0) & (loc < num_slots))
-            pages, tokens = np.divmod(loc[rows], BLOCK_SIZE)
-            got = np.zeros((prepared.numpy(source).shape[0], heads, count), np.uint8)
+            got = np.zeros((tokens_in, heads, count), np.uint8)
             if cache.ndim == 4:
                 got[rows] = cache[pages, tokens]
             else:

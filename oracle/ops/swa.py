@@ -187,17 +187,13 @@ class TranslateFullToSwa(OpSpec):
         valid = (loc >= 0) & (loc < len(mapping) - 1)
         if valid.any() and np.all(valid | padding):
             for page in PAGE_GUESSES:
-                start = np.where(valid, loc - loc % page, 0)
-                first = mapping[start]
+                first = mapping[np.where(valid, loc - loc % page, 0)]
                 paged = np.where(valid, first + loc % page, mapping[SENTINEL])
-                yield (Hypothesis("mapping_assumed_paged", f"the mapping read once per page of {page} slots: "
-                                  f"mapping[loc & ~{page - 1}] + (loc & {page - 1}), as if every page were mapped "
-                                  "whole and in order (wrong for a partly filled page, or one mapped out of order)"),
-                       paged)
-                yield (Hypothesis("mapping_assumed_paged", f"the mapping read once per page of {page} slots: "
-                                  f"mapping[loc & ~{page - 1}] + (loc & {page - 1}), 0 where that first entry is "
-                                  "0, as if every page were mapped whole and in order"),
-                       np.where(valid & (first == 0), 0, paged))
+                read = f"the mapping read once per page of {page} slots: mapping[loc & ~{page - 1}] + (loc & {page - 1})"
+                yield (Hypothesis("mapping_assumed_paged", f"{read}, as if every page were mapped whole and in "
+                                  "order (wrong for a partly filled page, or one mapped out of order)"), paged)
+                yield (Hypothesis("mapping_assumed_paged", f"{read}, 0 where that first entry is 0, as if every "
+                                  "page were mapped whole and in order"), np.where(valid & (first == 0), 0, paged))
         readdressed = [h for h in index_hypotheses(arena) if h.cause in ("index_stride_ignored", "index_offset_ignored")]
         for hypothesis in (stale_hypotheses(prepared) + run_hypotheses(prepared) + readdressed
                            + offset_hypotheses(arena, ())):

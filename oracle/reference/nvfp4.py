@@ -185,7 +185,7 @@ def e2m1_codes(q, *, nan_element: str = "max", rounding: str = "nearest_even",
     return code.astype(np.uint8)
 
 
-def _blocks(x32: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+def padded_blocks(x32: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     """``x32`` as ``[..., blocks, block]`` (the last block padded with NaN, which no amax sees)
     and the mask of real elements."""
     width = x32.shape[-1]
@@ -230,7 +230,7 @@ def quantize_nvfp4(x, global_scale=1.0, *, block: int = BLOCK, preset: str | Non
     x32 = x.astype(np.float32)
     if width == 0:
         return (np.zeros(x32.shape[:-1] + (0,), np.uint8), np.zeros(x32.shape[:-1] + (0,), np.uint8))
-    blocks, real = _blocks(x32, block)
+    blocks, real = padded_blocks(x32, block)
     if scales is not None:
         scales = np.asarray(scales, np.uint8)
         v.require_shape("scales", scales, blocks.shape[:-1], "one e4m3fn code per block")

@@ -39,8 +39,8 @@ from __future__ import annotations
 import torch
 
 from ..check_reuse import reusing
-from .._checks import (FLOAT_DTYPES, FP8_FORMATS, KV_CACHE_DTYPES, check_concat_mla, check_paged_write, mla_rows,
-                       check_rows, check_scale, check_translate, check_translate_values)
+from .._checks import (FLOAT_DTYPES, FP8_FORMATS, KV_CACHE_DTYPES, check_concat_mla, check_paged_write,
+                       check_rows, check_scale, check_translate, check_translate_values, mla_rows, mla_sources)
 from . import _host, _plans, _runtime, _validate, tiles
 from ._host import Padding, parse_padding  # noqa: F401  (part of this module's interface)
 from ._runtime import INTERPRETER_FP8, KERNEL_FP8, interpreting, kernels  # noqa: F401
@@ -121,16 +121,13 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
     pad = _host.parse_padding(padding)
     loc, checked = _host.index_arg(loc)
     _host.check_index("loc", loc)
-    if kv_buffer.dim() != 2:  # the common 2-D forms pass without a call: this is the eager host path
+    if kv_buffer.dim() != 2:  # an [S, 1, W] buffer as its [:, 0] view
         kv_buffer = mla_rows("kv_buffer", kv_buffer, None, "[S, W] or [S, 1, W]")
     for name, src in (("cache_k_nope", cache_k_nope), ("cache_k_rope", cache_k_rope)):
         if src.dtype != kv_buffer.dtype:
             raise TypeError(f"{name} has dtype {src.dtype} but kv_buffer has dtype {kv_buffer.dtype}")
     n = loc.shape[0]
-    if cache_k_nope.dim() != 2 or cache_k_nope.shape[0] != n:
-        cache_k_nope = mla_rows("cache_k_nope", cache_k_nope, n, f"[{n}, width] or [{n}, 1, width]")
-    if cache_k_rope.dim() != 2 or cache_k_rope.shape[0] != n:
-        cache_k_rope = mla_rows("cache_k_rope", cache_k_rope, n, f"[{n}, width] or [{n}, 1, width]")
+    cache_k_nope, cache_k_rope = mla_sources(cache_k_nope, cache_k_rope, n)
     width = cache_k_nope.shape[1] + cache_k_rope.shape[1]
     if kv_buffer.shape[1] < width:
         raise ValueError(f"kv_buffer rows have {kv_buffer.shape[1]} elements, fewer than nope + rope = {width}")
