@@ -282,3 +282,26 @@ def test_docs_benchmarks_holds_what_the_commands_print_from_the_committed_report
     doc = (root / "docs" / "benchmarks.md").read_text()
     assert f"oracle report {' '.join(args)}" in doc
     assert printed in doc, f"regenerate docs/benchmarks.md from: oracle report {' '.join(args)}"
+
+
+def test_a_small_n_gap_is_taken_round_by_round_where_the_rounds_are_known(tmp_path, capsys):
+    """A host's slow spells hit whole rounds: here the validating writer was sampled slow in four
+    of seven rounds and its twin in three, so their medians lie 9 us apart while each round's
+    difference is +0.5 us. Without rounds, and with a sample dropped, the medians are compared."""
+    from oracle.bench.goals import gap
+
+    fast_slow = [10.0, 20.0, 10.0, 20.0, 20.0, 10.0, 20.0]
+    twin = dict(row("cuda.set_mla_kv_buffer.unchecked", 64, 9.5, "eager"), rounds=list(range(7)),
+                samples_us=[x - 0.5 if i != 6 else 9.5 for i, x in enumerate(fast_slow)])
+    mine = dict(row("cuda.set_mla_kv_buffer", 64, 20.0, "eager"), rounds=list(range(7)), samples_us=fast_slow)  # medians 20, 9.5
+    assert gap(mine, twin) == (0.5, "round by round, 7 rounds")
+    assert gap(mine, dict(twin, rounds=[], dropped=1)) == (10.5, "medians")
+    # rounds are matched by number, not position: a twin that skipped round 2 is paired in the others
+    shifted = dict(twin, rounds=[0, 1, 3, 4, 5, 6, 7], samples_us=[9.5, 19.5, 19.5, 19.5, 9.5, 19.5, 1.0])
+    assert gap(mine, shifted) == (0.5, "round by round, 6 rounds")
+    report = goal_report(2.0)
+    report["rows"] += [mine, twin]
+    assert main(["report", "bench-goals", write(tmp_path, report)]) == 0
+    lines = goal_lines(capsys.readouterr().out)
+    assert lines["set_mla_kv_buffer [bf16] N=64 eager: cuda.set_mla_kv_buffer - .unchecked"] == [
+        "+0.50 us (round by round, 7 rounds; medians +10.50)", "<= 1.5 us", "yes"]

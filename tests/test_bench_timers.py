@@ -146,3 +146,43 @@ def test_medians_and_an_empty_path_write_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     save_alternated("", 7, [{"n": 1}])  # no --json: no file, and no device queried
     assert list(tmp_path.iterdir()) == []
+
+
+class _Counting:
+    """A timer whose samples are given in order (seconds), one per call of sample()."""
+
+    calls = 1
+
+    def __init__(self, values):
+        self.values = iter(values)
+
+    def sample(self):
+        return next(self.values)
+
+
+def test_the_sampler_keeps_each_samples_round():
+    from oracle.bench.timers import Sampler
+
+    samples, dropped, complete, rounds = Sampler(3).collect([_Counting([1, 2, 3]), _Counting([4, 5, 6])])
+    assert samples == [[1, 2, 3], [4, 5, 6]] and dropped == [0, 0] and complete
+    assert rounds == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_a_dropped_sample_leaves_its_round_out_and_the_timer_catches_up_in_the_next():
+    from oracle.bench.timers import Sampler
+
+    sampler = Sampler(3, quiet=True)
+    seen = []
+
+    class Disturbance:  # the second timer's second sample (round 1) disturbed
+        def snapshot(self):
+            return len(seen)
+
+        def disturbed(self, before, after, seconds):
+            seen.append(seconds)
+            return len(seen) == 4
+
+    sampler.disturbance = Disturbance()
+    samples, dropped, complete, rounds = sampler.collect([_Counting([1, 2, 3]), _Counting([4, 5, 6, 7])])
+    assert samples == [[1, 2, 3], [4, 6, 7]] and dropped == [0, 1] and complete
+    assert rounds == [[0, 1, 2], [0, 2, 3]]

@@ -50,6 +50,7 @@ class Row:
     pct_same_copy: float | None = None  # % of a copy_ of the same bytes, timed in the same cell
     mode: str = "eager"  # CUDA: "eager" (launched call by call) or "graph" (replayed); CPU: eager
     l2: str = "hot"  # CUDA: "cold" (inputs rotated past the L2) or "hot"; CPU: hot
+    rounds: list = field(default_factory=list)  # the sampling round of each of samples_us (Sampler)
 
 
 def _baseline(op: str, device: str = "cpu"):
@@ -246,11 +247,11 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
                                                  graph=mode == "graph"))
                     timers += [same_size_copy_timer(workloads[0].bytes, d, sample_seconds, cold=l2 == "cold",
                                                     graph=mode == "graph") for d in devices]
-                    samples, dropped, clean = sampler.collect(timers)
+                    samples, dropped, clean, rounds = sampler.collect(timers)
                     same_copy = {d: statistics.median(s) for d, s in zip(devices, samples[len(kernels_here):])}
                     base = _baseline_index(kernels_here)
                     cells.append((op, variant, n, mode, l2, list(zip(
-                        kernels_here, workloads, samples, dropped, [t.calls for t in timers],
+                        kernels_here, workloads, samples, rounds, dropped, [t.calls for t in timers],
                         [t.name for t in timers], [checks_all[k.name] for k in kernels_here],
                         [kernels_here[b].name for b in base], [statistics.median(samples[b]) for b in base])),
                         same_copy, clean))
@@ -263,7 +264,7 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
         copies[device] = dict(best, runs_gbps=[first["gbps"], again["gbps"]])
     rows: list[Row] = []
     for op, variant, n, mode, l2, entries, same_copy, clean in cells:
-        for kernel, workload, samples, dropped, calls, timer, check, base_name, base_seconds in entries:
+        for kernel, workload, samples, rounds, dropped, calls, timer, check, base_name, base_seconds in entries:
             base_us = base_seconds * 1e6
             median = statistics.median(samples)
             gbps = workload.bytes / median / 1e9
@@ -274,7 +275,7 @@ def run(ops: list[str], sizes: list[int], repeats: int, backend: str | None, var
                             min(samples) * 1e6, check if clean or not quiet else check + " (noisy)", timer,
                             [x * 1e6 for x in samples], dropped, base_name,
                             100 * same_copy[_device_of(kernel)] / median,
-                            *((mode, l2) if _device_of(kernel) == "cuda" else ("eager", "hot"))))
+                            *((mode, l2) if _device_of(kernel) == "cuda" else ("eager", "hot")), rounds))
     for device, copy in copies.items():
         log(f"copy bandwidth ({device}), the reference for % of copy: {copy['gbps']:.1f} GB/s "
             f"(runs: {', '.join(f'{g:.1f}' for g in copy['runs_gbps'])})")

@@ -256,18 +256,24 @@ class Sampler:
     """Collects the samples of several timers round-robin (so that load from other processes hits
     them alike) until each has ``repeats``. With ``quiet``, samples disturbed by other processes
     (see Disturbance) are dropped and retaken, for at most ``patience`` seconds per cell; then the
-    cell keeps what it has (all samples if none was clean) and says so."""
+    cell keeps what it has (all samples if none was clean) and says so.
+
+    Each kept sample also keeps the number of its round: the timers' samples of one round were
+    taken back to back, so a difference between two kernels can be taken round by round
+    (:func:`oracle.bench.goals.gap`), which the host's slow and fast spells hit alike."""
 
     def __init__(self, repeats: int, quiet: bool = False, patience: float = 120.0):
         self.repeats, self.quiet, self.patience = repeats, quiet, patience
         self.disturbance = Disturbance() if quiet else None
 
-    def collect(self, timers: list) -> tuple[list[list[float]], list[int], bool]:
-        """(samples per timer, samples dropped per timer, whether every timer got clean ones)."""
-        clean = [[] for _ in timers]
-        every = [[] for _ in timers]
+    def collect(self, timers: list) -> tuple[list[list[float]], list[int], bool, list[list[int]]]:
+        """(samples per timer, samples dropped per timer, whether every timer got clean ones, the
+        round of each sample kept, per timer)."""
+        clean, clean_rounds = [[] for _ in timers], [[] for _ in timers]
+        every, every_rounds = [[] for _ in timers], [[] for _ in timers]
         dropped = [0 for _ in timers]
         deadline = time.monotonic() + self.patience
+        round_number = 0
         while any(len(c) < self.repeats for c in clean):
             for i, timer in enumerate(timers):
                 if len(clean[i]) >= self.repeats:
@@ -275,16 +281,21 @@ class Sampler:
                 before = self.disturbance.snapshot() if self.quiet else None
                 value = timer.sample()
                 every[i].append(value)
+                every_rounds[i].append(round_number)
                 if self.quiet and self.disturbance.disturbed(before, self.disturbance.snapshot(),
                                                              value * timer.calls):
                     dropped[i] += 1
                 else:
                     clean[i].append(value)
+                    clean_rounds[i].append(round_number)
+            round_number += 1
             if self.quiet and time.monotonic() > deadline:
                 break
         complete = all(len(c) >= self.repeats for c in clean)
-        samples = [c if len(c) >= max(1, self.repeats // 3) else e for c, e in zip(clean, every)]
-        return samples, dropped, complete
+        enough = [len(c) >= max(1, self.repeats // 3) for c in clean]
+        samples = [c if ok else e for c, e, ok in zip(clean, every, enough)]
+        rounds = [c if ok else e for c, e, ok in zip(clean_rounds, every_rounds, enough)]
+        return samples, dropped, complete, rounds
 
 
 def copy_bandwidth(device: str = "cpu", nbytes: int = COPY_BYTES, repeats: int = 10,
@@ -294,7 +305,7 @@ def copy_bandwidth(device: str = "cpu", nbytes: int = COPY_BYTES, repeats: int =
     dst = torch.empty_like(src)
     timer = CudaTimer(dst.copy_, (src,), use_graph=False) if device.startswith("cuda") else CpuTimer(dst.copy_, (src,))
     sampler = sampler or Sampler(repeats)
-    (samples,), (dropped,), complete = sampler.collect([timer])
+    (samples,), (dropped,), complete, _ = sampler.collect([timer])
     median = statistics.median(samples)
     return {"device": device, "bytes": nbytes, "seconds": median, "gbps": 2 * nbytes / median / 1e9,
             "best_gbps": 2 * nbytes / min(samples) / 1e9, "samples": len(samples), "dropped": dropped,
