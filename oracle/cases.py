@@ -184,6 +184,16 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
     if "out_of_range" in spec.bad_inputs():
         yield {"repeat": "bad"}
         yield {"repeat": "bad", "n": 1}
+    # after a call of another variant (oracle.ops._repeat.calls_before): state kept per process
+    # and keyed without the format or the dtype
+    if spec.fp8:
+        yield {"fp8": "e4m3fn", "after": "fp8=e5m2"}
+        yield {"fp8": "e5m2", "after": "fp8=e4m3fn"}
+    formats = spec.block_formats
+    for fmt, other in zip(formats, formats[1:] + formats[:1]) if len(formats) > 1 else ():
+        yield {"block": fmt, "after": f"block={other}"}
+    if len(spec.dtypes) > 1 and spec.name != "translate_full_to_swa":  # the mapping's dtype is no source's
+        yield {"dtype": spec.dtypes[0], "after": f"dtype={spec.dtypes[1]}"}
 
 
 def _bad_input(spec: OpSpec, profile: str, contract=None):

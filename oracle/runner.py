@@ -11,11 +11,11 @@ import torch
 from .buffers import Arena, same_bytes
 from .compare import expected_regions, first_difference, mixed_slots
 from .contract import gaps
-from .diagnose.engine import explain, explain_raise, explain_rejection, explain_returned, named
+from .diagnose.engine import earlier_state, explain, explain_raise, explain_rejection, explain_returned, named
 from .diagnose.replay import within_approx_division
 from .diagnose.hypothesis import Hypothesis
 from .ops import get_spec
-from .ops._repeat import redraw_in_place
+from .ops._repeat import calls_before, redraw_in_place
 from .ops.base import Case, Prepared, is_bad
 from .registry import Kernel
 
@@ -46,6 +46,11 @@ def run_case(kernel: Kernel, case: Case) -> Outcome:
     out_of_contract = gaps(contract, spec.needs(case))
     if any(not g.probe for g in out_of_contract):
         return Outcome(NOT_SUPPORTED, "; ".join(g.text for g in out_of_contract))
+    before = calls_before(case)
+    if before is not None and not out_of_contract:  # the other variant must be declared too
+        other = gaps(contract, spec.needs(before[1]))
+        if other:
+            return Outcome(NOT_SUPPORTED, "the call before it: " + "; ".join(g.text for g in other))
     start = time.perf_counter()
     text = "; ".join(g.text for g in out_of_contract)
     try:
@@ -85,6 +90,12 @@ def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
     the kernel twice on the same tensors (oracle.ops._repeat): the first call is judged as any
     case is, then every input is redrawn in place and the second call is judged."""
     contract = kernel.contract
+    before = calls_before(case)
+    if before is not None:  # an "after" case: its own variant, then the other, on tensors of their own
+        for position, earlier in enumerate(before):
+            first = _execute(kernel, spec, earlier, edit=(lambda prepared: None) if edit is not None else None)
+            if first.status != PASS:
+                return _earlier_call_failed(first, position, earlier, before)
     arena = Arena(contract.device, case.seed)
     prepared = spec.build(case, arena, np.random.default_rng(case.seed), contract)
     kept = None
@@ -103,6 +114,20 @@ def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
     if kept is not None and second.status == PASS and not is_bad(case):
         return _first_result_kept(kept) or second
     return second
+
+
+def _earlier_call_failed(failed: Outcome, position: int, earlier: Case, before: tuple) -> Outcome:
+    """The outcome of an ``after`` case whose first or second call failed: the ordinary case's
+    own failure (first call), or the other variant's failure right after the case's own variant
+    passed (second call), then named ``earlier_call_state`` where it wrote the first call's
+    format (see explain)."""
+    if position == 0:
+        failed.message = ("the first of the case's three calls, its ordinary case "
+                          f"({earlier.id}), failed\n" + failed.message)
+        return failed
+    failed.message = (f"the second of the case's three calls ({earlier.id}) failed, right after a call of "
+                      f"{before[0].id} that passed\n" + failed.message)
+    return earlier_state(failed, before[0], earlier, second=True)
 
 
 def _kept_result(returned, arena: Arena):

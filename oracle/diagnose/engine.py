@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ..buffers import same_bytes
 from . import generic, patterns, provenance, row_bounds
 from .hypothesis import CAUSES, Hypothesis
+from ..ops._repeat import calls_before
 from .probes import probes, variants
 from .replay import changed_bytes, holds, within_approx_division
 
@@ -94,6 +95,10 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
     if diagnosis.matched:
         failed.message += "\n" + "\n".join(diagnosis.lines())
         failed.cause = cause_record(diagnosis.matched[0], diagnosis.matched[1:])
+    before = calls_before(case)
+    if before is not None:  # its own variant passed as its first call: the call between is the cause
+        return earlier_state(failed, before[1], case, second=False)
+    if diagnosis.matched:
         return failed
     if spec.fp8 and contract.fp8_division == "ieee" and within_approx_division(
             spec, case, contract, prepared, regions, after) is not None:
@@ -107,6 +112,33 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
     return ((_passes_again(failed, case, rerun) if repeat else None)
             or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis, after, regions)
             or _with_pattern(failed, diagnosis))
+
+
+def earlier_state(failed, previous, case, *, second: bool):
+    """A failed call of an ``after`` case (oracle.ops._repeat.calls_before) that came right after a
+    passing call of ``previous``, another variant: named ``earlier_call_state`` where it wrote
+    ``previous``'s fp8 format (its diagnosis matched that wrong format), where it is the case's
+    third call (its own variant passed as the first: ``second`` False), or where, as the second
+    call, no hypothesis named it. A second call whose diagnosis named another cause keeps it:
+    that variant may be wrong on its own (its ordinary case says)."""
+    changed = [k for k in ("fp8", "block", "dtype") if previous.p.get(k) != case.p.get(k)]
+    key = changed[0] if changed else "variant"
+    was, now = previous.p.get(key), case.p.get(key)
+    what = {"fp8": "fp8 format", "block": "block format", "dtype": "source dtype"}.get(key, key)
+    cause = failed.cause or {}
+    wrote_previous = cause.get("id") == "wrong_fp8_format" and str(cause.get("text", "")).startswith(f"{was} codes")
+    if second and not wrote_previous and failed.cause is not None:
+        return failed
+    # a hypothesis the replay matched stays in the message, as what was written; the cause recorded
+    # is the call before
+    how = (f"it wrote {was} codes where {now} is asked, the {what} of the call just before it"
+           if wrote_previous else
+           f"{now} fails right after a call in {was} that passed (its ordinary case, run alone, tells "
+           f"whether {now} fails without it)" if second else
+           f"{now} passed as the case's first call and fails after a call in {was}")
+    return named(failed, Hypothesis("earlier_call_state", f"{how}: the kernel keeps something made for an "
+                                    f"earlier call (a lookup table, a compiled variant, a launch plan) keyed "
+                                    f"without the {what}"))
 
 
 def explain_rejection(failed, case, *, rerun):

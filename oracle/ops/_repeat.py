@@ -1,5 +1,7 @@
-"""The second call of a ``repeat`` case: every input redrawn in place, the caches left as the first
-call wrote them.
+"""The calls a ``repeat`` case makes before the one it judges.
+
+**In place** (``repeat``): the second call of a case, every input redrawn in place, the caches
+left as the first call wrote them.
 
 Serving engines call a writer again and again on the same tensors: the index, the sources and a
 mapping are rewritten in place between steps, at the same addresses and of the same sizes. A kernel
@@ -11,6 +13,15 @@ second set, the per-tensor and per-head scales are doubled (a redrawn scale of 1
 otherwise be the same), and the second call is judged. Under ``repeat="bad"`` the second set holds
 an illegal slot (the op's ``out_of_range`` bad input), which a validating kernel must reject with
 nothing written.
+
+**After another variant** (``after="<param>=<value>"``): a kernel that keeps something made for
+one call (a lookup table, a compiled variant, a launch plan) keyed without the fp8 or block
+format or the source dtype writes the next call of another format or dtype as the first. Serving
+processes mix them (an fp8 KV cache beside bf16 activations, NVFP4 beside MXFP8 layers). Such a
+case makes three calls on fresh tensors: its own variant (the ordinary case), the variant named
+by ``after`` (``fp8=e5m2``: the same case in e5m2), and its own variant again, each judged. The
+first call passing and a later one failing is what an earlier call left behind
+(:func:`oracle.diagnose.engine.explain` names it ``earlier_call_state``).
 """
 
 from __future__ import annotations
@@ -50,4 +61,15 @@ def redraw_in_place(spec: OpSpec, case: Case, prepared: Prepared, contract: Cont
             arena.torch_view(view).mul_(SCALE_FACTOR)
 
 
-__all__ = ["redraw_in_place", "SCALE_FACTOR"]
+def calls_before(case: Case) -> tuple[Case, Case] | None:
+    """The ordinary case and the other variant an ``after`` case calls before it (in that
+    order), as ordinary cases of the same class; None for any other case."""
+    after = case.p.get("after")
+    if after is None:
+        return None
+    key, _, value = str(after).partition("=")
+    own = {k: v for k, v in case.p.items() if k != "after"}
+    return Case.make(case.op, case.cls, **own), Case.make(case.op, case.cls, **{**own, key: value})
+
+
+__all__ = ["redraw_in_place", "calls_before", "SCALE_FACTOR"]

@@ -17,7 +17,7 @@ from ..contract import Contract
 from ._fp8cases import PER_HEAD_SCALES
 
 PARAM_ORDER = ("dtype", "fp8", "spelling", "block", "index", "shape", "layout", "scale_layout", "src", "index_layout", "cache",
-               "padding", "dups", "dcp", "scale", "values", "slots", "bad", "repeat", "large", "n")
+               "padding", "dups", "dcp", "scale", "values", "slots", "bad", "repeat", "after", "large", "n")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,8 @@ class Case:
                 parts.append(f"{value}_slots")
             elif key == "repeat":
                 parts.append(f"repeat_{value}")
+            elif key == "after":
+                parts.append("after_" + str(value).replace("=", "_"))
             else:
                 parts.append(str(value))
         return "-".join(parts)

@@ -1,0 +1,100 @@
+"""Meta-tests of the ``after`` cases (oracle.ops._repeat.calls_before): a kernel that keeps what it
+made for one call (a lookup table, a compiled variant) keyed without the fp8 format or the source
+dtype is right on its first call in a process and wrong on a later call of another variant. Each
+kernel here keeps that state in a closure, so every test starts it fresh: the ordinary cases pass,
+the ``after`` case fails, and the failure is named ``earlier_call_state``; a kernel wrong on one
+variant alone keeps its own cause, and the torch baseline passes every ``after`` case."""
+
+import pytest
+import torch
+
+from oracle.cases import catalogue
+from oracle.contract import Contract
+from oracle.kernels import torch_native as tn
+from oracle.ops import SPECS
+from oracle.ops._repeat import calls_before
+from oracle.registry import Kernel
+from oracle.runner import FAIL, PASS, run_case
+
+FP8 = dict(fp8_formats=("e4m3fn", "e5m2"), fp8_preset=tn._torch_fp8_preset(), scales=("tensor", "head"))
+
+
+def kernel(op: str, fn, **fields) -> Kernel:
+    return Kernel(Contract(op=op, name="after." + fn.__name__, backend="test", **fields), fn, "test")
+
+
+def case(op: str, case_id: str):
+    return next(c for c in catalogue(op, "quick") if c.cls == "repeat" and c.id == case_id)
+
+
+def first_format_kept():
+    """quantize_fp8 whose fp8 format is fixed at its first call (a table built once)."""
+    kept = []
+
+    def quantize_fp8(out, x, scale, fmt):
+        kept[:] = kept or [fmt]
+        tn.quantize_fp8(out, x, scale, kept[0])
+    return quantize_fp8
+
+
+def first_dtype_kept():
+    """quantize_fp8 that reads x as the element type of its first call (a variant compiled once)."""
+    kept = []
+
+    def quantize_fp8(out, x, scale, fmt):
+        kept[:] = kept or [x.dtype]
+        if x.element_size() == torch.empty((), dtype=kept[0]).element_size():
+            x = x.view(kept[0])
+        tn.quantize_fp8(out, x, scale, fmt)
+    return quantize_fp8
+
+
+def test_every_op_with_formats_or_dtypes_gets_after_cases():
+    for op, spec in SPECS.items():
+        after = {c.p["after"] for c in catalogue(op, "quick") if "after" in c.p}
+        if spec.fp8:
+            assert {"fp8=e5m2", "fp8=e4m3fn"} <= after, op
+        if len(spec.block_formats) > 1:
+            assert {f"block={f}" for f in spec.block_formats} <= after, op
+        if len(spec.dtypes) > 1 and op != "translate_full_to_swa":
+            assert f"dtype={spec.dtypes[1]}" in after, op
+
+
+@pytest.mark.parametrize("case_id", ["e5m2-after_fp8_e4m3fn", "e4m3fn-after_fp8_e5m2"])
+def test_a_format_kept_from_the_first_call_fails_the_second_and_is_named(case_id):
+    plain = case_id.split("-")[0]
+    ordinary = calls_before(case("quantize_fp8", case_id))[0]  # the case without its earlier call
+    assert ordinary.id == plain
+    assert run_case(kernel("quantize_fp8", first_format_kept(), **FP8), ordinary).status == PASS
+    outcome = run_case(kernel("quantize_fp8", first_format_kept(), **FP8), case("quantize_fp8", case_id))
+    assert outcome.status == FAIL
+    assert outcome.cause["id"] == "earlier_call_state", outcome.message
+    assert f"it wrote {plain} codes" in outcome.cause["text"]
+    assert "the second of the case's three calls" in outcome.message
+
+
+def test_a_dtype_kept_from_the_first_call_is_named_though_no_replay_matches():
+    outcome = run_case(kernel("quantize_fp8", first_dtype_kept(), **FP8), case("quantize_fp8", "bf16-after_dtype_float16"))
+    assert outcome.status == FAIL
+    assert outcome.cause["id"] == "earlier_call_state", outcome.message
+    assert "float16 fails right after a call in bfloat16 that passed" in outcome.cause["text"]
+
+
+def test_a_kernel_wrong_on_one_format_alone_keeps_its_own_cause():
+    def quantize_fp8(out, x, scale, fmt):  # e4m3fnuz codes where e4m3fn is asked, whatever came before
+        tn.quantize_fp8(out, x, scale, "e4m3fnuz" if fmt == "e4m3fn" else fmt)
+    fields = FP8
+    outcome = run_case(kernel("quantize_fp8", quantize_fp8, **fields), case("quantize_fp8", "e5m2-after_fp8_e4m3fn"))
+    assert outcome.status == FAIL
+    assert outcome.cause["id"] != "earlier_call_state", outcome.message
+    outcome = run_case(kernel("quantize_fp8", quantize_fp8, **fields), case("quantize_fp8", "e4m3fn-after_fp8_e5m2"))
+    assert outcome.status == FAIL and "the first of the case's three calls" in outcome.message
+
+
+@pytest.mark.parametrize("op", ["quantize_fp8", "reshape_and_cache_flash", "store_cache", "reshape_and_cache_block"])
+def test_the_torch_baseline_passes_every_after_case(op):
+    from oracle.registry import default_registry
+    baseline = next(k for k in default_registry.discover().select(backend="torch") if k.name == f"torch.{op}")
+    for c in catalogue(op, "quick", baseline.contract):
+        if "after" in c.p:
+            assert run_case(baseline, c).status == PASS, c.id
