@@ -43,14 +43,14 @@ def cases(op: str, pick, contract=None) -> list:
 def test_every_op_gets_a_repeat_case_and_every_indexed_op_a_repeated_bad_one():
     for op, spec in SPECS.items():
         repeats = cases(op, lambda c: c.cls == "repeat")
-        assert any(c.p["repeat"] == "inplace" for c in repeats), op
+        assert any(c.p.get("repeat") == "inplace" for c in repeats), op
         if "out_of_range" in spec.bad_inputs():
-            assert {c.p.get("n", 133) for c in repeats if c.p["repeat"] == "bad"} == {133, 1}, op
+            assert {c.p.get("n", 133) for c in repeats if c.p.get("repeat") == "bad"} == {133, 1}, op
 
 
 @pytest.mark.parametrize("op", sorted(SPECS))
 def test_the_second_call_gets_every_input_redrawn_in_place_and_the_caches_as_they_were(op):
-    case = next(c for c in cases(op, lambda c: c.cls == "repeat" and c.p["repeat"] == "inplace"))
+    case = next(c for c in cases(op, lambda c: c.cls == "repeat" and c.p.get("repeat") == "inplace"))
     contract = Contract(op=op, name="probe", backend="test")
     arena = Arena("cpu", case.seed)
     prepared = SPECS[op].build(case, arena, np.random.default_rng(case.seed), contract)
