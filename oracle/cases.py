@@ -192,7 +192,7 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
     formats = spec.block_formats
     for fmt, other in zip(formats, formats[1:] + formats[:1]) if len(formats) > 1 else ():
         yield {"block": fmt, "after": f"block={other}"}
-    if len(spec.dtypes) > 1 and spec.name != "translate_full_to_swa":  # the mapping's dtype is no source's
+    if len(spec.dtypes) > 1 and spec.sources:  # a source's dtype (an SWA mapping's is no source's)
         yield {"dtype": spec.dtypes[0], "after": f"dtype={spec.dtypes[1]}"}
 
 

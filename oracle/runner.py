@@ -88,7 +88,9 @@ def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
     """Build, call, judge. ``edit(prepared)`` changes the fresh inputs before the judged call (a
     probe's changed input); an edited run is judged without a diagnosis. A ``repeat`` case calls
     the kernel twice on the same tensors (oracle.ops._repeat): the first call is judged as any
-    case is, then every input is redrawn in place and the second call is judged."""
+    case is, then every input is redrawn in place and the second call is judged. An ``after``
+    case first runs its ordinary case and its other variant (calls_before), each judged on
+    tensors of its own (diagnosed only where this run is), and stops at the first that fails."""
     contract = kernel.contract
     before = calls_before(case)
     if before is not None:  # an "after" case: its own variant, then the other, on tensors of their own

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..buffers import same_bytes
+from ..ops._repeat import calls_before
 from . import generic, patterns, provenance, row_bounds
 from .hypothesis import CAUSES, Hypothesis
-from ..ops._repeat import calls_before
 from .probes import probes, variants
 from .replay import changed_bytes, holds, within_approx_division
 
@@ -121,8 +121,8 @@ def earlier_state(failed, previous, case, *, second: bool):
     third call (its own variant passed as the first: ``second`` False), or where, as the second
     call, no hypothesis named it. A second call whose diagnosis named another cause keeps it:
     that variant may be wrong on its own (its ordinary case says)."""
-    changed = [k for k in ("fp8", "block", "dtype") if previous.p.get(k) != case.p.get(k)]
-    key = changed[0] if changed else "variant"
+    key = next(k for k in previous.p.keys() | case.p.keys()
+               if k != "after" and previous.p.get(k) != case.p.get(k))  # what calls_before changed
     was, now = previous.p.get(key), case.p.get(key)
     what = {"fp8": "fp8 format", "block": "block format", "dtype": "source dtype"}.get(key, key)
     cause = failed.cause or {}
