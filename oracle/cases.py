@@ -51,7 +51,7 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
             yield {"n": n, "index": index}
     for dtype in spec.dtypes[1:]:  # an empty call in every dtype: an early return keeps its dtypes
         yield {"n": 0, "dtype": dtype, "index": (spec.index_dtypes or (None,))[-1]}
-    for shape in spec.shapes:
+    for shape in spec.shapes + ((spec.empty_rope_shape,) if spec.empty_rope_shape else ()):
         for dtype in (spec.dtypes if profile != "quick" else spec.dtypes[:1]) or (None,):
             yield {"shape": shape, "n": 7 if profile == "quick" else 133, "dtype": dtype}
     if spec.wide_cache_shape:  # slot numbers past 2**16 in blocks that are no power of two
@@ -100,6 +100,8 @@ def _padding(spec: OpSpec, profile: str, contract=None):
             for index in spec.index_dtypes:
                 yield {"padding": policy, "index": index}
             yield _at_large_n(spec, {"padding": policy, "index": spec.index_dtypes[0]})
+            if spec.empty_rope_shape:  # sglang's no-rope kernel skips no reserved slot
+                yield {"padding": policy, "shape": spec.empty_rope_shape}
 
 
 def _duplicates(spec: OpSpec, profile: str, contract=None):

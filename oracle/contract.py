@@ -41,7 +41,7 @@ def always_available() -> str | None:
 GAP_KEYS = ("dtype", "index_dtype", "fp8_format", "kv_cache_dtype", "block_format", "scale_layout", "scale", "layout",
             "padding", "duplicates",
             "strided_source", "strided_heads", "longer_source", "strided_index", "aliased_caches", "cache_strides", "large_cache",
-            "row_bytes", "dcp", "bad_input")
+            "row_bytes", "empty_rope", "dcp", "bad_input")
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,7 @@ class Contract:
     shared_cache_strides: bool = False  # reads one cache's strides for both (K's and V's must match)
     distinct_kv_widths: bool = True  # store_cache: V's rows may be narrower or wider than K's
     row_bytes_multiple: int = 1  # rows whose byte width is not a multiple are out of contract
+    empty_rope: bool = True  # the MLA writers: takes a rope (k_pe) of width 0, a row of nope alone
     large_caches: bool = True  # offsets past 2**31 elements (64-bit offset arithmetic)
     dcp_world: int = 1  # set_mla_kv_buffer under decode-context parallelism: this rank keeps the
     dcp_rank: int = 0  # locs with loc % dcp_world == dcp_rank and writes row loc // dcp_world
@@ -284,7 +285,8 @@ def gaps(contract: Contract, needs: dict) -> list[Gap]:
                             ("strided_index", "strided_index", "a strided or offset index tensor"),
                             ("aliased_caches", "aliased_caches", "caches that alias one allocation"),
                             ("large_cache", "large_caches", "offsets past 2**31 elements"),
-                            ("distinct_kv_widths", "distinct_kv_widths", "K and V rows of different widths")):
+                            ("distinct_kv_widths", "distinct_kv_widths", "K and V rows of different widths"),
+                            ("empty_rope", "empty_rope", "a rope of width 0 (rows of nope alone)")):
         if needs.get(key) and not getattr(contract, attr):
             out.append(Gap(key, f"{text}; the kernel declares {attr}=False", key != "large_cache"))
     if needs.get("longer_source") and contract.source_rows != "index":

@@ -161,3 +161,42 @@ def test_a_kernels_own_reserved_slot_gets_padding_cases_and_is_never_a_real_slot
     assert all(run_case(right, c).status == PASS for c in own)
     assert all(run_case(wrong, c).status == FAIL for c in own)
     assert all(run_case(wrong, c).status == FAIL for c in ordinary("store_cache"))
+
+
+@pytest.mark.parametrize("op", ("set_mla_kv_buffer", "concat_and_cache_mla"))
+def test_rows_without_rope_run_in_the_sizes_class_and_under_every_padding_policy(op):
+    """An MLA writer that takes another kernel for a rope of width 0 gets that path under every
+    policy; ``empty_rope=False`` puts those cases out of contract (probed), and only those."""
+    cases = [c for c in catalogue(op, "quick") if c.p.get("shape", (1, 1))[1] == 0]
+    assert {c.cls for c in cases} == {"sizes", "padding"}
+    assert {c.p.get("padding") for c in cases} == {None, "negative", "reserved:0"}
+    for case in cases:
+        prepared, _ = built(op, case, padding=case.p.get("padding", "none"))
+        rope = prepared.args[{"set_mla_kv_buffer": 3, "concat_and_cache_mla": 1}[op]]
+        assert rope.shape[-1] == 0 and prepared.args[0 if op == "set_mla_kv_buffer" else 2].shape[-1] >= 512
+        narrow = Contract(op=op, name="x", backend="test", padding=case.p.get("padding", "none"), empty_rope=False)
+        assert [(g.key, g.probe) for g in gaps(narrow, SPECS[op].needs(case))] == [("empty_rope", True)]
+    others = [c for c in catalogue(op, "quick") if c not in cases and c.cls in ("sizes", "padding")]
+    narrow = Contract(op=op, name="x", backend="test", empty_rope=False)
+    assert all("empty_rope" not in [g.key for g in gaps(narrow, SPECS[op].needs(c))] for c in others)
+
+
+def test_an_mla_writer_whose_no_rope_path_writes_the_reserved_slot_fails_there_alone():
+    """sglang's set_mla_kv_buffer_kernel_norope skips no reserved slot where its main kernels skip
+    slot 0: only the padding cases in rows without rope hold both."""
+    from oracle.mutants.bases import set_mla_skip_reserved0
+
+    def no_rope_path_writes_slot_zero(kv_buffer, loc, nope, rope):
+        if rope.shape[-1]:
+            set_mla_skip_reserved0(kv_buffer, loc, nope, rope)
+        else:
+            tn.set_mla_kv_buffer(kv_buffer, loc, nope, rope)
+
+    contract = Contract(op="set_mla_kv_buffer", name="norope", backend="test", padding="reserved:0",
+                        dtypes=("float32", "float16", "bfloat16", "uint8"), validates=True)
+    kernel = Kernel(contract, no_rope_path_writes_slot_zero, "test")
+    failed = {c.id: run_case(kernel, c) for c in catalogue("set_mla_kv_buffer", "quick", contract)
+              if c.cls in ("sizes", "padding") and not c.p.get("large")}
+    failing = {i for i, o in failed.items() if o.status == FAIL}
+    assert failing == {"512x0-pad_reserved0"}, failing
+    assert failed["512x0-pad_reserved0"].cause["id"] == "padding_policy"

@@ -27,10 +27,9 @@ class Base:
     why: str
 
 
-def check_store(k, v, k_cache, v_cache, loc, padding: str = "none") -> torch.Tensor:
-    """torch.store_cache's checks, with the slots a padding policy skips allowed; returns the
-    mask of the positions that are written."""
-    num_slots = k_cache.shape[0]
+def check_loc(loc, num_slots: int, padding: str = "none") -> torch.Tensor:
+    """A 1-D int32/int64 ``loc`` whose every entry but the padding policy's is a slot of
+    ``[0, num_slots)``; returns the mask of the positions that are written."""
     if loc.dtype not in tn.INDEX_DTYPES:
         raise TypeError(f"loc has dtype {loc.dtype}; expected torch.int32 or torch.int64")
     if loc.dim() != 1:
@@ -44,6 +43,13 @@ def check_store(k, v, k_cache, v_cache, loc, padding: str = "none") -> torch.Ten
     if written.numel() and (int(written.min()) < 0 or int(written.max()) >= num_slots):
         bad = int(written.min()) if int(written.min()) < 0 else int(written.max())
         raise ValueError(f"loc holds slot {bad}, out of range [0, {num_slots}) under padding={padding}")
+    return keep
+
+
+def check_store(k, v, k_cache, v_cache, loc, padding: str = "none") -> torch.Tensor:
+    """torch.store_cache's checks, with the slots a padding policy skips allowed; returns the
+    mask of the positions that are written."""
+    keep = check_loc(loc, k_cache.shape[0], padding)
     checks.check_rows("k", k, "k_cache", k_cache, loc.shape[0])
     checks.check_rows("v", v, "v_cache", v_cache, loc.shape[0])
     if v_cache.shape[0] != k_cache.shape[0]:
@@ -65,6 +71,15 @@ def store_cache_skip_reserved0(k, v, k_cache, v_cache, loc):
     index = loc[keep].long()
     k_cache.index_put_((index,), k[keep])
     v_cache.index_put_((index,), v[keep])
+
+
+def set_mla_skip_reserved0(kv_buffer, loc, cache_k_nope, cache_k_rope):
+    """``kv_buffer[loc, :nope + rope] = cat(nope, rope)``, skipping slot 0 (sglang's
+    ``reserved_skip_index=0``)."""
+    keep = check_loc(loc, kv_buffer.shape[0], "reserved:0")
+    tn.set_mla_kv_buffer(kv_buffer, loc[:0], cache_k_nope[:0], cache_k_rope[:0])  # dtypes and widths
+    nope, rope = checks.mla_sources(cache_k_nope, cache_k_rope, loc.shape[0])
+    tn.set_mla_kv_buffer(kv_buffer, loc[keep], nope[keep], rope[keep])
 
 
 def first_and_last(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +142,9 @@ BASES = (
     Base("mutant-base.store_cache.pad_reserved0", "store_cache", store_cache_skip_reserved0,
          dict(_COMMON, dtypes=("float32", "float16", "bfloat16", "uint8"), padding="reserved:0"),
          "torch.store_cache that skips slot 0, for the reserved slot mutant"),
+    Base("mutant-base.set_mla_kv_buffer.pad_reserved0", "set_mla_kv_buffer", set_mla_skip_reserved0,
+         dict(_COMMON, dtypes=("float32", "float16", "bfloat16", "uint8"), padding="reserved:0"),
+         "torch.set_mla_kv_buffer that skips slot 0, for the no-rope path mutant"),
     Base("mutant-base.store_cache.dups_any", "store_cache", store_cache_last_wins,
          dict(_COMMON, dtypes=("float32", "float16", "bfloat16", "uint8"), duplicates="any"),
          "torch.store_cache that writes each duplicated slot once, for the torn row mutant"),

@@ -17,7 +17,7 @@ import torch
 from ..kernels import torch_native as tn
 from ..kernels import _checks as checks
 from . import _raw
-from .bases import check_quantize, check_store, first_and_last, satfinite_codes
+from .bases import check_quantize, check_store, first_and_last, satfinite_codes, set_mla_skip_reserved0
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,13 @@ def set_mla_clobbers_row_tail(kv_buffer, loc, cache_k_nope, cache_k_rope):
     kv_buffer.index_put_((loc.long(),), torch.cat([cache_k_nope, cache_k_rope, tail], dim=1))
 
 
+def set_mla_no_rope_writes_reserved(kv_buffer, loc, cache_k_nope, cache_k_rope):
+    if cache_k_rope.shape[-1]:
+        set_mla_skip_reserved0(kv_buffer, loc, cache_k_nope, cache_k_rope)
+    else:  # a kernel of its own for rows without rope, which skips no reserved slot
+        tn.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope)
+
+
 def set_mla_ignores_buffer_offset(kv_buffer, loc, cache_k_nope, cache_k_rope):
     _check_mla(kv_buffer, loc, cache_k_nope, cache_k_rope)
     # a kernel that takes the buffer's storage pointer (untyped_storage().data_ptr()), not its data pointer
@@ -335,6 +342,7 @@ CAUSES = {  # mutant -> the cause its failures must name
     "set_mla_kv_buffer.rope_at_row_end": "part_misplaced",
     "set_mla_kv_buffer.clobbers_row_tail": "row_tail_written",
     "set_mla_kv_buffer.ignores_buffer_offset": "storage_offset_ignored",
+    "set_mla_kv_buffer.no_rope_writes_reserved": "padding_policy",
     "concat_and_cache_mla.ignores_scale": "scale_missing",
     "concat_and_cache_mla.swaps_parts": "parts_swapped",
     "reshape_and_cache_flash.v_uses_k_strides": "cache_strides_swapped",
@@ -396,6 +404,9 @@ MUTANTS = tuple(Mutant("mutant." + name, op, base, bug, catches, fn, CAUSES[name
     ("set_mla_kv_buffer.ignores_buffer_offset", "set_mla_kv_buffer", T + "set_mla_kv_buffer",
      "addresses kv_buffer from its storage's start, ignoring its storage offset",
      ("dtypes",), set_mla_ignores_buffer_offset),
+    ("set_mla_kv_buffer.no_rope_writes_reserved", "set_mla_kv_buffer", "mutant-base.set_mla_kv_buffer.pad_reserved0",
+     "takes a kernel of its own for rows without rope (rope width 0), which writes the reserved slot 0",
+     ("padding",), set_mla_no_rope_writes_reserved),
     ("set_mla_kv_buffer.row_stride_from_unit_axis", "set_mla_kv_buffer", T + "set_mla_kv_buffer",
      "takes a source's row stride from stride(-2), which for an [N, 1, d] source is the unit axis's",
      ("strides",), set_mla_row_stride_from_unit_axis),

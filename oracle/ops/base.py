@@ -116,6 +116,10 @@ class OpSpec:
     sizes: tuple = (0, 1, 7, 133, 4096, 4099)  # 4099: past the size gates, and no multiple of any tile
     wide_cache_shape: tuple = ()  # (heads, head_size, block_size) of the "sizes" case over _build.WIDE_SLOTS slots
     large_n_shape: tuple = ()  # the row shape of the layout and padding cases at N = 4096 (a narrow one keeps them cheap)
+    # a row shape with an empty part (an MLA rope of width 0): real writers switch to another kernel
+    # there, which may follow the padding policy or not, so the "sizes" class runs it and the
+    # "padding" class runs every policy in it too
+    empty_rope_shape: tuple = ()
     sources: tuple = ()  # sources that can be non-contiguous slices of one tensor
     source_layouts: tuple = ("fused",)  # the "strides" class's source layouts besides "gapped"
     index_2d_shape: tuple = ()  # a shape whose index is 2-D (the "strides" class lays it out too)
