@@ -196,6 +196,24 @@ def test_bit_pattern_cases_hold_every_special_pattern_and_catch_a_round_trip(dty
     assert run_case(baseline("store_cache", dtypes=ALL), case).status == PASS
 
 
+def cuda_canonical_nan(k, v, k_cache, v_cache, loc):
+    """Rows through float registers and back with CUDA's conversions: every NaN written as 0x7FFF
+    (16-bit) or 0x7FFFFFFF (float32), sign and payload lost."""
+    def canonical(x):
+        bits = {2: torch.int16, 4: torch.int32}[x.element_size()]
+        return torch.where(x.isnan(), torch.full_like(x.view(bits), torch.iinfo(bits).max).view(x.dtype), x)
+
+    tn.store_cache(canonical(k), canonical(v), k_cache, v_cache, loc)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
+def test_cudas_canonical_nan_in_a_copy_is_named(dtype):
+    case = Case.make("store_cache", "dtypes", dtype=dtype, values="bits")
+    outcome = run_case(kernel("store_cache", cuda_canonical_nan, dtypes=ALL), case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "nan_bits_changed", outcome.message
+    assert "every bit but the sign set" in outcome.cause["text"], outcome.cause
+
+
 def whole_vectors_only(k, v, k_cache, v_cache, loc):
     """Each row copied in whole 16-byte vectors, no tail loop: the last bytes of an odd row never written."""
     whole = k[0].numel() * k.element_size() // 16 * 16 // k.element_size()

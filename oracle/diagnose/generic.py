@@ -163,7 +163,8 @@ _FLOAT_BITS = {np.dtype(np.float32): (np.uint32, 0x7F800000, 0x00400000),
 def nan_bits_hypotheses(case, views: dict) -> list[Hypothesis]:
     """A copy that does not move NaN bit patterns bit for bit (a round trip through float32, a
     float unit's canonical NaN): every NaN of the sources quieted (sign and payload kept), made the
-    canonical positive quiet NaN, that NaN with the input's sign, or all bits set."""
+    canonical positive quiet NaN, that NaN with the input's sign, every bit but the sign set (the
+    NaN CUDA's conversions and float units write), or all bits set."""
     if case.p.get("fp8") or case.p.get("block"):
         return []
     sources = [v for v in _by_role(views, "source") if v.dtype in ("float32", "float16", "bfloat16")]
@@ -172,6 +173,8 @@ def nan_bits_hypotheses(case, views: dict) -> list[Hypothesis]:
     how = {"quieted": "quieted (the quiet bit set, sign and payload kept)",
            "canonical": "written as the canonical quiet NaN, positive",
            "canonical_signed": "written as the canonical quiet NaN with the input's sign",
+           "cuda": "written with every bit but the sign set (0x7FFF, 0x7FFFFFFF: CUDA's "
+                   "__float2half_rn, __float2bfloat16_rn and float units' NaN)",
            "all_ones": "written with every bit set (torch's vectorized float32-to-bfloat16 NaN)"}
     return [Hypothesis("nan_bits_changed", f"NaN inputs {text}: not copied bit for bit (a round trip "
                        "through float32 or a float unit)",
@@ -187,7 +190,8 @@ def _nan_bits(array: np.ndarray, mode: str) -> np.ndarray:
     nan = ((bits & kind(exponent)) == kind(exponent)) & ((bits & kind(mantissa)) != 0)
     canonical = kind(exponent | quiet)
     out = {"quieted": bits | kind(quiet), "canonical": np.full_like(bits, canonical),
-           "canonical_signed": (bits & kind(sign)) | canonical, "all_ones": np.full_like(bits, (sign << 1) - 1)}[mode]
+           "canonical_signed": (bits & kind(sign)) | canonical, "cuda": np.full_like(bits, sign - 1),
+           "all_ones": np.full_like(bits, (sign << 1) - 1)}[mode]
     return np.where(nan, out, bits).astype(kind).view(array.dtype).reshape(array.shape)
 
 
