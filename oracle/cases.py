@@ -196,6 +196,8 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
         yield {"block": fmt, "after": f"block={other}"}
     if len(spec.dtypes) > 1 and spec.sources:  # a source's dtype (an SWA mapping's is no source's)
         yield {"dtype": spec.dtypes[0], "after": f"dtype={spec.dtypes[1]}"}
+        if "1.0" in spec.fp8_scales:  # a unit-scale fast path's code table, built per format alone
+            yield {"dtype": spec.dtypes[0], "fp8": "e4m3fn", "scale": "1.0", "after": f"dtype={spec.dtypes[1]}"}
 
 
 def _bad_input(spec: OpSpec, profile: str, contract=None):

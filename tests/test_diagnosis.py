@@ -244,3 +244,37 @@ def test_sources_narrowed_through_a_smaller_float_type_are_named(op, through):
     failures = [o for o in failures if o.status == FAIL]
     assert failures
     assert all("source_narrowed" in named(o) for o in failures), [(o.cause or {}).get("id") for o in failures]
+
+
+def boundary_vector_from_first(vector: int, first_at: int, second_at: int, call):
+    """An MLA writer copying rows in ``vector``-element vectors whose vector across the two parts'
+    boundary is loaded from the first source alone: the second part's first elements come from
+    past the first source's row end (its next row, a guard band)."""
+    def writer(*args):
+        first, second = args[first_at], args[second_at]
+        rows, width = first.shape[0], first.shape[-1]
+        spill = min(vector - width % vector, second.shape[-1]) if width % vector else 0
+        if spill and rows:
+            shape, strides = first.shape[:-1] + (width + spill,), first.stride()
+            wider = first.as_strided(shape, strides, first.storage_offset())
+            second = second.clone()
+            second[..., :spill] = wider[..., width:]
+        args = list(args)
+        args[second_at] = second
+        call(*args)
+    return writer
+
+
+@pytest.mark.parametrize("op, first_at, second_at, call", [
+    ("set_mla_kv_buffer", 2, 3, tn.set_mla_kv_buffer), ("concat_and_cache_mla", 0, 1, tn.concat_and_cache_mla)])
+def test_a_vector_across_the_nope_rope_boundary_read_from_nope_is_named(op, first_at, second_at, call):
+    contract = Contract(op=op, name="vec8", backend="test", validates=True,
+                        dtypes=("float32", "float16", "bfloat16", "uint8"))
+    kernel = Kernel(contract, boundary_vector_from_first(8, first_at, second_at, call), "test")
+    outcomes = {c.id: run_case(kernel, c) for c in catalogue(op, "quick", contract)
+                if c.cls in ("sizes", "strides") and not c.p.get("dups")}
+    failed = {i: o for i, o in outcomes.items() if o.status == FAIL}
+    assert failed, "no case has a part width that is no multiple of 8"
+    assert all(o.cause and o.cause["id"] == "sources_assumed_adjacent" and "8" in o.cause["text"].split(" elements)")[0]
+               for o in failed.values()), {i: o.message for i, o in failed.items()}
+    assert all(o.status in (PASS, NOT_SUPPORTED) for i, o in outcomes.items() if i not in failed)

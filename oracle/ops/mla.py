@@ -30,6 +30,7 @@ from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
 from ..diagnose.hypothesis import Hypothesis
 from . import _build, _dcp, _fp8cases
+from ._mla_diagnosis import boundary_vector_read, misplaced_rope
 from .base import Case, OpSpec, Prepared
 
 NEIGHBOUR = 8  # elements per row (per block, paged) of the view interleaved with an "aliased" cache
@@ -166,14 +167,16 @@ class SetMlaKvBuffer(OpSpec):
         return out
 
     def layout_alternatives(self, case: Case, contract: Contract, prepared: Prepared) -> list[Hypothesis]:
-        """rope written at another offset of the row: see :func:`_misplaced_rope`."""
+        """rope written at another offset of the row, or its first elements read past nope's row:
+        see :mod:`oracle.ops._mla_diagnosis`."""
         if case.p.get("dups"):
             return []
         p = self.p_with_defaults(case)
         nope, rope, _ = self.dims(p)
         itemsize = NUMPY_DTYPES[p["dtype"]].itemsize
-        return _misplaced_rope(prepared.arena.views, "kv_buffer", "nope", nope, rope,
+        return (misplaced_rope(prepared.arena.views, "kv_buffer", "nope", nope, rope,
                                {self.dims(p)[2] - rope, nope * itemsize})
+                + boundary_vector_read(prepared, "nope", "rope"))
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "narrow_buffer")
@@ -311,45 +314,17 @@ class ConcatAndCacheMla(OpSpec):
         return out
 
     def layout_alternatives(self, case: Case, contract: Contract, prepared: Prepared) -> list[Hypothesis]:
-        """k_pe written at another offset of the entry: see :func:`_misplaced_rope`."""
+        """k_pe written at another offset of the entry, or its first elements read past kv_c's
+        row: see :mod:`oracle.ops._mla_diagnosis`."""
         if case.p.get("dups"):
             return []
         rank, rope, _ = self.dims(self.p_with_defaults(case))
-        return _misplaced_rope(prepared.arena.views, "kv_cache", "kv_c", rank, rope, set())
+        return (misplaced_rope(prepared.arena.views, "kv_cache", "kv_c", rank, rope, set())
+                + boundary_vector_read(prepared, "kv_c", "k_pe"))
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "cache_width",
                 ) + FP8_BAD
-
-
-def _misplaced_rope(views: dict, cache: str, first: str, nope: int, rope: int, known: set) -> list[Hypothesis]:
-    """rope (k_pe) written at another element of each row (entry) than ``nope`` (the first part's
-    width): at the first part's source row stride (its stride taken for its width), at the
-    first part's end rounded up to 16, 32, 64 or 128 bytes (a vector store's alignment), or at a
-    hard-coded 512 (DeepSeek's kv_lora_rank); offsets in ``known`` are tried elsewhere. Where the
-    rope so runs past its row into the next, the cache is replayed one slot (block) longer, into
-    its guard band, as the kernel writes it."""
-    view = views[cache]
-    itemsize, width = view.itemsize, view.shape[-1]
-    offsets = {views[first].strides[0]: f"the {first} source's row stride, taken for its width"}
-    for align in (16, 32, 64, 128):
-        at = -(-nope * itemsize // align) * align // itemsize
-        offsets.setdefault(at, f"{first}'s end rounded up to {align} bytes")
-    offsets.setdefault(512, "a hard-coded kv_lora_rank")
-    out = []
-    packed = view.strides[-2] == width and all(view.strides[i] == view.strides[i + 1] * view.shape[i + 1]
-                                               for i in range(len(view.shape) - 2))
-    for at, why in offsets.items():
-        if at in known or at == nope or at <= 0:
-            continue
-        spills = at + rope > width
-        if spills and not packed:  # into another view's columns: not replayed
-            continue
-        views_ext = {cache: ((view.shape[0] + 1,) + view.shape[1:], view.strides, view.offset)} if spills else {}
-        out.append(Hypothesis("part_misplaced", f"the rope part written at element {at} ({why}) instead of "
-                              f"at element {nope}" + (", past the row's end into the next" if spills else ""),
-                              {"rope_at": at}, views=views_ext))
-    return out
 
 
 def _plain(outcome) -> np.ndarray:

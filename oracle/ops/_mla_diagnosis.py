@@ -1,0 +1,77 @@
+"""Hypotheses of the MLA writers that depend on a case's layout: where a kernel writes the rope
+part of a row, and what it reads for the rope's first elements."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..buffers import numpy_view
+from ..diagnose.hypothesis import Hypothesis
+from .base import Prepared
+
+VECTORS = (2, 4, 8, 16)  # elements a vectorized row copy moves at once
+
+
+def misplaced_rope(views: dict, cache: str, first: str, nope: int, rope: int, known: set) -> list[Hypothesis]:
+    """rope (k_pe) written at another element of each row (entry) than ``nope`` (the first part's
+    width): at the first part's source row stride (its stride taken for its width), at the
+    first part's end rounded up to 16, 32, 64 or 128 bytes (a vector store's alignment), or at a
+    hard-coded 512 (DeepSeek's kv_lora_rank); offsets in ``known`` are tried elsewhere. Where the
+    rope so runs past its row into the next, the cache is replayed one slot (block) longer, into
+    its guard band, as the kernel writes it."""
+    view = views[cache]
+    itemsize, width = view.itemsize, view.shape[-1]
+    offsets = {views[first].strides[0]: f"the {first} source's row stride, taken for its width"}
+    for align in (16, 32, 64, 128):
+        at = -(-nope * itemsize // align) * align // itemsize
+        offsets.setdefault(at, f"{first}'s end rounded up to {align} bytes")
+    offsets.setdefault(512, "a hard-coded kv_lora_rank")
+    out = []
+    packed = view.strides[-2] == width and all(view.strides[i] == view.strides[i + 1] * view.shape[i + 1]
+                                               for i in range(len(view.shape) - 2))
+    for at, why in offsets.items():
+        if at in known or at == nope or at <= 0:
+            continue
+        spills = at + rope > width
+        if spills and not packed:  # into another view's columns: not replayed
+            continue
+        views_ext = {cache: ((view.shape[0] + 1,) + view.shape[1:], view.strides, view.offset)} if spills else {}
+        out.append(Hypothesis("part_misplaced", f"the rope part written at element {at} ({why}) instead of "
+                              f"at element {nope}" + (", past the row's end into the next" if spills else ""),
+                              {"rope_at": at}, views=views_ext))
+    return out
+
+
+def boundary_vector_read(prepared: Prepared, first: str, second: str) -> list[Hypothesis]:
+    """The ``second`` source's first elements read from past the ``first`` source's row end: a
+    row copied in vectors of V elements whose vector straddling the boundary (the first part's
+    width no multiple of V) is loaded whole from the first source, then stored where it belongs,
+    so the second part's first ``V - width % V`` elements are whatever follows the first
+    source's row in memory (its next row, a neighbour's columns, a guard band)."""
+    arena, before = prepared.arena, prepared.before
+    a, b = arena.views[first], arena.views[second]
+    width, rope = a.shape[-1], b.shape[-1]
+    region = arena.regions[a.region]
+    if region.sparse or not rope or 0 in a.shape:
+        return []
+    spills: dict = {}  # elements read past the row -> the vector widths that read that many
+    for vector in VECTORS:
+        if width % vector:
+            spills.setdefault(min(vector - width % vector, rope), []).append(vector)
+    out = []
+    for spill, vectors in spills.items():
+        past = replace(a, shape=a.shape[:-1] + (width + spill,))
+        if past.extent()[1] > region.payload + region.guard:
+            continue
+
+        def read(array, past=past, spill=spill):
+            wider = numpy_view(before[past.region], past, region.guard)
+            out = array.copy()
+            out[..., :spill] = wider[..., width:]
+            return out
+
+        sizes = " or ".join(", ".join(map(str, vectors)).rsplit(", ", 1))
+        out.append(Hypothesis("sources_assumed_adjacent", f"the vector ({sizes} elements) across the {first} / "
+                              f"{second} boundary loaded from {first} alone: {second}'s first {spill} elements "
+                              f"read from past {first}'s row end", inputs={second: read}))
+    return out
