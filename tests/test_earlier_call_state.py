@@ -49,6 +49,18 @@ def first_dtype_kept():
     return quantize_fp8
 
 
+def unit_scale_table_per_format():
+    """quantize_fp8 whose unit-scale path reads 16-bit sources through a code table built for the
+    dtype of its first such call and keyed by the format alone."""
+    tables = {}
+
+    def quantize_fp8(out, x, scale, fmt):
+        if x.element_size() == 2 and scale.numel() == 1 and float(scale) == 1.0:
+            x = x.view(tables.setdefault(fmt, x.dtype))
+        tn.quantize_fp8(out, x, scale, fmt)
+    return quantize_fp8
+
+
 def test_every_op_with_formats_or_dtypes_gets_after_cases():
     for op, spec in SPECS.items():
         after = {c.p["after"] for c in catalogue(op, "quick") if "after" in c.p}
@@ -58,6 +70,9 @@ def test_every_op_with_formats_or_dtypes_gets_after_cases():
             assert {f"block={f}" for f in spec.block_formats} <= after, op
         if len(spec.dtypes) > 1 and spec.sources:
             assert f"dtype={spec.dtypes[1]}" in after, op
+            if "1.0" in spec.fp8_scales:
+                assert any(c.p.get("after") == f"dtype={spec.dtypes[1]}" and c.p.get("scale") == "1.0"
+                           for c in catalogue(op, "quick")), op
 
 
 @pytest.mark.parametrize("case_id", ["e5m2-after_fp8_e4m3fn", "e4m3fn-after_fp8_e5m2"])
@@ -98,3 +113,13 @@ def test_the_torch_baseline_passes_every_after_case(op):
     for c in catalogue(op, "quick", baseline.contract):
         if "after" in c.p:
             assert run_case(baseline, c).status == PASS, c.id
+
+
+def test_a_unit_scale_table_kept_per_format_alone_is_caught_under_scale_one_only():
+    fields = dict(FP8, dtypes=("float32", "float16", "bfloat16"))
+    unit = case("quantize_fp8", "bf16-e4m3fn-scale_1.0-after_dtype_float16")
+    outcome = run_case(kernel("quantize_fp8", unit_scale_table_per_format(), **fields), unit)
+    assert outcome.status == FAIL and outcome.cause["id"] == "earlier_call_state", outcome.message
+    plain = case("quantize_fp8", "bf16-after_dtype_float16")  # scale 0.0123: the table is never taken
+    assert run_case(kernel("quantize_fp8", unit_scale_table_per_format(), **fields), plain).status == PASS
+    assert run_case(kernel("quantize_fp8", tn.quantize_fp8, **fields), unit).status == PASS
