@@ -123,3 +123,37 @@ def test_a_unit_scale_table_kept_per_format_alone_is_caught_under_scale_one_only
     plain = case("quantize_fp8", "bf16-after_dtype_float16")  # scale 0.0123: the table is never taken
     assert run_case(kernel("quantize_fp8", unit_scale_table_per_format(), **fields), plain).status == PASS
     assert run_case(kernel("quantize_fp8", tn.quantize_fp8, **fields), unit).status == PASS
+
+
+def first_mx_format_compiled():
+    """quantize_block whose MX kernel is compiled for the first MX format it meets and kept under
+    a key without the format (e4m3fn and e5m2 share every width)."""
+    from oracle.kernels import torch_block as tb
+    compiled = []
+
+    def quantize_block(codes, scales, x, fmt, global_scale):
+        if fmt.startswith("mxfp8"):
+            compiled[:] = compiled or [fmt]
+            fmt = compiled[0]
+        tb.quantize_block(codes, scales, x, fmt, global_scale)
+    return quantize_block
+
+
+def test_an_mx_format_compiled_once_is_named_in_ordinary_and_after_cases():
+    from oracle.kernels import torch_block as tb
+    fields = dict(block_formats=tuple(tb.FORMATS))
+    wrong = Kernel(Contract(op="quantize_block", name="x", backend="test", **fields), first_mx_format_compiled(), "test")
+    e5m2 = [c for c in catalogue("quantize_block", "quick") if c.cls == "block_scaled" and c.p.get("block") == "mxfp8_e5m2"]
+    assert run_case(wrong, next(c for c in catalogue("quantize_block", "quick") if c.p.get("block") == "mxfp8_e4m3fn"
+                                and c.cls == "block_scaled")).status == PASS  # compiles e4m3fn
+    outcomes = [run_case(wrong, c) for c in e5m2]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed and all(o.cause["id"] == "wrong_fp8_format" for o in failed), [o.message for o in failed]
+    assert all(o.cause["text"].startswith("mxfp8_e4m3fn codes written where mxfp8_e5m2 is asked") for o in failed)
+    def fresh():
+        return Kernel(Contract(op="quantize_block", name="x", backend="test", **fields), first_mx_format_compiled(), "test")
+
+    assert run_case(fresh(), case("quantize_block", "mxfp8_e5m2-after_block_nvfp4")).status == PASS  # nothing shared
+    outcome = run_case(fresh(), case("quantize_block", "mxfp8_e4m3fn-after_block_mxfp8_e5m2"))
+    assert outcome.status == FAIL and outcome.cause["id"] == "earlier_call_state", outcome.message
+    assert "it wrote mxfp8_e4m3fn codes where mxfp8_e5m2 is asked" in outcome.cause["text"]

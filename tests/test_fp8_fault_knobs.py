@@ -208,6 +208,37 @@ def test_oracle_sets_are_not_trivial():
         assert (reference(x, fmt, False, overflow_test="unrounded") != plain).sum() > 4
 
 
+OCP_TWINS = {"e4m3fnuz": ml_dtypes.float8_e4m3fn, "e5m2fnuz": ml_dtypes.float8_e5m2}
+
+
+def fnuz_through_ocp(x: np.ndarray, fmt: str, saturate: bool) -> np.ndarray:
+    """fnuz codes as ml_dtypes' codes of the OCP twin for 2x (the same bits, bias one lower),
+    saturating by clamping first (exact), then the OCP specials patched: NaN and inf to 0x80,
+    -0 to 0."""
+    twin = OCP_TWINS[fmt]
+    doubled = x.astype(np.float32) * np.float32(2)  # exact but past float32's range (inf, clamped)
+    if saturate:
+        top = np.float32(ml_dtypes.finfo(twin).max)
+        doubled = np.where(np.isnan(doubled), doubled, np.clip(doubled, -top, top))
+    codes = doubled.astype(twin).view(np.uint8)
+    values = codes.view(twin).astype(np.float32)
+    out = np.where(np.isfinite(values), codes, 0x80).astype(np.uint8)
+    return np.where(out == 0x80, np.where(np.isfinite(values), 0, 0x80), out).astype(np.uint8)
+
+
+@pytest.mark.parametrize("inputs", sorted(INPUT_SETS))
+@pytest.mark.parametrize("saturate", [False, True], ids=["nonsat", "sat"])
+@pytest.mark.parametrize("fmt", sorted(OCP_TWINS))
+def test_fnuz_through_the_ocp_datapath_matches_ml_dtypes_on_doubled_values(fmt, saturate, inputs):
+    x = INPUT_SETS[inputs](fmt)
+    got = quantize(x, fmt, saturate=saturate, fnuz_datapath="ocp")
+    assert not _bad(fnuz_through_ocp(x, fmt, saturate), got, x), (fmt, saturate)
+    differ = quantize(x, fmt, saturate=saturate) != got  # past the twin's max / 2 alone
+    assert differ.any() and (np.abs(x[differ]) > float(ml_dtypes.finfo(OCP_TWINS[fmt]).max) / 2).all()
+    twin = {"e4m3fnuz": "e4m3fn", "e5m2fnuz": "e5m2"}[fmt]  # an OCP format ignores the knob
+    assert (quantize(x, twin, saturate=saturate, fnuz_datapath="ocp") == quantize(x, twin, saturate=saturate)).all()
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("scale_op", ["div", "mul_reciprocal"])
 def test_fault_knobs_apply_to_the_scaled_quotient(fmt, scale_op):

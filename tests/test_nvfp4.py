@@ -131,6 +131,32 @@ def test_the_16_bit_element_product_fault_matches_the_oracle(dtype, gs):
                                   nvfp4.quantize_nvfp4(ties, gs)[0])
 
 
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("gs", [0.37, 448 * 6 / 37.5])  # neither is a float16 or a bfloat16 value
+def test_the_per_tensor_scale_narrowed_to_the_source_type_matches_the_oracle(dtype, gs):
+    """global_scale_dtype="source_dtype": the oracle under gs rounded to the source's type (its
+    cast), for 16-bit sources; on float32 sources it changes nothing."""
+    name = np.dtype(dtype).name
+    narrowed = float(np.asarray(gs, np.float32).astype(dtype))
+    assert narrowed != float(np.float32(gs))
+    with np.errstate(over="ignore"):
+        cases = [a.astype(dtype) for a in (rows(seed(f"gs-dtype-{name}-{gs}"), gs=gs),
+                                           near_ties(seed(f"gs-dtype-ties-{name}-{gs}"), gs))]
+    changed = False
+    for x in cases:
+        packed, scales = nvfp4.quantize_nvfp4(x, gs, global_scale_dtype="source_dtype")
+        for r, row in enumerate(x.reshape(-1, x.shape[-1])):
+            want_packed, want_scales = o.quantize_row([float(v) for v in row], narrowed)
+            assert scales.reshape(-1, scales.shape[-1])[r].tolist() == want_scales
+            assert packed.reshape(-1, packed.shape[-1])[r].tolist() == want_packed, r
+        changed |= not all(np.array_equal(a, b) for a, b in zip((packed, scales), nvfp4.quantize_nvfp4(x, gs)))
+    assert changed
+    x = cases[0]
+    wide = x.astype(np.float32)
+    assert all(np.array_equal(a, b) for a, b in zip(nvfp4.quantize_nvfp4(wide, gs, global_scale_dtype="source_dtype"),
+                                                    nvfp4.quantize_nvfp4(wide, gs)))
+
+
 @pytest.mark.parametrize("conversion", ["toward_zero", "nonsaturating", "flush_subnormals"])
 @pytest.mark.parametrize("gs", [3.0, 448 * 6 / 2.0 ** -3])  # the second puts block scales past 448
 def test_the_block_scale_conversion_faults_match_the_oracle(conversion, gs):

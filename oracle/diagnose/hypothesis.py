@@ -71,7 +71,7 @@ CAUSES = {
     "block_scale_wrong": "block scales from a wrong amax or exponent (each block's elements right under the scale written)",
     "block_nonfinite": "zero, NaN or inf blocks scaled or written another way",
     "block_scale_unrounded": "elements scaled by the block scale before its rounding to the stored format",
-    "global_scale_misapplied": "the per-tensor scale is applied twice or not at all",
+    "global_scale_misapplied": "the per-tensor scale is applied twice, not at all, inverted or rounded to the source's type",
     "nibbles_swapped": "the two 4-bit codes of each byte are swapped",
     "padding_into_slot_zero": "padding rows are quantized and written into slot 0",
     "scale_layout_wrong": "the scale cache is written in another layout than its own",

@@ -171,6 +171,10 @@ def alternatives(fmt: str, contract: Contract, dtype: str = "float32") -> list[H
         other("block_scaling_rule", "exponent_offset", offset,
               f"the shared exponent computed with {other_element}'s emax ({15 if other_element == 'e5m2' else 8}) "
               f"for {element}'s ({8 if element == 'e4m3fn' else 15}): E {offset:+d} in every block")
+        twin = next(f for f in block_scaled.FORMATS if f != fmt and block_scaled.require_format(f)[0] == "mx")
+        out.append(Hypothesis("wrong_fp8_format", f"{twin} codes written where {fmt} is asked (its elements "
+                              "and shared exponents: the same widths, another element format)",
+                              override={"block_format": twin}))
         other("block_amax_read_ahead", "tail_amax", "read_ahead",
               f"the partial last block of each head takes its scale from a whole {mx.BLOCK}-element load from its "
               "start: its amax includes the elements past the head's end (the next head's, or the next token's), "
@@ -184,6 +188,9 @@ def alternatives(fmt: str, contract: Contract, dtype: str = "float32") -> list[H
                                "amax / (448 * 6), taken for the encode scale's)")):
             other("global_scale_misapplied", "global_scale_uses", uses, f"the per-tensor scale is {how}")
         if dtype in ("float16", "bfloat16"):
+            other("global_scale_misapplied", "global_scale_dtype", "source_dtype",
+                  f"the per-tensor scale rounded to {dtype} before use (converted to the source's type, as a "
+                  "kernel templated on it does)")
             other("element_rounding", "element_product", "source_dtype",
                   f"the element product x * (1 / scale) computed in {dtype} (the multiplier and the "
                   "product each rounded to it, as __hmul2), then converted to e2m1: double rounding")

@@ -320,6 +320,13 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
         out.append(Hypothesis("fp8_conversion", "the rounding's carry out of the mantissa lost (the mantissa "
                               "rounded apart from the exponent: a value that rounds up to 2^(e+1) written as 2^e)",
                               {"carry": "dropped"}))
+    if form.fnuz and declared.fnuz_datapath == "own":
+        twin = _fp8.OCP_TWIN[form.name]
+        top, values = _fp8.FORMATS[twin].max_code, _fp8.code_values(form.name)
+        out.append(Hypothesis("fp8_conversion", f"{form.name} codes built from {twin}'s codes of 2q (the OCP "
+                              f"datapath, bias one higher, specials patched): the range ends at {twin}'s largest "
+                              f"code, 0x{top:02X} ({values[top]:g}), not 0x{form.max_code:02X} "
+                              f"({values[form.max_code]:g})", {"fnuz_datapath": "ocp"}))
     if not declared.saturate and declared.overflow_test == "rounded":
         out.append(Hypothesis("fp8_conversion", "overflow tested on the unrounded quotient (|q| > max before "
                               "rounding): quotients just past max, which round to it, written as overflow",

@@ -76,7 +76,10 @@ class _BlockSpec(OpSpec):
         return p, p["n"], heads, dim + (p.get("bad") == "odd_head"), p["block"], p.get("bad")
 
     def _knobs(self, case: Case, contract: Contract, override: dict) -> tuple[str, dict, dict]:
-        fmt = self.p_with_defaults(case)["block"]
+        """(the format, the reference's knobs, the other overrides); ``block_format`` replays
+        another format of the same widths."""
+        override = dict(override)
+        fmt = override.pop("block_format", self.p_with_defaults(case)["block"])
         knobs, rest = _blockcases.resolve(contract, fmt, override)
         return fmt, knobs, rest
 

@@ -5,8 +5,8 @@ quotient a few float32 ulps (to model approximate division), optionally rounds i
 bfloat16 first (double rounding, as some paths do), then rounds once to the
 fp8 format: to nearest, ties to even, overflow decided after rounding. The knobs choose what
 overflow, infinities and NaN become; everything else agrees across every implementation we know
-(see docs/semantics.md and ../shared/peer-semantics.md). Five more knobs (``rounding``,
-``subnormals``, ``negative_zero``, ``overflow_test``, ``carry``) model conversion bugs, not real
+(see docs/semantics.md and ../shared/peer-semantics.md). Six more knobs (``rounding``,
+``subnormals``, ``negative_zero``, ``overflow_test``, ``carry``, ``fnuz_datapath``) model conversion bugs, not real
 implementations: no preset sets them; the diagnosis replays them to name what a failing kernel
 does.
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _validate as v
 # the formats and knobs live in fp8_formats (the presets use them too); importable from here as before
-from .fp8_formats import (FORMATS, INF_POLICIES, INTERMEDIATES, NEGATIVE_ZEROS, SCALE_OPS,  # noqa: F401
+from .fp8_formats import (FORMATS, INF_POLICIES, INTERMEDIATES, NEGATIVE_ZEROS, OCP_TWIN, SCALE_OPS,  # noqa: F401
                           SUBNORMALS, Fp8Format, Fp8Knobs, NaNEncoding, _is_nan_code, canonical_nan,
                           get_format)
 from .presets import get_preset
@@ -45,7 +45,7 @@ def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: in
     (see :mod:`oracle.reference.presets`; default ``ocp_satfinite``) and may be overridden one by
     one: ``saturate``, ``inf``, ``nan``, ``overflow_nan``, ``scale_op``, ``intermediate``,
     ``quotient_ulps``, ``rounding``, ``subnormals``, ``negative_zero``, ``overflow_test``,
-    ``carry`` (see :class:`Fp8Knobs`).
+    ``carry``, ``fnuz_datapath`` (see :class:`Fp8Knobs`).
     A named knob always wins over the preset; naming ``saturate`` alone also chooses that mode's
     ``inf`` rule (see :func:`resolve_knobs`), so ``saturate=False`` is the OCP non-saturating
     conversion, ±inf included. The input is never modified.
@@ -181,18 +181,22 @@ def encode(bits: np.ndarray, form: Fp8Format, knobs: Fp8Knobs) -> np.ndarray:
     elif knobs.subnormals == "truncate":  # below the smallest normal, and only there, toward zero
         truncated = round_float32(bits, form.binary, "toward_zero")[1]
         code = np.where(truncated < (1 << form.binary.mantissa_bits), truncated, code)
+    top = form.max_code
+    if knobs.fnuz_datapath == "ocp" and form.fnuz:  # the OCP twin's range, in the same bits
+        top = FORMATS[OCP_TWIN[form.name]].max_code
+        overflow = overflow | (~is_nan & ~is_inf & (code > top))
     # Codes are only meaningful where no mask is set; the masks below overwrite the rest.
     unsigned_zero = (form.fnuz and knobs.negative_zero != "signed") or knobs.negative_zero == "positive"
     out = np.where(code == 0, 0, code | sign_bit) if unsigned_zero else code | sign_bit
     if knobs.saturate:
-        out = np.where(overflow, sign_bit | form.max_code, out)
+        out = np.where(overflow, sign_bit | top, out)
     elif form.fnuz:
         out = np.where(overflow, 0x80, out)
     elif form.inf_code is not None:
         out = np.where(overflow, sign_bit | form.inf_code, out)
     else:
         out = np.where(overflow, made_nan, out)
-    inf_result = {"max": sign_bit | form.max_code, "nan": made_nan,
+    inf_result = {"max": sign_bit | top, "nan": made_nan,
                   "inf": sign_bit | (form.inf_code or 0)}[knobs.inf]
     out = np.where(is_inf, inf_result, out)
     out = np.where(is_nan, nan_code, out)

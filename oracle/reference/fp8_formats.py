@@ -51,6 +51,8 @@ SUBNORMALS = ("keep", "flush", "truncate")
 NEGATIVE_ZEROS = ("keep", "positive", "signed")
 OVERFLOW_TESTS = ("rounded", "unrounded")
 CARRIES = ("kept", "dropped")
+FNUZ_DATAPATHS = ("own", "ocp")
+OCP_TWIN = {"e4m3fnuz": "e4m3fn", "e5m2fnuz": "e5m2"}  # the OCP format of the same bits, bias one lower
 
 
 def get_format(fmt: str) -> Fp8Format:
@@ -150,6 +152,12 @@ class Fp8Knobs:
       the unrounded exponent, as a conversion that rounds the two fields apart does): the value
       just below ``2**(e+1)`` is written as ``2**e``, half of it; overflow is then decided on that
       code. Normal values only: a subnormal still rounds up to the smallest normal.
+    - ``fnuz_datapath``: ``"own"`` (the default) or ``"ocp"``: an fnuz format's codes computed as
+      the OCP twin's codes of ``2 * q`` (e4m3fnuz from e4m3fn, e5m2fnuz from e5m2: the same bits
+      with the bias one higher) and the specials patched, as a conversion that reuses OCP hardware
+      or code does. Equal everywhere but at the top: the OCP twin's largest code is the fnuz
+      format's largest (0x7E: 224 where e4m3fnuz reaches 240; 0x7B: 28672 where e5m2fnuz reaches
+      57344), and what rounds past it overflows. Other formats ignore it.
     - ``negative_zero``: ``"keep"`` (the default) or ``"positive"``: a result of -0 (0x80: -0.0 and
       negative values that round, or are flushed, to zero) is written as +0, 0x00. The fnuz
       formats always do this, unless ``"signed"``: a negative zero result keeps its sign bit even
@@ -168,6 +176,7 @@ class Fp8Knobs:
     negative_zero: str = "keep"
     overflow_test: str = "rounded"
     carry: str = "kept"
+    fnuz_datapath: str = "own"
 
     def validated(self, fmt: Fp8Format) -> "Fp8Knobs":
         """The knobs with defaults filled in for ``fmt``, or a ValueError naming the bad knob."""
@@ -180,6 +189,7 @@ class Fp8Knobs:
         v.require_choice("negative_zero", self.negative_zero, NEGATIVE_ZEROS)
         v.require_choice("overflow_test", self.overflow_test, OVERFLOW_TESTS)
         v.require_choice("carry", self.carry, CARRIES)
+        v.require_choice("fnuz_datapath", self.fnuz_datapath, FNUZ_DATAPATHS)
         ulps = self.quotient_ulps
         if isinstance(ulps, (bool, np.bool_)) or not isinstance(ulps, (int, np.integer)):
             raise TypeError(f"quotient_ulps must be an int, got {ulps!r}")

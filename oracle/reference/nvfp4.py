@@ -45,7 +45,9 @@ Fault knobs (never a real writer's choice; the diagnosis replays them to name a 
 reciprocal applied: the decode scale's convention, ``amax / (448 * 6)``, taken for the encode
 scale's), ``element_product`` (the multiply ``x * out``: ``"float32"``, or the bug
 ``"source_dtype"``, in a 16-bit source's own arithmetic, ``out`` and the product each rounded to
-that type, as ``__hmul2`` computes, before the e2m1 conversion) and
+that type, as ``__hmul2`` computes, before the e2m1 conversion), ``global_scale_dtype`` (``gs``
+as given, ``"float32"``, or the bug ``"source_dtype"``: rounded to a 16-bit source's type before
+any use, as a kernel templated on the source type that converts it to ``scalar_t`` does) and
 ``scale_conversion`` (the block scale's e4m3fn conversion: ``"satfinite"``, or the bugs
 ``"toward_zero"``, truncated, ``"nonsaturating"``, ``sf`` past 448 made the NaN byte 0x7F,
 whose NaN then reaches every element of the block, and ``"flush_subnormals"``, an ``sf`` that
@@ -83,6 +85,7 @@ MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # between adjacent e2m1 mag
 TIE_FLIPS = tuple(f"tie_flipped_at_{t:g}" for t in MIDPOINTS)
 GLOBAL_SCALE_USES = (0, 1, 2, -1)
 ELEMENT_PRODUCTS = ("float32", "source_dtype")
+GLOBAL_SCALE_DTYPES = ("float32", "source_dtype")
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class Nvfp4Knobs:
     element_scale: str = "stored"  # fault knob: "unrounded"
     global_scale_uses: int = 1  # fault knob: 0, 2 or -1 (its reciprocal)
     element_product: str = "float32"  # fault knob: "source_dtype"
+    global_scale_dtype: str = "float32"  # fault knob: "source_dtype"
     scale_conversion: str = "satfinite"  # fault knob: "toward_zero" or "nonsaturating"
     negative_zero: str = "keep"  # fault knob: "positive" (a magnitude code of 0 written without its sign)
 
@@ -111,6 +115,7 @@ class Nvfp4Knobs:
         v.require_choice("element_scale", self.element_scale, ELEMENT_SCALES)
         v.require_choice("global_scale_uses", self.global_scale_uses, GLOBAL_SCALE_USES)
         v.require_choice("element_product", self.element_product, ELEMENT_PRODUCTS)
+        v.require_choice("global_scale_dtype", self.global_scale_dtype, GLOBAL_SCALE_DTYPES)
         v.require_choice("scale_conversion", self.scale_conversion, SCALE_CONVERSIONS)
         v.require_choice("negative_zero", self.negative_zero, NEGATIVE_ZEROS)
         return self
@@ -242,10 +247,12 @@ def quantize_nvfp4(x, global_scale=1.0, *, block: int = BLOCK, preset: str | Non
 def _quantize_blocks(blocks: np.ndarray, real: np.ndarray, gs: np.float32, k: Nvfp4Knobs, source_dtype,
                      given: np.ndarray | None = None):
     """(element codes ``[..., blocks, block]``, scale codes ``[..., blocks]``) of float32 blocks
-    (``source_dtype``: the elements' own type, for ``element_product="source_dtype"``; ``given``:
+    (``source_dtype``: the elements' own type, for the knobs set to ``"source_dtype"``; ``given``:
     scale codes that replace the computed ones where they differ)."""
     f32 = np.float32
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        if k.global_scale_dtype == "source_dtype" and np.dtype(source_dtype).itemsize == 2:
+            gs = f32(np.asarray(gs, f32).astype(source_dtype))
         encode = {0: f32(1), 1: f32(gs), 2: f32(f32(gs) * gs), -1: f32(f32(1) / gs)}[k.global_scale_uses]
         if k.global_scale_at == "input":
             blocks = (blocks * encode).astype(f32)
