@@ -278,3 +278,48 @@ def test_a_vector_across_the_nope_rope_boundary_read_from_nope_is_named(op, firs
     assert all(o.cause and o.cause["id"] == "sources_assumed_adjacent" and "8" in o.cause["text"].split(" elements)")[0]
                for o in failed.values()), {i: o.message for i, o in failed.items()}
     assert all(o.status in (PASS, NOT_SUPPORTED) for i, o in outcomes.items() if i not in failed)
+
+
+def winner_table(size: int):
+    """store_cache resolving duplicated slots through a table of ``size`` entries indexed by slot %
+    size (the highest position wins): distinct slots that collide there lose all but the last."""
+    def store_cache(k, v, k_cache, v_cache, loc):
+        slots = loc.long()
+        positions = torch.arange(slots.numel())
+        table = torch.full((size,), -1, dtype=torch.int64).scatter_reduce(0, slots % size, positions, reduce="amax")
+        won = table[slots % size] == positions
+        tn.store_cache(k[won], v[won], k_cache, v_cache, loc[won])
+    return store_cache
+
+
+def test_distinct_slots_colliding_in_a_winner_table_are_named():
+    contract = Contract(op="store_cache", name="table", backend="test", duplicates="any", validates=True,
+                        dtypes=("float32", "float16", "bfloat16", "uint8"))
+    kernel = Kernel(contract, winner_table(1024), "test")
+    outcomes = [run_case(kernel, c) for c in catalogue("store_cache", "quick", contract)
+                if (c.p.get("n") == 4096 or c.p.get("dups")) and not c.p.get("bad")]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed, "no case has distinct slots colliding modulo 1024"
+    assert all(o.cause and o.cause["id"] == "slot_table_collision" and "slot % 1024" in o.cause["text"]
+               for o in failed), [o.message for o in failed]
+
+
+def compacting_dcp_writer(kv_buffer, loc, nope, rope):
+    """set_mla_kv_buffer on DCP rank 1 of 2 that compacts the locs it writes and then takes
+    source row j for the j-th of them."""
+    kept = torch.fmod(loc, 2) == 1  # truncating, as the contract declares
+    positions = torch.nonzero(kept).flatten()
+    nope, rope = nope.clone(), rope.clone()
+    nope[positions], rope[positions] = nope[:positions.numel()].clone(), rope[:positions.numel()].clone()
+    tn.set_mla_kv_buffer_dcp(kv_buffer, loc, nope, rope, dcp_world=2, dcp_rank=1, dcp_modulo="truncate")
+
+
+def test_a_dcp_writer_that_reads_the_compacted_position_is_named():
+    contract = Contract(op="set_mla_kv_buffer", name="compact", backend="test", validates=True, padding="reserved:0",
+                        dcp_world=2, dcp_rank=1, dtypes=("float32", "float16", "bfloat16", "uint8"))
+    kernel = Kernel(contract, compacting_dcp_writer, "test")
+    outcomes = [run_case(kernel, c) for c in catalogue("set_mla_kv_buffer", "quick", contract)
+                if c.cls in ("dtypes", "dcp") and not c.p.get("values")]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed and all(o.cause and o.cause["id"] == "rows_misrouted" and "compacted" in o.cause["text"]
+                          for o in failed), [o.message for o in failed]

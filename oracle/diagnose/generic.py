@@ -17,6 +17,7 @@ from ..buffers import NUMPY_DTYPES, ViewSpec, contiguous_strides
 from ..reference.slots import Padding
 from .hypothesis import Hypothesis
 from .row_bounds import head_tile_hypotheses, overrun_hypotheses, tail_hypotheses, width_hypotheses
+from .slot_tables import winner_table_hypotheses
 
 
 # The index as a misreading kernel sees it can repeat a slot (decoys are drawn with replacement):
@@ -375,7 +376,7 @@ def run_hypotheses(prepared) -> list[Hypothesis]:
     out = []
     for index in _by_role(prepared.arena.views, "index"):
         entries = prepared.numpy(index.name).astype(np.int64)
-        if entries.ndim != 1 or entries.size < 3 or entries[-1] - entries[0] != entries.size - 1:
+        if entries.ndim != 1 or entries.size < 3 or int(entries[-1]) - int(entries[0]) != entries.size - 1:
             continue
         run = entries[0] + np.arange(entries.size)
         if not np.array_equal(run, entries):
@@ -428,4 +429,5 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + width_hypotheses(views, prepared.caches)
             + overrun_hypotheses(views, prepared.caches) + head_tile_hypotheses(views, prepared.caches)
             + tail_hypotheses(views, prepared.caches)
-            + index_past_end_hypotheses(views, prepared))
+            + index_past_end_hypotheses(views, prepared)
+            + winner_table_hypotheses(views, prepared, contract))

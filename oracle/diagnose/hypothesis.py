@@ -51,6 +51,7 @@ CAUSES = {
     "mapping_assumed_paged": "the SWA mapping read once per page (its first slot's entry plus the offset)",
     "rows_misrouted": "rows the reference writes at one slot are written at another (an entry paired with the wrong slot or source row)",
     "rows_dropped": "the last rows are not written (a loop bound short of the index's length)",
+    "slot_table_collision": "distinct slots that collide in a duplicate-resolution table (slot modulo its size) are not written",
     "cache_layout_ignored": "the caches' strides or storage offsets are not honoured",
     "int32_offsets": "offsets past 2^31 elements wrap (computed in 32 bits)",
     "dcp_modulo": "DCP locs selected or divided with the other modulo",

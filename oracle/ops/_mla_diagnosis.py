@@ -1,12 +1,16 @@
-"""Hypotheses of the MLA writers that depend on a case's layout: where a kernel writes the rope
-part of a row, and what it reads for the rope's first elements."""
+"""Hypotheses of the MLA writers that depend on a case's layout or index: where a kernel writes
+the rope part of a row, what it reads for the rope's first elements, and which source row a
+DCP-sharded writer takes for each kept loc."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ..buffers import numpy_view
 from ..diagnose.hypothesis import Hypothesis
+from ..reference.slots import Padding, dcp_local_rows
 from .base import Prepared
 
 VECTORS = (2, 4, 8, 16)  # elements a vectorized row copy moves at once
@@ -74,4 +78,31 @@ def boundary_vector_read(prepared: Prepared, first: str, second: str) -> list[Hy
         out.append(Hypothesis("sources_assumed_adjacent", f"the vector ({sizes} elements) across the {first} / "
                               f"{second} boundary loaded from {first} alone: {second}'s first {spill} elements "
                               f"read from past {first}'s row end", inputs={second: read}))
+    return out
+
+
+def compacted_sources(prepared: Prepared, contract, sources: tuple) -> list[Hypothesis]:
+    """Under DCP (``dcp_world > 1``): the entries this rank keeps compacted to the front (the
+    DCP-selected ones, or those that are also no padding), and the j-th of them written with source
+    row j, its position in the compacted list, instead of its own position in the index."""
+    if contract.dcp_world == 1:
+        return []
+    loc = prepared.numpy("loc").astype(np.int64)
+    selected, _ = dcp_local_rows(loc, contract.dcp_world, contract.dcp_rank, contract.dcp_modulo)
+    padding = Padding.parse(contract.padding).skipped(loc, np.iinfo(np.int64).max)
+    out, seen = [], set()
+    for kept, which in ((selected, "the locs this rank selects"), (selected & ~padding, "the locs it writes")):
+        positions = np.flatnonzero(kept)
+        if not positions.size or np.array_equal(positions, np.arange(positions.size)) or positions.tobytes() in seen:
+            continue
+        seen.add(positions.tobytes())
+
+        def read(array, positions=positions):
+            out = array.copy()
+            out[positions] = array[:positions.size]
+            return out
+
+        out.append(Hypothesis("rows_misrouted", f"{which} compacted to the front ({positions.size} of {loc.size}) "
+                              "and the j-th of them written with source row j, not the row of its own position",
+                              inputs={name: read for name in sources}))
     return out

@@ -30,7 +30,7 @@ from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
 from ..diagnose.hypothesis import Hypothesis
 from . import _build, _dcp, _fp8cases
-from ._mla_diagnosis import boundary_vector_read, misplaced_rope
+from ._mla_diagnosis import boundary_vector_read, compacted_sources, misplaced_rope
 from .base import Case, OpSpec, Prepared
 
 NEIGHBOUR = 8  # elements per row (per block, paged) of the view interleaved with an "aliased" cache
@@ -176,7 +176,8 @@ class SetMlaKvBuffer(OpSpec):
         itemsize = NUMPY_DTYPES[p["dtype"]].itemsize
         return (misplaced_rope(prepared.arena.views, "kv_buffer", "nope", nope, rope,
                                {self.dims(p)[2] - rope, nope * itemsize})
-                + boundary_vector_read(prepared, "nope", "rope"))
+                + boundary_vector_read(prepared, "nope", "rope")
+                + compacted_sources(prepared, contract, self.sources))
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "narrow_buffer")
