@@ -323,3 +323,38 @@ def test_a_dcp_writer_that_reads_the_compacted_position_is_named():
     failed = [o for o in outcomes if o.status == FAIL]
     assert failed and all(o.cause and o.cause["id"] == "rows_misrouted" and "compacted" in o.cause["text"]
                           for o in failed), [o.message for o in failed]
+
+
+
+def unmasked_row_tiles(call, outputs: int, tile: int = 4):
+    """A quantizing kernel (its ``outputs`` first, then x) that handles (token, head) rows ``tile``
+    at a time with masked loads and unmasked stores: the last tile's rows past the end are written
+    as zero rows convert, after each packed output."""
+    def kernel(*args):
+        outs, x, rest = args[:outputs], args[outputs], args[outputs + 1:]
+        rows = x.shape[0] * x.shape[1]
+        extra = -rows % tile
+        if not extra or not all(o.is_contiguous() for o in outs):
+            return call(*args)
+        grown = [o.as_strided((rows + extra, 1, o.shape[-1]), (o.shape[-1], o.shape[-1], 1), o.storage_offset())
+                 for o in outs]
+        padded = torch.cat([x.reshape(rows, -1), x.new_zeros(extra, x.shape[-1])]).unsqueeze(1)
+        call(*grown, padded, *rest)
+    return kernel
+
+
+@pytest.mark.parametrize("op", ["quantize_fp8", "quantize_block"])
+def test_unmasked_stores_of_a_last_row_tile_are_named(op):
+    from oracle.kernels import torch_block as tb
+
+    if op == "quantize_fp8":
+        contract = Contract(op=op, name="tiles", backend="test", fp8_formats=("e4m3fn", "e5m2"),
+                            fp8_preset=tn._torch_fp8_preset(), scales=("tensor",))
+        kernel = Kernel(contract, unmasked_row_tiles(tn.quantize_fp8, 1), "test")
+    else:
+        contract = Contract(op=op, name="tiles", backend="test", block_formats=tuple(tb.FORMATS))
+        kernel = Kernel(contract, unmasked_row_tiles(tb.quantize_block, 2), "test")
+    outcomes = [run_case(kernel, c) for c in catalogue(op, "quick", contract) if not c.p.get("bad")]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed and all(o.cause and o.cause["id"] == "row_overrun" and "4" in o.cause["text"].split(" at a time")[0]
+                          for o in failed), [o.message for o in failed if not o.cause or o.cause["id"] != "row_overrun"]

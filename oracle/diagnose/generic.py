@@ -16,7 +16,8 @@ import numpy as np
 from ..buffers import NUMPY_DTYPES, ViewSpec, contiguous_strides
 from ..reference.slots import Padding
 from .hypothesis import Hypothesis
-from .row_bounds import head_tile_hypotheses, overrun_hypotheses, tail_hypotheses, width_hypotheses
+from .row_bounds import (head_tile_hypotheses, overrun_hypotheses, row_tile_hypotheses, tail_hypotheses,
+                         width_hypotheses)
 from .slot_tables import winner_table_hypotheses
 
 
@@ -428,6 +429,7 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + cache_hypotheses(views, prepared.caches, getattr(spec, "paged", False))
             + width_hypotheses(views, prepared.caches)
             + overrun_hypotheses(views, prepared.caches) + head_tile_hypotheses(views, prepared.caches)
+            + row_tile_hypotheses(views, prepared.caches, prepared.arena.regions)
             + tail_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared)
             + winner_table_hypotheses(views, prepared, contract))

@@ -138,6 +138,43 @@ def head_tile_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     return out
 
 
+ROW_TILES = (2, 4, 8, 16)  # (token, head) rows a program of a quantizing kernel handles
+
+
+def row_tile_hypotheses(views: dict, written: tuple, regions: dict) -> list[Hypothesis]:
+    """A kernel without an index that handles the (token, head) rows of its source [N, H, D] in
+    tiles of T, its loads masked and its stores not: where T does not divide N * H, the last
+    tile's rows past the end are written too, as zero rows convert (codes 0 and a zero block's
+    scale), into whatever follows each packed output [N, H, W] in its allocation."""
+    sources = _sources(views)
+    outputs = [views[n] for n in written if n in views]
+    if (len(sources) != 1 or len(sources[0].shape) != 3 or not outputs or any(v.role == "index" for v in views.values())
+            or any(len(v.shape) != 3 or v.shape[:2] != sources[0].shape[:2] or v.strides != contiguous_strides(v.shape)
+                   for v in outputs)):
+        return []
+    rows = sources[0].shape[0] * sources[0].shape[1]
+    tiles: dict = {}  # rows written past the end -> the tile sizes that write that many
+    for tile in ROW_TILES:
+        if rows % tile:
+            tiles.setdefault(-rows % tile, []).append(tile)
+    out = []
+    for extra, sizes in tiles.items():
+        grown = {v.name: ((rows + extra, v.shape[-1]), (v.shape[-1], 1), v.offset) for v in outputs}
+        if any(v.offset + (rows + extra) * v.shape[-1] * v.itemsize > regions[v.region].payload
+               + regions[v.region].guard for v in outputs):
+            continue
+
+        def zero_rows(array, extra=extra):
+            flat = array.reshape(-1, array.shape[-1])
+            return np.concatenate([flat, np.zeros((extra, flat.shape[1]), array.dtype)])
+
+        tile = " or ".join(", ".join(map(str, sizes)).rsplit(", ", 1))
+        out.append(Hypothesis("row_overrun", f"(token, head) rows handled {tile} at a time, loads masked and "
+                              f"stores not: the last tile's {extra} rows past the end written as zero rows convert",
+                              views=grown, inputs={sources[0].name: zero_rows}))
+    return out
+
+
 def _bytes_past(rows: list, width: dict, itemsize: int, past: set) -> dict:
     """Packed rows re-addressed as bytes, one byte longer for the views named in ``past``."""
     out = {}
