@@ -358,3 +358,28 @@ def test_unmasked_stores_of_a_last_row_tile_are_named(op):
     failed = [o for o in outcomes if o.status == FAIL]
     assert failed and all(o.cause and o.cause["id"] == "row_overrun" and "4" in o.cause["text"].split(" at a time")[0]
                           for o in failed), [o.message for o in failed if not o.cause or o.cause["id"] != "row_overrun"]
+
+
+def word_stores(word: int):
+    """quantize_fp8 storing each (token, head) row of codes as whole ``word``-byte words, the last
+    word's padding zeros past the row's end, the rows stored last to first."""
+    def quantize_fp8(out, x, scale, fmt):
+        codes = torch.empty_like(out)
+        tn.quantize_fp8(codes, x, scale, fmt)
+        n, h, d = out.shape
+        width = -(-d // word) * word
+        for r in reversed(range(n * h)):
+            row = out.as_strided((width,), (1,), out.storage_offset() + (r // h) * out.stride(0) + (r % h) * out.stride(1))
+            row.copy_(torch.cat([codes[r // h, r % h], codes.new_zeros(width - d)]))
+    return quantize_fp8
+
+
+def test_rows_stored_as_whole_words_spilling_zeros_are_named():
+    contract = Contract(op="quantize_fp8", name="words", backend="test", fp8_formats=("e4m3fn", "e5m2"),
+                        fp8_preset=tn._torch_fp8_preset())
+    kernel = Kernel(contract, word_stores(4), "test")
+    outcomes = [run_case(kernel, c) for c in catalogue("quantize_fp8", "quick", contract)
+                if not c.p.get("bad") and c.p.get("n", 133) <= 133]
+    failed = [o for o in outcomes if o.status == FAIL]
+    assert failed and all(o.cause and o.cause["id"] == "row_overrun" and "4-byte words" in o.cause["text"]
+                          for o in failed), [o.message for o in failed if not o.cause or "words" not in o.cause["text"]]

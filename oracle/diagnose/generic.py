@@ -17,7 +17,7 @@ from ..buffers import NUMPY_DTYPES, ViewSpec, contiguous_strides
 from ..reference.slots import Padding
 from .hypothesis import Hypothesis
 from .row_bounds import (head_tile_hypotheses, overrun_hypotheses, row_tile_hypotheses, tail_hypotheses,
-                         width_hypotheses)
+                         width_hypotheses, word_spill_hypotheses)
 from .slot_tables import winner_table_hypotheses
 
 
@@ -430,6 +430,7 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + width_hypotheses(views, prepared.caches)
             + overrun_hypotheses(views, prepared.caches) + head_tile_hypotheses(views, prepared.caches)
             + row_tile_hypotheses(views, prepared.caches, prepared.arena.regions)
+            + word_spill_hypotheses(views, prepared.caches, prepared.arena.regions)
             + tail_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared)
             + winner_table_hypotheses(views, prepared, contract))

@@ -8,6 +8,8 @@ among its own.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..buffers import contiguous_strides
@@ -172,6 +174,41 @@ def row_tile_hypotheses(views: dict, written: tuple, regions: dict) -> list[Hypo
         out.append(Hypothesis("row_overrun", f"(token, head) rows handled {tile} at a time, loads masked and "
                               f"stores not: the last tile's {extra} rows past the end written as zero rows convert",
                               views=grown, inputs={sources[0].name: zero_rows}))
+    return out
+
+
+WORD_BYTES = (2, 4, 8, 16)
+
+
+def word_spill_hypotheses(views: dict, written: tuple, regions: dict) -> list[Hypothesis]:
+    """A kernel without an index that converts its source [N, H, D] element for element into a
+    packed byte output [N, H, D] and stores each (token, head) row as whole words of B bytes: where
+    B does not divide D, the last word's padding (zeros) lands past the row's end, in the next
+    row's first bytes (which that row's own store may write before or after) or past the output."""
+    sources = _sources(views)
+    outputs = [views[n] for n in written if n in views]
+    if (len(sources) != 1 or len(outputs) != 1 or len(sources[0].shape) != 3 or any(v.role == "index" for v in views.values())):
+        return []
+    out_view, width = outputs[0], sources[0].shape[-1]
+    if out_view.shape != sources[0].shape or out_view.itemsize != 1 or out_view.strides[-1] != 1:
+        return []
+    region = regions[out_view.region]
+    out, seen = [], set()
+    for word in WORD_BYTES:
+        pad = -width % word
+        wide = replace(out_view, shape=out_view.shape[:-1] + (width + pad,))
+        if not pad or pad in seen or wide.extent()[1] > region.payload + region.guard:
+            continue
+        seen.add(pad)
+
+        def padded(array, pad=pad):
+            return np.concatenate([array, np.zeros(array.shape[:-1] + (pad,), array.dtype)], axis=-1)
+
+        out.append(Hypothesis("row_overrun", f"each (token, head) row stored as whole {word}-byte words: the last "
+                              f"word's {pad} padding bytes (zeros) written past the row's end, into what follows it "
+                              "(the next row's first bytes, or past the output)",
+                              views={out_view.name: (wide.shape, wide.strides, wide.offset)},
+                              inputs={sources[0].name: padded}))
     return out
 
 
