@@ -113,3 +113,25 @@ def test_the_head_major_row_fault_puts_token_t_head_h_at_row_h_times_block_size_
         for h in range(heads):
             for c in range(count):
                 assert out[p, _tile_offset(h * block_size + t, c, count)] == want[i, h, c], (i, h, c)
+
+
+def test_the_padding_columns_fault_zeroes_each_written_rows_unowned_columns_and_nothing_else():
+    from oracle.reference import block_scaled as bs
+    heads, dim, block_size, blocks = 3, 160, 4, 2  # MX: 5 scale columns, padded to 8
+    rng = np.random.default_rng(8)
+    key = rng.standard_normal((5, heads, dim)).astype(np.float32)
+    codes = np.zeros((blocks, block_size, heads, dim), np.uint8)
+    count = bs.scale_count("mxfp8_e4m3fn", dim)
+    page = bs.swizzled_page_bytes(block_size * heads, count)
+    scales = np.full((blocks, page), 0xAA, np.uint8)
+    slots = np.array([0, 3, 5, 6, 7])
+    out = bs.reshape_and_cache_block(codes, codes, scales, scales, slots, key, key, fmt="mxfp8_e4m3fn",
+                                     scale_layout="swizzled", swizzle_fault="padding_columns_zeroed")[2]
+    want = bs.quantize_block(key, "mxfp8_e4m3fn")[1]
+    expected = scales.copy()
+    for i, slot in enumerate(slots):
+        p, t = divmod(int(slot), block_size)
+        for h in range(heads):
+            for c in range(8):
+                expected[p, _tile_offset(t * heads + h, c, count)] = want[i, h, c] if c < count else 0
+    assert count == 5 and np.array_equal(out, expected)

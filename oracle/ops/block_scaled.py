@@ -310,6 +310,10 @@ class ReshapeAndCacheBlock(_BlockSpec):
                                         "interleaved 32 apart"),
                                        (ref.ROWS_HEAD_MAJOR, "the row of token t, head h numbered head-major, "
                                         f"h * {BLOCK_SIZE} + t, not t * {heads} + h"))]
+            if count % 4:
+                out.append(Hypothesis("scale_layout_wrong", f"each written row's group of 4 scale columns stored "
+                                      f"whole: its padding columns {count}..{-(-count // 4) * 4 - 1}, which no scale "
+                                      "owns, written as zeros", override={"swizzle_fault": ref.PADDING_COLUMNS}))
         return out
 
     def bad_inputs(self) -> tuple:

@@ -98,6 +98,7 @@ def swizzled_page_bytes(rows: int, cols: int) -> int:
 
 SWIZZLE_FAULTS = ("col_tiles_floor", "tiles_column_major", "rows_not_interleaved")
 ROWS_HEAD_MAJOR = "rows_head_major"  # a fault of the paged write's row order, not of the tile layout
+PADDING_COLUMNS = "padding_columns_zeroed"  # a fault of the paged write: each row's 4 columns stored whole
 
 
 def swizzled_offsets(rows: int, cols: int, fault: str | None = None) -> np.ndarray:
@@ -143,8 +144,10 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
     value_scale_cache)``, new arrays (or :class:`~oracle.reference.slots.OneOfRows` where a slot
     is written twice under ``duplicates="any"``; in a swizzled scale cache the slot's "row" is its
     scattered scale bytes). Inputs are never modified. ``swizzle_fault``: a fault of the
-    swizzled layout (:func:`swizzled_offsets`), or ``"rows_head_major"`` (the page's row of
-    token t, head h taken as ``h * block_size + t`` where it is ``t * H + h``), for the diagnosis. ``given_scales``: for K and
+    swizzled layout (:func:`swizzled_offsets`), ``"rows_head_major"`` (the page's row of
+    token t, head h taken as ``h * block_size + t`` where it is ``t * H + h``) or
+    ``"padding_columns_zeroed"`` (each written row's group of 4 columns stored whole, its padding
+    columns ``[C, roundup(C, 4))`` as zeros), for the diagnosis. ``given_scales``: for K and
     for V, (scale codes ``[T, H, scale_count]``, element codes ``[T, H, code_width]`` or None),
     what a kernel wrote, read back per token: its scales used where they differ from the
     computed ones, and its codes kept in NaN-scaled MX blocks (:func:`quantize_block`), for the
@@ -154,7 +157,7 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
     require_format(fmt)
     v.require_choice("scale_layout", scale_layout, SCALE_LAYOUTS)
     if swizzle_fault is not None:
-        v.require_choice("swizzle_fault", swizzle_fault, SWIZZLE_FAULTS + (ROWS_HEAD_MAJOR,))
+        v.require_choice("swizzle_fault", swizzle_fault, SWIZZLE_FAULTS + (ROWS_HEAD_MAJOR, PADDING_COLUMNS))
     arrays = (("key_cache", key_cache), ("value_cache", value_cache),
               ("key_scale_cache", key_scale_cache), ("value_scale_cache", value_scale_cache),
               ("slot_mapping", slot_mapping), ("key", key), ("value", value))
@@ -217,6 +220,10 @@ def reshape_and_cache_block(key_cache, value_cache, key_scale_cache, value_scale
             continue
         if swizzle_fault == ROWS_HEAD_MAJOR:  # the row of (token, head) taken as head * block_size + token
             offsets = swizzled_offsets(rows, count).reshape(heads, block_size, count).transpose(1, 0, 2)
+        elif swizzle_fault == PADDING_COLUMNS:  # the padding columns of each written row as zeros
+            padded = -(-count // 4) * 4
+            offsets = swizzled_offsets(rows, padded).reshape(block_size, heads, padded)
+            scales = np.concatenate([scales, np.zeros(scales.shape[:-1] + (padded - count,), np.uint8)], axis=-1)
         else:
             offsets = swizzled_offsets(rows, count, swizzle_fault).reshape(block_size, heads, count)
         scales_out.append(_write_swizzled(scale_cache.copy(), plan, scales, offsets, block_size,
