@@ -37,7 +37,8 @@ def ceil_log2(value: float) -> int:
     return floor_log2(value) + (0 if power_of_two else 1)
 
 
-def block_exponent(block: list, fmt: str, rule: str, zero_block: str = "min", offset: int = 0) -> int:
+def block_exponent(block: list, fmt: str, rule: str, zero_block: str = "min", offset: int = 0,
+                   clamp_first: bool = False) -> int:
     emax = floor_log2(FMAX[fmt])
     finite = [abs(v) for v in block if math.isfinite(v)]
     amax = max(finite, default=0.0)
@@ -58,6 +59,8 @@ def block_exponent(block: list, fmt: str, rule: str, zero_block: str = "min", of
         exponent = ceil_log2(float(np.float32(np.float32(amax) / np.float32(FMAX[fmt]))))
     if amax != 0:
         exponent += offset
+        if clamp_first:  # floor(log2(amax)) clamped, emax subtracted after: may leave [-127, 127]
+            return max(-127, min(127, exponent + emax)) - emax
     return max(-127, min(127, exponent))
 
 
@@ -72,7 +75,8 @@ def element_code(value: float, fmt: str, saturate: bool) -> int:
 
 def quantize_row(row: list, fmt: str, rule: str, *, block: int = 32, zero_block: str = "min",
                  nonfinite: str = "nan_scale", saturate: bool = True, min_scale_factor: str = "exact",
-                 nan_sign: bool = True, exponent_offset: int = 0, ahead: list = ()) -> tuple[list, list]:
+                 nan_sign: bool = True, exponent_offset: int = 0, ahead: list = (),
+                 clamp_first: bool = False) -> tuple[list, list]:
     """(element codes, E8M0 scale codes) of one row (float32 values), block by block.
     ``nan_sign=False``: NaN elements lose their sign (the CUDA satfinite conversion). ``ahead``:
     values the last block's scale is computed over besides its own elements (a load past the
@@ -81,18 +85,21 @@ def quantize_row(row: list, fmt: str, rule: str, *, block: int = 32, zero_block:
     for start in range(0, len(row), block):
         part = row[start:start + block]
         seen = part + list(ahead) if start + block >= len(row) else part
-        exponent = block_exponent(seen, fmt, rule, zero_block, exponent_offset)
+        exponent = block_exponent(seen, fmt, rule, zero_block, exponent_offset, clamp_first)
         nonfinite_block = not all(math.isfinite(v) for v in seen)
         inf_block = nonfinite == "inf_saturates" and any(math.isinf(v) for v in seen)
         if inf_block:
             exponent = 127
         nan_scale = nonfinite in ("nan_scale", "nan_block") and nonfinite_block
-        scales.append(0xFF if nan_scale else exponent + 127)
-        multiplier = 2.0 ** -exponent
+        scales.append(0xFF if nan_scale else (exponent + 127) % 256)  # an 8-bit store wraps
+        multiplier = 2.0 ** -exponent  # float32(2**134) below: inf
         if min_scale_factor == "one" and exponent == -127:
             multiplier = 1.0
         for v in part:
-            quotient = float(np.float32(np.float32(v) * np.float32(multiplier)))
+            with np.errstate(over="ignore", invalid="ignore"):  # 2**134 is inf in float32; 0 * inf NaN
+                quotient = float(np.float32(np.float32(v) * np.float32(multiplier)))
+            if math.isnan(quotient) and math.isfinite(v):  # 0 * inf: a GPU float unit's NaN, positive
+                quotient = math.nan
             if inf_block:  # the multiplier is 0: finite elements +-0, inf and NaN a positive NaN
                 quotient = math.copysign(0.0, v) if math.isfinite(v) else math.nan
             if nonfinite == "nan_block" and nonfinite_block:

@@ -81,6 +81,26 @@ def test_the_exponent_offset_fault_matches_the_oracle(fmt, offset):
 
 
 @pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
+def test_the_exponent_clamped_before_emax_fault_matches_the_oracle(fmt):
+    """exponent_clamp="before_emax": floor(log2(amax)) clamped to [-127, 127], emax subtracted
+    after; blocks below 2**(emax - 127) get E under -127, a wrapped scale byte and an infinite
+    multiplier; every other block as without the fault."""
+    rng = np.random.default_rng(zlib.crc32(f"clamp-{fmt}".encode()))
+    exponents = np.array([-149, -140, -130, -126, -121, -118, -110, -20, 0, 12])  # amax binades
+    x = (rng.uniform(1, 2, (len(exponents), 64)) * np.exp2(exponents)[:, None]).astype(np.float32)
+    x[:, 5] = 0.0  # a zero in every block: 0 * inf is NaN
+    codes, scales = mx.quantize_mxfp8(x, fmt, exponent_clamp="before_emax")
+    plain_codes, plain_scales = mx.quantize_mxfp8(x, fmt)
+    for r, row in enumerate(x):
+        want_codes, want_scales = mx_oracle.quantize_row([float(v) for v in row], fmt, "floor", clamp_first=True)
+        assert scales[r].tolist() == want_scales and codes[r].tolist() == want_codes, r
+    emax = 8 if fmt == "e4m3fn" else 15
+    tiny = exponents < emax - 127
+    assert (scales[tiny] > 0xF0).all() and np.array_equal(scales[~tiny], plain_scales[~tiny])
+    assert np.array_equal(codes[~tiny], plain_codes[~tiny])
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2"])
 @pytest.mark.parametrize("shape", [(3, 4, 40), (2, 72), (5, 46), (4, 64), (1, 7)])
 @pytest.mark.parametrize("nonfinite", ["nan_scale", "inf_saturates"])
 def test_the_tail_amax_read_ahead_fault_matches_the_oracle(fmt, shape, nonfinite):

@@ -175,6 +175,9 @@ def alternatives(fmt: str, contract: Contract, dtype: str = "float32") -> list[H
         out.append(Hypothesis("wrong_fp8_format", f"{twin} codes written where {fmt} is asked (its elements "
                               "and shared exponents: the same widths, another element format)",
                               override={"block_format": twin}))
+        other("block_scaling_rule", "exponent_clamp", "before_emax",
+              "the shared exponent's clamp to [-127, 127] applied to log2(amax) before emax is subtracted: "
+              "a block below 2^(emax - 127) gets E under -127, a wrapped scale byte and an infinite multiplier")
         other("block_amax_read_ahead", "tail_amax", "read_ahead",
               f"the partial last block of each head takes its scale from a whole {mx.BLOCK}-element load from its "
               "start: its amax includes the elements past the head's end (the next head's, or the next token's), "

@@ -49,6 +49,11 @@ row scaled by its own elements) or ``"read_ahead"`` (its amax, and whether it ho
 taken over a whole block's width of ``x`` in C order from the block's start: the elements past
 the row's end, the next head's or the next token's, up to the end of ``x``; an unmasked vector
 load whose mask covers only the tensor's end). Its codes are its own elements' either way.
+``exponent_clamp``: ``"after_emax"`` (E clamped to ``[-127, 127]``) or ``"before_emax"``
+(``floor(log2(amax))`` clamped first and ``emax`` subtracted after: a block whose amax lies below
+``2**(emax - 127)`` gets E below -127, its scale byte ``E + 127`` wrapped to 8 bits and its
+multiplier ``2**-E`` past float32's range, infinite, so its elements saturate and its zeros
+become NaN).
 
 ``x / X`` is computed in float32 (exact for a power of two unless the quotient is a float32
 subnormal, where it rounds once, as every kernel's float32 arithmetic does).
@@ -75,6 +80,7 @@ NONFINITE_BLOCKS = ("nan_scale", "finite_amax", "nan_block", "inf_saturates")
 MIN_SCALE_FACTORS = ("exact", "one")
 EXPONENT_OFFSETS = (-7, -1, 0, 1, 7)
 TAIL_AMAX = ("own", "read_ahead")
+EXPONENT_CLAMPS = ("after_emax", "before_emax")
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class MxKnobs:
     min_scale_factor: str = "exact"
     exponent_offset: int = 0  # fault knob: -1 or +1, or -7 or +7 (the other element format's emax)
     tail_amax: str = "own"  # fault knob: "read_ahead"
+    exponent_clamp: str = "after_emax"  # fault knob: "before_emax"
 
     def validated(self) -> "MxKnobs":
         v.require_choice("exponent", self.exponent, EXPONENT_RULES)
@@ -97,6 +104,7 @@ class MxKnobs:
         v.require_choice("min_scale_factor", self.min_scale_factor, MIN_SCALE_FACTORS)
         v.require_choice("exponent_offset", self.exponent_offset, EXPONENT_OFFSETS)
         v.require_choice("tail_amax", self.tail_amax, TAIL_AMAX)
+        v.require_choice("exponent_clamp", self.exponent_clamp, EXPONENT_CLAMPS)
         if not isinstance(self.saturate, bool):
             raise TypeError(f"saturate must be a bool, got {self.saturate!r}")
         return self
@@ -175,6 +183,8 @@ def shared_exponents(amax: np.ndarray, fmt: str, knobs: MxKnobs) -> np.ndarray:
         exponent = np.where(quotient == 0, E_MIN, exponent)
     zero = E_MIN if knobs.zero_block == "min" else 0
     exponent = np.where(positive, exponent + knobs.exponent_offset, zero)
+    if knobs.exponent_clamp == "before_emax":  # the clamp on log2(amax), emax subtracted after it
+        return np.where(positive, np.clip(exponent + emax, E_MIN, E_MAX) - emax, np.clip(exponent, E_MIN, E_MAX))
     return np.clip(exponent, E_MIN, E_MAX)
 
 
@@ -210,7 +220,7 @@ def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | 
     has_inf = np.any(np.isinf(seen), axis=-1) if resolved.nonfinite == "inf_saturates" else False
     exponent = np.where(has_inf, E_MAX, exponent)
     given = scales
-    scales = (exponent + E8M0_BIAS).astype(np.uint8)
+    scales = ((exponent + E8M0_BIAS) & 0xFF).astype(np.uint8)  # wraps only under exponent_clamp's fault
     all_finite = np.all(finite_seen, axis=-1)
     if resolved.nonfinite in ("nan_scale", "nan_block"):
         scales = np.where(all_finite, scales, np.uint8(E8M0_NAN)).astype(np.uint8)
@@ -221,12 +231,15 @@ def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | 
         exponent = np.where(other, given.astype(np.int64) - E8M0_BIAS, exponent)
         has_inf = has_inf & ~other
         scales = given.copy()
-    factor = np.ldexp(np.float32(1), -exponent).astype(np.float32)  # 2**-E, exact in float32
+    with np.errstate(over="ignore"):  # past 2**127 only under exponent_clamp's fault: inf
+        factor = np.ldexp(np.float32(1), -exponent).astype(np.float32)  # 2**-E, exact in float32
     if resolved.min_scale_factor == "one":
         factor = np.where(exponent == E_MIN, np.float32(1), factor).astype(np.float32)
     factor = np.where(has_inf, np.float32(0), factor).astype(np.float32)[..., None]
     with np.errstate(over="ignore", invalid="ignore"):
         quotient = (blocks * factor).astype(np.float32)
+    # 0 times an infinite multiplier (exponent_clamp's fault): the positive NaN a GPU's float unit returns
+    quotient = np.where(np.isnan(quotient) & finite, np.float32(np.nan), quotient)
     if resolved.nonfinite == "nan_block":
         quotient = np.where(all_finite[..., None], quotient, np.float32(np.nan))
     elif resolved.nonfinite == "inf_saturates":  # inf * 0 and NaN * 0: the invalid product's NaN
