@@ -187,13 +187,17 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
         yield {"repeat": "bad"}
         yield {"repeat": "bad", "n": 1}
     # after a call of another variant (oracle.ops._repeat.calls_before): state kept per process
-    # and keyed without the format or the dtype
+    # and keyed without the format, the strides or cache layout, or the dtype
     if spec.fp8:
         yield {"fp8": "e4m3fn", "after": "fp8=e5m2"}
         yield {"fp8": "e5m2", "after": "fp8=e4m3fn"}
     formats = spec.block_formats
     for fmt, other in zip(formats, formats[1:] + formats[:1]) if len(formats) > 1 else ():
         yield {"block": fmt, "after": f"block={other}"}
+    if spec.sources and "fused" in spec.source_layouts:  # a launch plan keyed by shapes, not strides
+        yield {"src": "fused", "after": "src=contig"}
+    for layout in spec.layouts[1:]:
+        yield {"layout": layout, "after": f"layout={spec.layouts[0]}"}
     if len(spec.dtypes) > 1 and spec.sources:  # a source's dtype (an SWA mapping's is no source's)
         yield {"dtype": spec.dtypes[0], "after": f"dtype={spec.dtypes[1]}"}
         if "1.0" in spec.fp8_scales:  # a unit-scale fast path's code table, built per format alone

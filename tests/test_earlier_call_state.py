@@ -70,6 +70,10 @@ def test_every_op_with_formats_or_dtypes_gets_after_cases():
             assert {f"block={f}" for f in spec.block_formats} <= after, op
         if len(spec.dtypes) > 1 and spec.sources:
             assert f"dtype={spec.dtypes[1]}" in after, op
+        if spec.sources and "fused" in spec.source_layouts:
+            assert "src=contig" in after, op
+        if len(spec.layouts) > 1:
+            assert f"layout={spec.layouts[0]}" in after, op
             if "1.0" in spec.fp8_scales:
                 assert any(c.p.get("after") == f"dtype={spec.dtypes[1]}" and c.p.get("scale") == "1.0"
                            for c in catalogue(op, "quick")), op
@@ -157,3 +161,24 @@ def test_an_mx_format_compiled_once_is_named_in_ordinary_and_after_cases():
     outcome = run_case(fresh(), case("quantize_block", "mxfp8_e4m3fn-after_block_mxfp8_e5m2"))
     assert outcome.status == FAIL and outcome.cause["id"] == "earlier_call_state", outcome.message
     assert "it wrote mxfp8_e4m3fn codes where mxfp8_e5m2 is asked" in outcome.cause["text"]
+
+
+def first_strides_kept():
+    """store_cache whose launch plan (K's and V's row strides) is kept per shape from its first
+    call: a later call with the same shapes and other strides reads its rows with the old ones."""
+    plans = {}
+
+    def store_cache(k, v, k_cache, v_cache, loc):
+        strides = plans.setdefault((tuple(k.shape), tuple(v.shape)), (k.stride(), v.stride()))
+        k, v = (t.as_strided(t.shape, s, t.storage_offset()) for t, s in zip((k, v), strides))
+        tn.store_cache(k, v, k_cache, v_cache, loc)
+    return store_cache
+
+
+def test_strides_kept_from_the_first_call_are_named():
+    fields = dict(dtypes=("float32", "float16", "bfloat16", "uint8"))
+    outcome = run_case(kernel("store_cache", first_strides_kept(), **fields), case("store_cache", "fused_src-after_src_contig"))
+    assert outcome.status == FAIL and outcome.cause["id"] == "earlier_call_state", outcome.message
+    assert "keyed without the source layout" in outcome.cause["text"]
+    ordinary = calls_before(case("store_cache", "fused_src-after_src_contig"))[0]
+    assert run_case(kernel("store_cache", first_strides_kept(), **fields), ordinary).status == PASS

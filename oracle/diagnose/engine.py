@@ -124,7 +124,8 @@ def earlier_state(failed, previous, case, *, second: bool):
     key = next(k for k in previous.p.keys() | case.p.keys()
                if k != "after" and previous.p.get(k) != case.p.get(k))  # what calls_before changed
     was, now = previous.p.get(key), case.p.get(key)
-    what = {"fp8": "fp8 format", "block": "block format", "dtype": "source dtype"}.get(key, key)
+    what = {"fp8": "fp8 format", "block": "block format", "dtype": "source dtype", "src": "source layout (its strides)",
+            "layout": "cache layout"}.get(key, key)
     cause = failed.cause or {}
     wrote_previous = cause.get("id") == "wrong_fp8_format" and str(cause.get("text", "")).startswith(f"{was} codes")
     if second and not wrote_previous and failed.cause is not None:

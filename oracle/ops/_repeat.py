@@ -16,8 +16,9 @@ nothing written.
 
 **After another variant** (``after="<param>=<value>"``): a kernel that keeps something made for
 one call (a lookup table, a compiled variant, a launch plan) keyed without the fp8 or block
-format or the source dtype writes the next call of another format or dtype as the first. Serving
-processes mix them (an fp8 KV cache beside bf16 activations, NVFP4 beside MXFP8 layers). Such a
+format, the strides or cache layout, or the source dtype writes the next call of another variant
+as the first. Serving processes mix them (an fp8 KV cache beside bf16 activations, NVFP4 beside
+MXFP8 layers, sources sliced from a fused projection beside contiguous ones). Such a
 case makes three calls on fresh tensors: its own variant (the ordinary case), the variant named
 by ``after`` (``fp8=e5m2``: the same case in e5m2), and its own variant again, each judged. The
 first call passing and a later one failing is what an earlier call left behind
