@@ -182,3 +182,24 @@ def test_strides_kept_from_the_first_call_are_named():
     assert "keyed without the source layout" in outcome.cause["text"]
     ordinary = calls_before(case("store_cache", "fused_src-after_src_contig"))[0]
     assert run_case(kernel("store_cache", first_strides_kept(), **fields), ordinary).status == PASS
+
+
+def v_width_kept_per_k_width():
+    """store_cache compiled per (dtype, K's row width) with V's row width a template argument of
+    the first call: a later call with K as wide and V narrower copies V's old width."""
+    compiled = {}
+
+    def store_cache(k, v, k_cache, v_cache, loc):
+        width = compiled.setdefault((k.dtype, k.shape[-1]), v.shape[-1])
+        if width != v.shape[-1] and v.is_contiguous() and v_cache.is_contiguous():
+            v = v.as_strided(v.shape[:-1] + (width,), v.stride(), v.storage_offset())
+            v_cache = v_cache.as_strided(v_cache.shape[:-1] + (width,), v_cache.stride(), v_cache.storage_offset())
+        tn.store_cache(k, v, k_cache, v_cache, loc)
+    return store_cache
+
+
+def test_a_v_width_kept_from_the_first_call_is_named():
+    fields = dict(dtypes=("float32", "float16", "bfloat16", "uint8"))
+    outcome = run_case(kernel("store_cache", v_width_kept_per_k_width(), **fields), case("store_cache", "1x64x97-after_shape_1x64"))
+    assert outcome.status == FAIL and outcome.cause["id"] == "earlier_call_state", outcome.message
+    assert "1x64 fails right after a call in 1x64x97" in outcome.cause["text"]

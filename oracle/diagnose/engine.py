@@ -123,9 +123,9 @@ def earlier_state(failed, previous, case, *, second: bool):
     that variant may be wrong on its own (its ordinary case says)."""
     key = next(k for k in previous.p.keys() | case.p.keys()
                if k != "after" and previous.p.get(k) != case.p.get(k))  # what calls_before changed
-    was, now = previous.p.get(key), case.p.get(key)
+    was, now = (("x".join(map(str, v)) if isinstance(v, tuple) else v) for v in (previous.p.get(key), case.p.get(key)))
     what = {"fp8": "fp8 format", "block": "block format", "dtype": "source dtype", "src": "source layout (its strides)",
-            "layout": "cache layout"}.get(key, key)
+            "layout": "cache layout", "shape": "row shape"}.get(key, key)
     cause = failed.cause or {}
     wrote_previous = cause.get("id") == "wrong_fp8_format" and str(cause.get("text", "")).startswith(f"{was} codes")
     if second and not wrote_previous and failed.cause is not None:

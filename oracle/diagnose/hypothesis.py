@@ -58,7 +58,7 @@ CAUSES = {
     "torn_rows": "a duplicated slot holds a row torn from several sources",
     "validation_missing": "bad input not rejected before anything is written",
     "stale_state": "a later call reuses what an earlier call read (state kept between calls)",
-    "earlier_call_state": "a call of one fp8 or block format, layout or source dtype is written as an earlier call of another was (a table, compiled variant or launch plan keyed without it)",
+    "earlier_call_state": "a call of one fp8 or block format, layout, row shape or source dtype is written as an earlier call of another was (a table, compiled variant or launch plan keyed without it)",
     "not_reproducible": "the case passes when run again: the result depends on earlier calls or on timing",
     "returned_layout": "the returned tensor has another dtype, shape or device than the contract's",
     "input_modified": "an input (a source, the index, a scale) was modified",

@@ -69,6 +69,8 @@ def calls_before(case: Case) -> tuple[Case, Case] | None:
     if after is None:
         return None
     key, _, value = str(after).partition("=")
+    if key == "shape":  # written as its case id writes it, 1x64
+        value = tuple(int(n) for n in value.split("x"))
     own = {k: v for k, v in case.p.items() if k != "after"}
     return Case.make(case.op, case.cls, **own), Case.make(case.op, case.cls, **{**own, key: value})
 

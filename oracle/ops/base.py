@@ -120,6 +120,9 @@ class OpSpec:
     # there, which may follow the padding policy or not, so the "sizes" class runs it and the
     # "padding" class runs every policy in it too
     empty_rope_shape: tuple = ()
+    # (shape, other shape) pairs that a plan keyed on part of the shape confuses (store_cache: V's
+    # head size beside K's); the "repeat" class runs the first after a call in the second
+    after_shapes: tuple = ()
     sources: tuple = ()  # sources that can be non-contiguous slices of one tensor
     source_layouts: tuple = ("fused",)  # the "strides" class's source layouts besides "gapped"
     index_2d_shape: tuple = ()  # a shape whose index is 2-D (the "strides" class lays it out too)

@@ -28,6 +28,7 @@ class StoreCache(OpSpec):
     # (heads, head_dim) or (heads, k_head_dim, v_head_dim)
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (1, 96), (1, 97), (8, 192, 128), (1, 64, 97))
     large_n_shape = (2, 64)
+    after_shapes = (((1, 64, 97), (1, 64)),)  # a plan keyed on K's row bytes alone keeps V's too
     sources = ("k", "v")
     source_layouts = ("fused", "interleaved")  # interleaved: heads apart, as qkv.view(N, H, 3, D)[:, :, j]
     aliasing = ("aliased", "offset", "unequal")
