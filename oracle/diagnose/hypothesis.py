@@ -100,3 +100,9 @@ class Hypothesis:
     def __post_init__(self):
         if self.cause not in CAUSES:
             raise ValueError(f"cause={self.cause!r} is not one of {', '.join(CAUSES)}")
+
+
+def alternatives_text(values) -> str:
+    """``[2, 4, 8]`` as "2, 4 or 8": the sizes a hypothesis's text names where each of them
+    replays to the same memory."""
+    return " or ".join(", ".join(map(str, values)).rsplit(", ", 1))

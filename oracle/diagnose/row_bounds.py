@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..buffers import contiguous_strides
-from .hypothesis import Hypothesis
+from .hypothesis import Hypothesis, alternatives_text
 
 
 def _sources(views: dict) -> list:
@@ -143,18 +143,26 @@ def head_tile_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
 ROW_TILES = (2, 4, 8, 16)  # (token, head) rows a program of a quantizing kernel handles
 
 
+def _converted_rows(views: dict, written: tuple) -> tuple:
+    """(the source, its outputs) of a kernel without an index that converts one source [N, H, D]
+    row by row into outputs [N, H, W] (quantize_fp8, quantize_block); (None, []) for any other."""
+    sources = _sources(views)
+    outputs = [views[n] for n in written if n in views]
+    if (len(sources) != 1 or len(sources[0].shape) != 3 or not outputs or any(v.role == "index" for v in views.values())
+            or any(len(v.shape) != 3 or v.shape[:2] != sources[0].shape[:2] for v in outputs)):
+        return None, []
+    return sources[0], outputs
+
+
 def row_tile_hypotheses(views: dict, written: tuple, regions: dict) -> list[Hypothesis]:
     """A kernel without an index that handles the (token, head) rows of its source [N, H, D] in
     tiles of T, its loads masked and its stores not: where T does not divide N * H, the last
     tile's rows past the end are written too, as zero rows convert (codes 0 and a zero block's
     scale), into whatever follows each packed output [N, H, W] in its allocation."""
-    sources = _sources(views)
-    outputs = [views[n] for n in written if n in views]
-    if (len(sources) != 1 or len(sources[0].shape) != 3 or not outputs or any(v.role == "index" for v in views.values())
-            or any(len(v.shape) != 3 or v.shape[:2] != sources[0].shape[:2] or v.strides != contiguous_strides(v.shape)
-                   for v in outputs)):
+    source, outputs = _converted_rows(views, written)
+    if source is None or any(v.strides != contiguous_strides(v.shape) for v in outputs):
         return []
-    rows = sources[0].shape[0] * sources[0].shape[1]
+    rows = source.shape[0] * source.shape[1]
     tiles: dict = {}  # rows written past the end -> the tile sizes that write that many
     for tile in ROW_TILES:
         if rows % tile:
@@ -170,10 +178,9 @@ def row_tile_hypotheses(views: dict, written: tuple, regions: dict) -> list[Hypo
             flat = array.reshape(-1, array.shape[-1])
             return np.concatenate([flat, np.zeros((extra, flat.shape[1]), array.dtype)])
 
-        tile = " or ".join(", ".join(map(str, sizes)).rsplit(", ", 1))
-        out.append(Hypothesis("row_overrun", f"(token, head) rows handled {tile} at a time, loads masked and "
-                              f"stores not: the last tile's {extra} rows past the end written as zero rows convert",
-                              views=grown, inputs={sources[0].name: zero_rows}))
+        out.append(Hypothesis("row_overrun", f"(token, head) rows handled {alternatives_text(sizes)} at a time, "
+                              f"loads masked and stores not: the last tile's {extra} rows past the end written as "
+                              "zero rows convert", views=grown, inputs={source.name: zero_rows}))
     return out
 
 
@@ -185,12 +192,11 @@ def word_spill_hypotheses(views: dict, written: tuple, regions: dict) -> list[Hy
     packed byte output [N, H, D] and stores each (token, head) row as whole words of B bytes: where
     B does not divide D, the last word's padding (zeros) lands past the row's end, in the next
     row's first bytes (which that row's own store may write before or after) or past the output."""
-    sources = _sources(views)
-    outputs = [views[n] for n in written if n in views]
-    if (len(sources) != 1 or len(outputs) != 1 or len(sources[0].shape) != 3 or any(v.role == "index" for v in views.values())):
+    source, outputs = _converted_rows(views, written)
+    if source is None or len(outputs) != 1:
         return []
-    out_view, width = outputs[0], sources[0].shape[-1]
-    if out_view.shape != sources[0].shape or out_view.itemsize != 1 or out_view.strides[-1] != 1:
+    out_view, width = outputs[0], source.shape[-1]
+    if out_view.shape != source.shape or out_view.itemsize != 1 or out_view.strides[-1] != 1:
         return []
     region = regions[out_view.region]
     out, seen = [], set()
@@ -208,7 +214,7 @@ def word_spill_hypotheses(views: dict, written: tuple, regions: dict) -> list[Hy
                               f"word's {pad} padding bytes (zeros) written past the row's end, into what follows it "
                               "(the next row's first bytes, or past the output)",
                               views={out_view.name: (wide.shape, wide.strides, wide.offset)},
-                              inputs={sources[0].name: padded}))
+                              inputs={source.name: padded}))
     return out
 
 

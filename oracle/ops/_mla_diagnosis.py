@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..buffers import numpy_view
-from ..diagnose.hypothesis import Hypothesis
+from ..diagnose.hypothesis import Hypothesis, alternatives_text
 from ..reference.slots import Padding, dcp_local_rows
 from .base import Prepared
 
@@ -74,10 +74,9 @@ def boundary_vector_read(prepared: Prepared, first: str, second: str) -> list[Hy
             out[..., :spill] = wider[..., width:]
             return out
 
-        sizes = " or ".join(", ".join(map(str, vectors)).rsplit(", ", 1))
-        out.append(Hypothesis("sources_assumed_adjacent", f"the vector ({sizes} elements) across the {first} / "
-                              f"{second} boundary loaded from {first} alone: {second}'s first {spill} elements "
-                              f"read from past {first}'s row end", inputs={second: read}))
+        out.append(Hypothesis("sources_assumed_adjacent", f"the vector ({alternatives_text(vectors)} elements) "
+                              f"across the {first} / {second} boundary loaded from {first} alone: {second}'s first "
+                              f"{spill} elements read from past {first}'s row end", inputs={second: read}))
     return out
 
 
