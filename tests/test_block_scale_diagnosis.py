@@ -95,43 +95,37 @@ def _tile_offset(r: int, c: int, cols: int) -> int:
     return ((r // 128) * (cp // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
 
 
-def test_the_head_major_row_fault_puts_token_t_head_h_at_row_h_times_block_size_plus_t():
+HEADS, BLOCK_SIZE, SLOTS = 3, 4, np.array([0, 3, 5, 6, 7])  # two blocks of 4 tokens
+
+
+def _swizzled_write(fault: str, dim: int, seed: int) -> tuple:
+    """(the K scale cache written by the reference under swizzle ``fault``, poisoned with 0xAA
+    before, the scales each token's heads get, the number of scale columns) of MXFP8 rows."""
     from oracle.reference import block_scaled as bs
-    heads, dim, block_size, blocks = 3, 64, 4, 2
-    rng = np.random.default_rng(7)
-    key = rng.standard_normal((5, heads, dim)).astype(np.float32)
-    codes = np.zeros((blocks, block_size, heads, dim), np.uint8)
+    key = np.random.default_rng(seed).standard_normal((len(SLOTS), HEADS, dim)).astype(np.float32)
+    codes = np.zeros((2, BLOCK_SIZE, HEADS, dim), np.uint8)
     count = bs.scale_count("mxfp8_e4m3fn", dim)
-    page = bs.swizzled_page_bytes(block_size * heads, count)
-    scales = np.full((blocks, page), 0xAA, np.uint8)
-    slots = np.array([0, 3, 5, 6, 7])
-    out = bs.reshape_and_cache_block(codes, codes, scales, scales, slots, key, key, fmt="mxfp8_e4m3fn",
-                                     scale_layout="swizzled", swizzle_fault="rows_head_major")[2]
-    want = bs.quantize_block(key, "mxfp8_e4m3fn")[1]
-    for i, slot in enumerate(slots):
-        p, t = divmod(int(slot), block_size)
-        for h in range(heads):
+    scales = np.full((2, bs.swizzled_page_bytes(BLOCK_SIZE * HEADS, count)), 0xAA, np.uint8)
+    out = bs.reshape_and_cache_block(codes, codes, scales, scales, SLOTS, key, key, fmt="mxfp8_e4m3fn",
+                                     scale_layout="swizzled", swizzle_fault=fault)[2]
+    return out, bs.quantize_block(key, "mxfp8_e4m3fn")[1], count
+
+
+def test_the_head_major_row_fault_puts_token_t_head_h_at_row_h_times_block_size_plus_t():
+    out, want, count = _swizzled_write("rows_head_major", 64, 7)
+    for i, slot in enumerate(SLOTS):
+        p, t = divmod(int(slot), BLOCK_SIZE)
+        for h in range(HEADS):
             for c in range(count):
-                assert out[p, _tile_offset(h * block_size + t, c, count)] == want[i, h, c], (i, h, c)
+                assert out[p, _tile_offset(h * BLOCK_SIZE + t, c, count)] == want[i, h, c], (i, h, c)
 
 
 def test_the_padding_columns_fault_zeroes_each_written_rows_unowned_columns_and_nothing_else():
-    from oracle.reference import block_scaled as bs
-    heads, dim, block_size, blocks = 3, 160, 4, 2  # MX: 5 scale columns, padded to 8
-    rng = np.random.default_rng(8)
-    key = rng.standard_normal((5, heads, dim)).astype(np.float32)
-    codes = np.zeros((blocks, block_size, heads, dim), np.uint8)
-    count = bs.scale_count("mxfp8_e4m3fn", dim)
-    page = bs.swizzled_page_bytes(block_size * heads, count)
-    scales = np.full((blocks, page), 0xAA, np.uint8)
-    slots = np.array([0, 3, 5, 6, 7])
-    out = bs.reshape_and_cache_block(codes, codes, scales, scales, slots, key, key, fmt="mxfp8_e4m3fn",
-                                     scale_layout="swizzled", swizzle_fault="padding_columns_zeroed")[2]
-    want = bs.quantize_block(key, "mxfp8_e4m3fn")[1]
-    expected = scales.copy()
-    for i, slot in enumerate(slots):
-        p, t = divmod(int(slot), block_size)
-        for h in range(heads):
+    out, want, count = _swizzled_write("padding_columns_zeroed", 160, 8)  # 5 scale columns, padded to 8
+    expected = np.full(out.shape, 0xAA, np.uint8)
+    for i, slot in enumerate(SLOTS):
+        p, t = divmod(int(slot), BLOCK_SIZE)
+        for h in range(HEADS):
             for c in range(8):
-                expected[p, _tile_offset(t * heads + h, c, count)] = want[i, h, c] if c < count else 0
+                expected[p, _tile_offset(t * HEADS + h, c, count)] = want[i, h, c] if c < count else 0
     assert count == 5 and np.array_equal(out, expected)
