@@ -84,7 +84,12 @@ def _values(name: str, want: np.ndarray, got: np.ndarray, before: np.ndarray, di
     w = np.ascontiguousarray(want).view(as_int)[differs]
     g = np.ascontiguousarray(got).view(as_int)[differs]
     untouched = g == np.ascontiguousarray(before).view(as_int)[differs]
-    pairs, counts = np.unique(np.stack([w, g]), axis=1, return_counts=True)
+    if width <= 4:  # one 64-bit key per pair: a plain sort, in the (expected, got) order np.unique's axis gives
+        shift = np.uint64(8 * width)
+        keys, counts = np.unique((w.astype(np.uint64) << shift) | g.astype(np.uint64), return_counts=True)
+        pairs = np.stack([keys >> shift, keys & np.uint64((1 << 8 * width) - 1)])
+    else:
+        pairs, counts = np.unique(np.stack([w, g]), axis=1, return_counts=True)
     order = np.argsort(-counts, kind="stable")[:SHOWN // 2 + 1]
     shown = ", ".join(f"0x{int(pairs[0, i]):0{2 * width}x} -> 0x{int(pairs[1, i]):0{2 * width}x} ({int(counts[i])})"
                       for i in order)
