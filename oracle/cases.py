@@ -7,7 +7,7 @@ fp8 support, bad inputs), so an op gets every class by describing itself, never 
 from __future__ import annotations
 
 from .ops import SPECS
-from .ops.base import Case, OpSpec
+from .ops.base import Case, OpSpec, shape_text
 from .ops._fp8cases import MIXED_SCALES
 from .reference.fp8 import FORMATS
 
@@ -199,7 +199,7 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
     for layout in spec.layouts[1:]:
         yield {"layout": layout, "after": f"layout={spec.layouts[0]}"}
     for shape, other in spec.after_shapes:
-        yield {"shape": shape, "after": "shape=" + "x".join(map(str, other))}
+        yield {"shape": shape, "after": "shape=" + shape_text(other)}
     if len(spec.dtypes) > 1 and spec.sources:  # a source's dtype (an SWA mapping's is no source's)
         yield {"dtype": spec.dtypes[0], "after": f"dtype={spec.dtypes[1]}"}
         if "1.0" in spec.fp8_scales:  # a unit-scale fast path's code table, built per format alone

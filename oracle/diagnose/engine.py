@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ..buffers import same_bytes
 from ..ops._repeat import calls_before
+from ..ops.base import shape_text
 from . import generic, patterns, provenance, row_bounds
 from .hypothesis import CAUSES, Hypothesis
 from .probes import probes, variants
@@ -123,7 +124,7 @@ def earlier_state(failed, previous, case, *, second: bool):
     that variant may be wrong on its own (its ordinary case says)."""
     key = next(k for k in previous.p.keys() | case.p.keys()
                if k != "after" and previous.p.get(k) != case.p.get(k))  # what calls_before changed
-    was, now = (("x".join(map(str, v)) if isinstance(v, tuple) else v) for v in (previous.p.get(key), case.p.get(key)))
+    was, now = ((shape_text(v) if isinstance(v, tuple) else v) for v in (previous.p.get(key), case.p.get(key)))
     what = {"fp8": "fp8 format", "block": "block format", "dtype": "source dtype", "src": "source layout (its strides)",
             "layout": "cache layout", "shape": "row shape"}.get(key, key)
     cause = failed.cause or {}

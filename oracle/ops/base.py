@@ -50,7 +50,7 @@ class Case:
             elif key == "n":
                 parts.append(f"N{value}")
             elif key == "shape":
-                parts.append("x".join(map(str, value)))
+                parts.append(shape_text(value))
             elif key in ("dups", "large", "dcp"):
                 parts.append(key)
             elif key == "padding":
@@ -94,6 +94,11 @@ class Prepared:
     def numpy(self, name: str) -> np.ndarray:
         """The numpy twin of a view as it was before the call."""
         return self.arena.numpy_view(self.before, name).copy()
+
+
+def shape_text(shape: tuple) -> str:
+    """A shape as case ids write it, ``1x64x97`` (and ``after="shape=1x64"``)."""
+    return "x".join(map(str, shape))
 
 
 def is_bad(case: Case) -> bool:
@@ -190,7 +195,9 @@ class OpSpec:
                # K's and V's strides differ
                "cache_strides": p.get("cache") in ("padded", "unequal") and len(self.sources) > 1,
                "large_cache": bool(p.get("large")), "bad_input": is_bad(case),
-               "row_bytes": self.row_bytes(case)}
+               "row_bytes": self.row_bytes(case),
+               # a spec with an empty-rope shape has shapes (first part, rope, ...)
+               "empty_rope": bool(self.empty_rope_shape) and p["shape"][1] == 0}
         return out
 
     def p_with_defaults(self, case: Case) -> dict:

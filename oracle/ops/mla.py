@@ -38,12 +38,6 @@ BLOCK_SIZE = 16
 EMPTY_ROPE = (512, 0)  # rows of nope alone: sglang's set_mla_kv_buffer takes its no-rope kernel there
 
 
-def _with_empty_rope(needs: dict, p: dict) -> dict:
-    """A case's needs, with whether its rope is 0 wide (contract field ``empty_rope``)."""
-    needs["empty_rope"] = p["shape"][1] == 0
-    return needs
-
-
 def _other_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float16 if dtype != torch.float16 else torch.float32
 
@@ -71,9 +65,6 @@ class SetMlaKvBuffer(OpSpec):
     dcp = True  # under a DCP contract every case's locs are widened (oracle.ops._dcp)
     large_case = {"dtype": "uint8", "n": 7}  # the fp8 byte layout, rows past 2**31 elements
     empty_rope_shape = EMPTY_ROPE
-
-    def needs(self, case: Case) -> dict:
-        return _with_empty_rope(super().needs(case), self.p_with_defaults(case))
 
     def p_with_defaults(self, case: Case) -> dict:
         p = super().p_with_defaults(case)
@@ -201,9 +192,6 @@ class ConcatAndCacheMla(OpSpec):
     sources = ("kv_c", "k_pe")
     large_case = {"fp8": "e4m3fn", "n": 7}  # fp8 blocks past 2**31 elements
     empty_rope_shape = EMPTY_ROPE
-
-    def needs(self, case: Case) -> dict:
-        return _with_empty_rope(super().needs(case), self.p_with_defaults(case))
 
     @staticmethod
     def dims(p: dict) -> tuple[int, int, int]:

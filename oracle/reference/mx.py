@@ -238,8 +238,8 @@ def quantize_mxfp8(x, fmt: str = "e4m3fn", *, block: int = BLOCK, preset: str | 
     factor = np.where(has_inf, np.float32(0), factor).astype(np.float32)[..., None]
     with np.errstate(over="ignore", invalid="ignore"):
         quotient = (blocks * factor).astype(np.float32)
-    # 0 times an infinite multiplier (exponent_clamp's fault): the positive NaN a GPU's float unit returns
-    quotient = np.where(np.isnan(quotient) & finite, np.float32(np.nan), quotient)
+    if resolved.exponent_clamp == "before_emax":  # 0 times its infinite multipliers: a GPU float unit's NaN, positive
+        quotient = np.where(np.isnan(quotient) & finite, np.float32(np.nan), quotient)
     if resolved.nonfinite == "nan_block":
         quotient = np.where(all_finite[..., None], quotient, np.float32(np.nan))
     elif resolved.nonfinite == "inf_saturates":  # inf * 0 and NaN * 0: the invalid product's NaN
