@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .ops import SPECS
 from .ops.base import Case, OpSpec, shape_text
-from .ops._fp8cases import MIXED_SCALES
+from .ops._fp8cases import MIXED_SCALES, POWER_OF_TWO_SCALE
 from .reference.fp8 import FORMATS
 
 PROFILES = ("quick", "full", "exhaustive")
@@ -27,6 +27,8 @@ def _dtypes(spec: OpSpec, profile: str, contract=None):
             if dtype != "uint8":
                 yield {"dtype": dtype, "values": "bits"}
 
+
+WIDE_HEADS = (32, 128)  # (heads, head size): more heads than a 16-entry scale table holds
 
 LARGE_N = 4096  # past the size gates real kernels switch paths at (about N = 1024 upwards)
 
@@ -51,7 +53,7 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
             yield {"n": n, "index": index}
     for dtype in spec.dtypes[1:]:  # an empty call in every dtype: an early return keeps its dtypes
         yield {"n": 0, "dtype": dtype, "index": (spec.index_dtypes or (None,))[-1]}
-    for shape in spec.shapes + ((spec.empty_rope_shape,) if spec.empty_rope_shape else ()):
+    for shape in spec.shapes + spec.empty_rope_shapes:
         for dtype in (spec.dtypes if profile != "quick" else spec.dtypes[:1]) or (None,):
             yield {"shape": shape, "n": 7 if profile == "quick" else 133, "dtype": dtype}
     if spec.wide_cache_shape:  # slot numbers past 2**16 in blocks that are no power of two
@@ -59,6 +61,11 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
     if spec.index_dtypes:  # a prefill's consecutive run of slots, which fast paths special-case
         yield {"slots": "run", "n": 133}
         yield _at_large_n(spec, {"slots": "run"})
+        if spec.odd_run_shape:  # rows that share words of memory, written side by side
+            yield {"slots": "run", "n": 133, "shape": spec.odd_run_shape}
+    if spec.float_slots_shape:  # odd slot numbers past 2**24, which no float32 holds
+        byte = {"dtype": "uint8"} if "uint8" in spec.dtypes else {}  # the narrowest cache
+        yield {"slots": "past_float", "n": 7, "shape": spec.float_slots_shape, **byte}
     if spec.sources and spec.index_dtypes and not spec.returns:  # key/value padded past the index
         for n in (0, 133):
             yield {"src": "longer", "n": n}
@@ -79,6 +86,8 @@ def _strides(spec: OpSpec, profile: str, contract=None):
         yield _at_large_n(spec, {"index_layout": layout, "index": spec.index_dtypes[0]})
         if spec.index_2d_shape:  # strided in both of its dimensions, or at an offset
             yield {"index_layout": layout, "index": spec.index_dtypes[-1], "shape": spec.index_2d_shape}
+    if spec.index_2d_shape:  # column-major (a transposed view): no longer a row-major walk
+        yield {"index_layout": "transposed", "index": spec.index_dtypes[-1], "shape": spec.index_2d_shape}
 
 
 def _aliasing(spec: OpSpec, profile: str, contract=None):
@@ -100,8 +109,10 @@ def _padding(spec: OpSpec, profile: str, contract=None):
             for index in spec.index_dtypes:
                 yield {"padding": policy, "index": index}
             yield _at_large_n(spec, {"padding": policy, "index": spec.index_dtypes[0]})
-            if spec.empty_rope_shape:  # sglang's no-rope kernel skips no reserved slot
-                yield {"padding": policy, "shape": spec.empty_rope_shape}
+            if spec.empty_rope_shapes:  # sglang's no-rope kernel skips no reserved slot
+                yield {"padding": policy, "shape": spec.empty_rope_shapes[0]}
+            # a decode step of one padding entry (a single-token fast path without the padding test)
+            yield {"padding": policy, "index": spec.index_dtypes[0], "n": 1}
 
 
 def _duplicates(spec: OpSpec, profile: str, contract=None):
@@ -137,6 +148,11 @@ def _fp8(spec: OpSpec, profile: str, contract=None):
     if spec.fp8_mixed_scales:  # one scale per tensor, the other per head
         for scale in MIXED_SCALES:
             yield {"fp8": "e4m3fn", "scale": scale, "values": "random"}
+    if "head" in spec.fp8_scales:  # 32 per-head scales (a table of 16 wraps) over N = H tokens (a
+        # per-token scale, where a kernel takes one, is a tensor of the same length)
+        yield {"fp8": "e4m3fn", "scale": "head", "values": "random", "shape": WIDE_HEADS, "n": WIDE_HEADS[0]}
+    # a power-of-two scale, which a fast path may apply to the exponent field (NaN, inf, subnormals)
+    yield {"fp8": "e4m3fn", "scale": POWER_OF_TWO_SCALE, "values": "special"}
     if spec.large_n_shape:  # past the size gates, where a fast path may convert another way
         yield {"fp8": "e4m3fn", "scale": "0.0123", "values": "special", "n": LARGE_N, "shape": spec.large_n_shape}
     if spec.fp8_tail_shape:  # rows of no multiple of 16 elements: a vector loop's scalar tail

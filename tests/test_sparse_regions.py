@@ -101,6 +101,8 @@ def test_large_case_passes_64_bit_offsets_and_names_int32_wraparound(fn):
     # slot 62 wraps to 2**27 bytes below k_cache: two rows of 2**26 before it, in the lead
     assert "k_cache[-2, 0, 0]" in outcome.message, outcome.message
     assert outcome.first["byte"] == _build.LARGE_LEAD - 2 * _build.LARGE_STRIDE
+    # named by the probe that moves the rows past 2**31 elements below it, which then pass
+    assert outcome.cause["id"] == "int32_offsets", outcome.message
 
 
 def test_large_failure_bundle_replays_to_the_same_difference(tmp_path):

@@ -37,7 +37,7 @@ def mapping_from_storage_start(mapping, loc):
 def last_entry_unwritten(mapping, loc):
     out = tn.translate_full_to_swa(mapping, loc)
     if out.numel() > 1:
-        out.view(-1)[-1] = 0  # a tail mask one short: the zero-initialised result shows through
+        out[(-1,) * out.dim()] = 0  # a tail mask one short: the zero-initialised result shows through
     return out
 
 
@@ -86,9 +86,11 @@ def test_every_failure_names_the_translation_bug(fn, cause):
             failed[case.id] = outcome
             assert run_case(right, case).status == PASS
     assert failed, fn.__name__
-    assert {cid: o.cause["id"] if o.cause else None for cid, o in failed.items()
-            if not o.cause or o.cause["id"] != cause} == {}
-    assert all(f"[{cause}]" in o.message for o in failed.values())
+    # a walk that runs past loc's storage (a column-major loc's) raises here, and says so
+    named = {cid: o for cid, o in failed.items() if not o.message.startswith("the kernel raised")}
+    assert named and {cid: o.cause["id"] if o.cause else None for cid, o in named.items()
+                      if not o.cause or o.cause["id"] != cause} == {}
+    assert all(f"[{cause}]" in o.message for o in named.values())
 
 
 def test_a_result_a_later_call_overwrites_is_named():

@@ -15,15 +15,12 @@ import numpy as np
 
 from ..buffers import NUMPY_DTYPES, ViewSpec, contiguous_strides
 from ..reference.slots import Padding
-from .hypothesis import Hypothesis
+from .hypothesis import ANY_DUPLICATES, Hypothesis
 from .row_bounds import (head_tile_hypotheses, overrun_hypotheses, row_tile_hypotheses, tail_hypotheses,
                          width_hypotheses, word_spill_hypotheses)
+from .slot_arithmetic import float_slot_hypotheses
 from .slot_tables import winner_table_hypotheses
 
-
-# The index as a misreading kernel sees it can repeat a slot (decoys are drawn with replacement):
-# any whole colliding row is then allowed, as for a kernel that declares duplicates="any".
-ANY_DUPLICATES = {"duplicates": "any"}
 
 
 def _by_role(views: dict, role: str) -> list[ViewSpec]:
@@ -33,10 +30,19 @@ def _by_role(views: dict, role: str) -> list[ViewSpec]:
 TILES = (2, 4, 8, 16, 32, 64, 128, 256)  # rows per program of a grid sized n // tile
 
 
-def dropped_counts(n: int) -> list[int]:
-    """How many trailing entries of ``n`` a short loop leaves unwritten: 1 (a bound one short) and
-    the entries past the last whole tile of each grid sized ``n // tile``, smallest first."""
-    return sorted({1} | {n % tile for tile in TILES if 0 < n % tile < n})
+def dropped_counts(n: int) -> list[tuple[int, str]]:
+    """How many trailing entries of ``n`` a short loop leaves unwritten, and why in words: 1 (a
+    bound one short), the entries past the last whole tile of each grid sized ``n // tile``, and
+    a whole last tile where ``n`` is a multiple of it (its extent taken as ``n % tile``, 0),
+    smallest first."""
+    out = {1: f"a loop bound of {n - 1} instead of {n}"}
+    for tile in reversed(TILES):
+        if 0 < n % tile < n:
+            out[n % tile] = f"the entries past the last whole tile of {tile}: a grid of n // tile programs"
+        elif n % tile == 0 and tile < n:
+            out.setdefault(tile, f"the last tile of {tile}, whose extent was taken as n % {tile}, which is 0 "
+                                 f"for {n} entries")
+    return sorted(out.items())
 
 
 def index_hypotheses(arena) -> list[Hypothesis]:
@@ -76,10 +82,8 @@ def index_hypotheses(arena) -> list[Hypothesis]:
                                   "is written there", inputs={index.name: _truncated_to_int32}, override=ANY_DUPLICATES))
         if index.shape and index.shape[0] > 1 and len(index.shape) == 1:
             n = index.shape[0]
-            for k in dropped_counts(n):
-                what = (f"the last entry of {index.name} not written (a loop bound of {n - 1} instead of {n})"
-                        if k == 1 else f"the last {k} entries of {index.name} not written (the rows past the last "
-                        f"whole tile of {min(t for t in TILES if n % t == k)}: a grid of n // tile programs)")
+            for k, why in dropped_counts(n):
+                what = f"the last {'entry' if k == 1 else f'{k} entries'} of {index.name} not written ({why})"
                 out.append(Hypothesis("rows_dropped", what, views={index.name: ((n - k,), index.strides, index.offset)}))
     return out
 
@@ -291,6 +295,13 @@ def cache_hypotheses(views: dict, written: tuple, paged_spec: bool = False) -> l
     return out
 
 
+def _block_size(views: dict, written: tuple, paged_spec: bool) -> int | None:
+    """The tokens per block of a paged op's caches (None for flat caches)."""
+    paged = [views[name] for name in written if name in views
+             and (len(views[name].shape) == 4 or (paged_spec and len(views[name].shape) >= 3))]
+    return paged[0].shape[1] if paged else None
+
+
 COMMON_BLOCK_SIZE = 16  # the block size kernels hard-code most
 
 
@@ -359,7 +370,19 @@ def padding_hypotheses(case, views: dict, prepared, contract) -> list[Hypothesis
                       override={"padding": other, **ANY_DUPLICATES})
            for other in ("none", "negative", "reserved:0")
            if case.p.get("padding") and other != contract.padding]
-    if Padding.parse(contract.padding).kind == "reserved":
+    policy = Padding.parse(contract.padding)
+    if case.p.get("padding") and policy.kind != "none":
+        pad = policy.reserved if policy.kind == "reserved" else -1
+        for index in _by_role(views, "index"):
+            entries = prepared.numpy(index.name).astype(np.int64)
+            marked = np.flatnonzero(policy.skipped(entries, np.iinfo(np.int64).max)) if entries.ndim == 1 else []
+            if len(marked) and marked[0] < entries.size - 1:
+                out.append(Hypothesis("rows_dropped", f"the entries of {index.name} from its first padding entry "
+                                      f"(position {marked[0]} of {entries.size}) on not written: the batch taken to "
+                                      "end there, as if padding came only at its tail",
+                                      inputs={index.name: lambda a, at=marked[0]: np.concatenate(
+                                          [a[:at], np.full(a.size - at, pad, a.dtype)])}))
+    if policy.kind == "reserved":
         return out
     for index in _by_role(views, "index"):
         entries = prepared.numpy(index.name)
@@ -433,4 +456,5 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + word_spill_hypotheses(views, prepared.caches, prepared.arena.regions)
             + tail_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared)
-            + winner_table_hypotheses(views, prepared, contract))
+            + winner_table_hypotheses(views, prepared, contract)
+            + float_slot_hypotheses(views, prepared, _block_size(views, prepared.caches, getattr(spec, "paged", False))))

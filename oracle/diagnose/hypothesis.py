@@ -16,6 +16,7 @@ CAUSES = {
     "index_stride_ignored": "the index tensor's stride is ignored (read as if contiguous)",
     "index_offset_ignored": "the index tensor's storage offset is ignored",
     "index_dtype_misread": "the index's entries are read with another width (int64 read as int32)",
+    "slots_through_float": "slot numbers are carried through float32, exact only up to 2^24",
     "storage_offset_ignored": "a source's or a cache's storage offset is ignored (addressed from its storage's start)",
     "source_stride_ignored": "a source's row stride is ignored (rows read as if packed)",
     "cache_strides_swapped": "one cache is addressed with the other cache's strides",
@@ -81,6 +82,12 @@ CAUSES = {
     "element_rounding": "the 4-bit elements are rounded another way (ties away from zero, toward zero)",
     "source_narrowed": "the sources are converted through a narrower float type before use (range or precision lost)",
 }
+
+
+# The override of a hypothesis whose misread index can repeat a slot (decoys are drawn with
+# replacement; slots rounded alike collide): any whole colliding row is then allowed, as for a
+# kernel that declares duplicates="any".
+ANY_DUPLICATES = {"duplicates": "any"}
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,31 @@ def probes(case, contract, prepared) -> list[tuple[Hypothesis, object]]:
                                    "negative padding entry replaced by -1 the kernel passes, so other "
                                    "negatives (-2, -(S+1), the index dtype's minimum) are written or "
                                    "rejected"), _rewrite_index(lambda a: np.where(a < 0, -1, a).astype(a.dtype))))
+    if case.p.get("large") and contract.dcp_world == 1:
+        out.append((Hypothesis("int32_offsets", "offsets past 2^31 elements wrap: the same case with its rows "
+                               "past 2^31 elements moved below it passes"),
+                    _rewrite_index(lambda a, unit=_large_unit(case, prepared): _below_2_31(a, unit))))
+    return out
+
+
+def _large_unit(case, prepared) -> int:
+    """Slots per unit (row, or block when paged) of a large case's caches."""
+    from ..ops import SPECS
+
+    cache = prepared.arena.views[prepared.caches[0]]
+    return cache.shape[1] if SPECS[case.op].paged else 1
+
+
+def _below_2_31(entries: np.ndarray, unit: int) -> np.ndarray:
+    """A large case's entries with those in units past 2**31 elements (the upper half) moved to
+    units of the lower half that no entry writes, each at the same place in its unit."""
+    from ..ops._build import LARGE_UNITS
+
+    units = np.where(entries >= 0, entries // unit, -1)
+    free = [u for u in range(1, LARGE_UNITS // 2) if u not in set(units.tolist())]
+    out = entries.copy()
+    for i in np.flatnonzero(units >= LARGE_UNITS // 2):
+        out[i] = free.pop() * unit + entries[i] % unit
     return out
 
 
@@ -58,7 +83,11 @@ VARIANTS = (
      "same case without padding entries passes"),
     ("dcp", True, "dcp_modulo", "the negative locs legal under the declared DCP modulo are mishandled "
      "(the other modulo): the same case without them passes"),
-    ("large", True, "int32_offsets", "offsets past 2^31 elements wrap: the same rows in a small cache pass"),
+    # after the probe that moves the rows below 2**31 elements: where that fails too, what the
+    # kernel mishandles is the large case's layout, not its offsets
+    ("large", True, "cache_layout_ignored", "the large case's caches are mishandled below 2^31 elements too "
+     "(rows 2^26 elements apart in one allocation shared by the caches, one cache 2^25 elements past the "
+     "other): the same rows in a small cache pass"),
 )
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..buffers import NUMPY_DTYPES, Arena, contiguous_strides
-from ..reference.slots import Padding
+from ..reference.slots import FLOAT32_EXACT, Padding
 
 GUARD_MIN = 256
 
@@ -20,6 +20,10 @@ GUARD_MIN = 256
 # two, so slot numbers pass 2**16 (a block index kept in 16 bits, a slot divided by a fixed-point
 # reciprocal) while the cache stays a few MiB.
 WIDE_SLOTS = 1 << 18
+# The "past_float" case: a cache of FLOAT_SLOTS narrow slots written at odd slot numbers past
+# 2**24, the last integer float32 holds exactly (a slot carried through a float, or a block index
+# from a float division, lands on a neighbour).
+FLOAT_SLOTS = FLOAT32_EXACT + 1024
 LARGE_STRIDE = 1 << 26
 LARGE_UNITS = 64
 LARGE_LEAD = 3 << 26
@@ -58,7 +62,12 @@ def destinations(rng: np.random.Generator, p: dict, num_slots: int, contract) ->
     dtype), keeping clear of the slot the kernel's contract reserves."""
     return slots(rng, p["n"], num_slots, padding=p.get("padding"), dups=p.get("dups", False),
                  index_dtype=p["index"], reserved=Padding.parse(contract.padding).reserved,
-                 run=p.get("slots") == "run")
+                 run=p.get("slots") == "run", past_float=p.get("slots") == "past_float")
+
+
+def slot_count(p: dict) -> int:
+    """The slots of an ordinary case's cache: twice its rows and more (FLOAT_SLOTS for "past_float")."""
+    return FLOAT_SLOTS if p.get("slots") == "past_float" else max(2 * p["n"], 64) + 3
 
 
 def index_of(arena: Arena, name: str, entries: np.ndarray, p: dict, num_slots: int,
@@ -70,7 +79,7 @@ def index_of(arena: Arena, name: str, entries: np.ndarray, p: dict, num_slots: i
 
 def slots(rng: np.random.Generator, n: int, num_slots: int, *, padding: str | None = None,
           dups: bool = False, index_dtype: str = "int64", reserved: int | None = None,
-          run: bool = False) -> np.ndarray:
+          run: bool = False, past_float: bool = False) -> np.ndarray:
     """``n`` distinct real slots drawn from ``[0, num_slots)``, then padding entries or duplicated
     slots mixed in when the case asks for them.
 
@@ -79,7 +88,9 @@ def slots(rng: np.random.Generator, n: int, num_slots: int, *, padding: str | No
     reserve it, so a kernel that skips it fails. ``reserved``: the kernel's reserved padding slot
     (its contract's ``reserved:K``), never drawn as a real slot. Padding entries: under
     "negative", a mix of every kind of negative (:func:`negative_padding`); under "reserved:K",
-    slot K.
+    slot K. ``past_float``: the real slots but 0 and 1 are odd numbers past FLOAT32_EXACT, up to
+    ``num_slots - 3`` (where a round trip through float32 rounds down, so none lands past the
+    cache), every other one 31 mod 32 (rounded up into the next block of up to 32 slots).
     """
     skip = {reserved} if reserved is not None else set()
     if padding and padding.startswith("reserved:"):
@@ -87,9 +98,16 @@ def slots(rng: np.random.Generator, n: int, num_slots: int, *, padding: str | No
     if run:
         out = run_of_slots(n, num_slots, skip)
     else:
-        edges = [s for s in dict.fromkeys((0, 1, num_slots - 1)) if s not in skip and 0 <= s < num_slots]
-        rest = np.setdiff1d(np.arange(num_slots), edges + sorted(skip))
-        real = np.concatenate([edges[:n], rng.permutation(rest)[: max(n - len(edges), 0)]])
+        # past_float: odd slots up to num_slots - 3 only, so that one rounded up stays in the cache
+        last = num_slots - 3 if past_float else num_slots - 1
+        edges = [s for s in dict.fromkeys((0, 1, last)) if s not in skip and 0 <= s < num_slots]
+        if past_float:  # alternately a slot that rounds up across a block's end (31 mod 32) and any odd one
+            ends = rng.permutation(np.arange(FLOAT32_EXACT + 31, last, 32))
+            odd = rng.permutation(np.setdiff1d(np.arange(FLOAT32_EXACT + 1, last, 2), ends))
+            rest = np.stack([ends[:n], odd[:n]], axis=1).reshape(-1)
+        else:
+            rest = rng.permutation(np.setdiff1d(np.arange(num_slots), edges + sorted(skip)))
+        real = np.concatenate([edges[:n], rest[: max(n - len(edges), 0)]])
         out = rng.permutation(real).astype(np.int64)
     if n and padding:
         count = max(1, n // 8) if padding != "negative" else max(min(n // 2, len(NEGATIVE_KINDS)), n // 8, 1)
@@ -145,8 +163,9 @@ def extra_rows(n: int) -> int:
 def index(arena: Arena, name: str, entries: np.ndarray, dtype: str, layout: str, num_slots: int,
           rng: np.random.Generator, tail: int = 0):
     """The index tensor: contiguous, every other element of a larger tensor ("strided"; a 2-D
-    index's rows also lie 3 entries further apart, as a column slice of a wider table's do), or at
-    a storage offset ("offset"). The skipped elements hold valid but wrong slots, so a kernel that
+    index's rows also lie 3 entries further apart, as a column slice of a wider table's do), at
+    a storage offset ("offset"), or (a 2-D index, "transposed") the transpose of a contiguous
+    ``[cols, n]`` tensor, column-major. The skipped elements hold valid but wrong slots, so a kernel that
     ignores the stride or the offset writes wrong rows instead of crashing. ``tail``: the
     contiguous index is followed in its storage by that many valid slots it does not hold, so a
     kernel that reads past its length (a grid sized from the sources' rows) writes them."""
@@ -154,8 +173,10 @@ def index(arena: Arena, name: str, entries: np.ndarray, dtype: str, layout: str,
     n = len(entries)
     if entries.ndim == 2 and layout != "contig":
         cols = entries.shape[1]
-        strides, offset = ((2 * cols + 3, 2), 1) if layout == "strided" else ((cols, 1), 5)
-        decoys = rng.integers(1, max(num_slots, 2), size=offset + n * strides[0]).astype(entries.dtype)
+        strides, offset = {"strided": ((2 * cols + 3, 2), 1), "offset": ((cols, 1), 5),
+                           "transposed": ((1, n), 0)}[layout]
+        extent = offset + (n - 1) * strides[0] + (cols - 1) * strides[1] + 1
+        decoys = rng.integers(1, max(num_slots, 2), size=max(extent, offset + n * strides[0])).astype(entries.dtype)
         out = _index_view(arena, name, name + "_storage", decoys, entries.shape, strides,
                           offset * entries.itemsize, entries)
         _decoy_guards(arena, arena.views[name].region, entries.dtype, num_slots, rng)
@@ -199,6 +220,7 @@ def _decoy_guards(arena: Arena, region: str, dtype, num_slots: int, rng: np.rand
 
 
 SOURCE_GAP_BYTES = 16  # other columns between the sources of a "gapped" fused row (alignment kept)
+SOURCE_TAIL_BYTES = 8  # and past the last one: every source 16-byte aligned, its row stride not
 
 
 def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.Generator | None = None):
@@ -209,7 +231,9 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
     (:func:`_interleaved`); ("padded") each in its own allocation, its rows
     SOURCE_ROW_PAD elements apart past their end; ("gapped") the same with SOURCE_GAP_BYTES of other columns
     between one source and the next, so a kernel that reads a source right after the one before
-    it (the adjacency assumed, not the source's own pointer) reads the gap. "longer": each
+    it (the adjacency assumed, not the source's own pointer) reads the gap, and SOURCE_TAIL_BYTES
+    past the last (a row stride of no multiple of 16 bytes under 16-byte aligned sources: a vector
+    path chosen on the base pointers alone loads misaligned rows). "longer": each
     followed by :func:`extra_rows` more rows of other random values (drawn from ``rng``), which
     the kernel must not read."""
     if layout == "longer":
@@ -230,7 +254,8 @@ def rows(arena: Arena, names: tuple, arrays: tuple, layout: str, rng: np.random.
     widths = [int(np.prod(a.shape[1:])) for a in arrays]
     lead = widths[0]  # the "q" columns no kernel should touch
     gap = SOURCE_GAP_BYTES // dtype.itemsize if layout == "gapped" else 0
-    row = lead + sum(widths) + gap * (len(arrays) - 1)
+    tail = SOURCE_TAIL_BYTES // dtype.itemsize if layout == "gapped" else 0
+    row = lead + sum(widths) + gap * (len(arrays) - 1) + tail
     region = "_".join(names) + "_fused"
     arena.region(region, max(n * row * dtype.itemsize, 1), GUARD_MIN)
     out, column = [], lead
@@ -290,10 +315,21 @@ def caches(arena: Arena, names: tuple, shapes: tuple, dtype: str, layout: str, s
     """Cache tensors, poisoned: separate allocations ("plain"), each at a storage offset of three
     slots ("offset"), ("unequal") separate allocations where every cache but the first has a slot
     stride UNEQUAL_PAD bytes past its slot (a dense K cache beside a padded V cache: their strides
-    differ), ("padded") every one so, or ("aliased") interleaved views of one allocation, slot by
-    slot, the way a fused kv tensor ``[S, 2, ...]`` is split into K and V. ``slot_axes`` leading axes address a slot; the
-    guard band is at least two slot strides, so a -1 or -2 write lands in it."""
+    differ), ("padded") every one so, ("aliased") interleaved views of one allocation, slot by
+    slot, the way a fused kv tensor ``[S, 2, ...]`` is split into K and V, or ("halves") one
+    allocation's consecutive halves, as vLLM's ``kv_cache[0]`` and ``kv_cache[1]`` of a ``[2, S,
+    ...]`` tensor (equal shapes and strides in one storage, yet not interleaved). ``slot_axes``
+    leading axes address a slot; the guard band is at least two slot strides, so a -1 or -2 write
+    lands in it."""
     itemsize = NUMPY_DTYPES[dtype].itemsize
+    if layout == "halves":
+        sizes = [int(np.prod(s)) for s in shapes]
+        region = "_".join(names) + "_halves"
+        slot = max(int(np.prod(s[1:])) for s in shapes)
+        arena.region(region, sum(sizes) * itemsize, max(GUARD_MIN, 2 * slot * itemsize))
+        offsets = np.cumsum([0] + sizes[:-1]) * itemsize
+        return tuple(arena.view(name, region, shape, contiguous_strides(shape), int(at), dtype, role="cache")
+                     for name, shape, at in zip(names, shapes, offsets))
     if layout in ("plain", "offset", "unequal", "padded"):
         out = []
         for i, (name, shape) in enumerate(zip(names, shapes)):

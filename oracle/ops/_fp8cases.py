@@ -46,6 +46,7 @@ from ..reference.presets import PRESETS
 from . import _build
 
 SCALES = ("1.0", "0.0123", "head")
+POWER_OF_TWO_SCALE = "4.0"  # one case's scale: 2**k, whose division a fast path may do on the exponent
 # one tensor's scale per tensor, the other's per head ("k_tensor_v_head": the first's per tensor):
 # a writer that takes both scales' kind from one of them reads the other wrongly
 MIXED_SCALES = ("k_tensor_v_head", "k_head_v_tensor")
@@ -82,8 +83,8 @@ def scale_values(choice: str, heads: int, tensor: int = 0) -> np.ndarray:
     ``tensor`` 0 is the first (or only) tensor's scale, 1 the second's."""
     if choice in MIXED_SCALES:
         return scale_values("head" if (choice == "k_tensor_v_head") == bool(tensor) else "0.0123", heads, tensor)
-    if choice not in SCALES:
-        raise ValueError(f"scale={choice!r} is not one of {SCALES + MIXED_SCALES}")
+    if choice not in SCALES + (POWER_OF_TWO_SCALE,):
+        raise ValueError(f"scale={choice!r} is not one of {SCALES + MIXED_SCALES + (POWER_OF_TWO_SCALE,)}")
     if choice == "1.0":
         return np.ones(1, _F32)
     factor = SECOND_SCALE if tensor else 1.0
@@ -131,7 +132,8 @@ def place(quotients: np.ndarray, keep: np.ndarray, scale: np.ndarray, fmt: str) 
     if not todo.any():
         return x
     q, s = quotients[todo].astype(_F32), scale[todo].astype(_F32)
-    x0 = (q.astype(np.float64) * s).astype(_F32)  # the product of two float32 is exact in float64
+    with np.errstate(over="ignore"):  # a quotient near float32's max under a scale past 1: inf
+        x0 = (q.astype(np.float64) * s).astype(_F32)  # the product of two float32 is exact in float64
     candidates, up, down = [x0], x0, x0
     for _ in range(4):
         up, down = np.nextafter(up, _F32(np.inf)), np.nextafter(down, _F32(-np.inf))

@@ -19,8 +19,9 @@ VECTORS = (2, 4, 8, 16)  # elements a vectorized row copy moves at once
 def misplaced_rope(views: dict, cache: str, first: str, nope: int, rope: int, known: set) -> list[Hypothesis]:
     """rope (k_pe) written at another element of each row (entry) than ``nope`` (the first part's
     width): at the first part's source row stride (its stride taken for its width), at the
-    first part's end rounded up to 16, 32, 64 or 128 bytes (a vector store's alignment), or at a
-    hard-coded 512 (DeepSeek's kv_lora_rank); offsets in ``known`` are tried elsewhere. Where the
+    first part's end rounded up to 16, 32, 64 or 128 bytes (a vector store's alignment), at a
+    hard-coded 512 (DeepSeek's kv_lora_rank), or at its width in bytes of another element size
+    (an element size hard-coded in a byte offset); offsets in ``known`` are tried elsewhere. Where the
     rope so runs past its row into the next, the cache is replayed one slot (block) longer, into
     its guard band, as the kernel writes it."""
     view = views[cache]
@@ -30,6 +31,10 @@ def misplaced_rope(views: dict, cache: str, first: str, nope: int, rope: int, kn
         at = -(-nope * itemsize // align) * align // itemsize
         offsets.setdefault(at, f"{first}'s end rounded up to {align} bytes")
     offsets.setdefault(512, "a hard-coded kv_lora_rank")
+    for size in (1, 2, 4):  # nope's bytes counted in another element size (bf16's 2 hard-coded)
+        if size != itemsize and nope * size % itemsize == 0:
+            offsets.setdefault(nope * size // itemsize, f"{first}'s width times {size} bytes, as if its "
+                                                        f"elements were {size}-byte ones")
     out = []
     packed = view.strides[-2] == width and all(view.strides[i] == view.strides[i + 1] * view.shape[i + 1]
                                                for i in range(len(view.shape) - 2))
@@ -105,3 +110,21 @@ def compacted_sources(prepared: Prepared, contract, sources: tuple) -> list[Hypo
                               "and the j-th of them written with source row j, not the row of its own position",
                               inputs={name: read for name in sources}))
     return out
+
+
+def local_row_reserved(prepared: Prepared, contract) -> list[Hypothesis]:
+    """Under DCP with a reserved padding slot K: the padding test applied to the local row (``loc
+    div W == K``) instead of the widened loc (``loc == K``), so the kept loc of local row K is
+    skipped as if it were padding."""
+    policy = Padding.parse(contract.padding)
+    if contract.dcp_world == 1 or policy.kind != "reserved":
+        return []
+    loc = prepared.numpy("loc").astype(np.int64)
+    selected, rows = dcp_local_rows(loc, contract.dcp_world, contract.dcp_rank, contract.dcp_modulo)
+    hit = selected & (rows == policy.reserved) & (loc != policy.reserved)
+    if not hit.any():
+        return []
+    return [Hypothesis("padding_policy", f"the reserved slot {policy.reserved} compared with the local row (loc "
+                       f"div {contract.dcp_world}) instead of the widened loc: loc "
+                       f"{int(loc[hit][0])}, local row {policy.reserved}, skipped as padding",
+                       inputs={"loc": lambda a, hit=hit: np.where(hit, policy.reserved, a).astype(a.dtype)})]

@@ -123,8 +123,14 @@ class OpSpec:
     large_n_shape: tuple = ()  # the row shape of the layout and padding cases at N = 4096 (a narrow one keeps them cheap)
     # a row shape with an empty part (an MLA rope of width 0): real writers switch to another kernel
     # there, which may follow the padding policy or not, so the "sizes" class runs it and the
-    # "padding" class runs every policy in it too
-    empty_rope_shape: tuple = ()
+    # "padding" class runs every policy in the first too (the others: in a wider row)
+    empty_rope_shapes: tuple = ()
+    # the narrowest row shape: the "past_float" case writes odd slots past 2**24 in a cache of
+    # _build.FLOAT_SLOTS such rows (tens of MiB), where a slot carried through float32 rounds
+    float_slots_shape: tuple = ()
+    # a row shape of no multiple of 8 bytes: the prefill run again in it, so that rows sharing a
+    # word of memory are written side by side (a read-modify-write of whole words loses bytes)
+    odd_run_shape: tuple = ()
     # (shape, other shape) pairs that a plan keyed on part of the shape confuses (store_cache: V's
     # head size beside K's); the "repeat" class runs the first after a call in the second
     after_shapes: tuple = ()
@@ -191,13 +197,13 @@ class OpSpec:
                "strided_heads": p.get("src") == "interleaved",
                "longer_source": p.get("src") == "longer", "dcp": bool(p.get("dcp")),
                "strided_index": p.get("index_layout") in ("strided", "offset"),
-               "aliased_caches": p.get("cache") in ("aliased", "offset", "permuted", "unequal", "padded") or bool(p.get("large")),
+               "aliased_caches": p.get("cache") in ("aliased", "halves", "offset", "permuted", "unequal", "padded") or bool(p.get("large")),
                # K's and V's strides differ
                "cache_strides": p.get("cache") in ("padded", "unequal") and len(self.sources) > 1,
                "large_cache": bool(p.get("large")), "bad_input": is_bad(case),
                "row_bytes": self.row_bytes(case),
                # a spec with an empty-rope shape has shapes (first part, rope, ...)
-               "empty_rope": bool(self.empty_rope_shape) and p["shape"][1] == 0}
+               "empty_rope": bool(self.empty_rope_shapes) and p["shape"][1] == 0}
         return out
 
     def p_with_defaults(self, case: Case) -> dict:

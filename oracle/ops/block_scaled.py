@@ -196,7 +196,7 @@ class ReshapeAndCacheBlock(_BlockSpec):
     def build(self, case: Case, arena: Arena, rng: np.random.Generator, contract: Contract) -> Prepared:
         p, n, heads, dim, fmt, bad = self._params(case)
         layout, scale_layout = p["layout"], p.get("scale_layout", "linear")
-        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // BLOCK_SIZE)
+        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-_build.slot_count(p) // BLOCK_SIZE)
         num_slots = num_blocks * BLOCK_SIZE
         arrays = tuple(_blockcases.values(rng, p["values"], fmt, (n, heads, dim), p["dtype"]) for _ in range(2))
         if p.get("dups"):  # rows of different magnitudes, so colliding rows differ in their scales too

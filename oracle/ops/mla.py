@@ -30,7 +30,7 @@ from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
 from ..diagnose.hypothesis import Hypothesis
 from . import _build, _dcp, _fp8cases
-from ._mla_diagnosis import boundary_vector_read, compacted_sources, misplaced_rope
+from ._mla_diagnosis import boundary_vector_read, compacted_sources, local_row_reserved, misplaced_rope
 from .base import Case, OpSpec, Prepared
 
 NEIGHBOUR = 8  # elements per row (per block, paged) of the view interleaved with an "aliased" cache
@@ -64,7 +64,9 @@ class SetMlaKvBuffer(OpSpec):
     source_layouts = ("fused", "fused_unsqueezed")  # [N, 1, n] sources, as sglang's callers pass them
     dcp = True  # under a DCP contract every case's locs are widened (oracle.ops._dcp)
     large_case = {"dtype": "uint8", "n": 7}  # the fp8 byte layout, rows past 2**31 elements
-    empty_rope_shape = EMPTY_ROPE
+    empty_rope_shapes = (EMPTY_ROPE, EMPTY_ROPE + (640,))  # also in a wider row: not a packed [S, nope]
+    float_slots_shape = (1, 1)
+    odd_run_shape = (97, 31, 141)  # 282-byte rows in bf16
 
     def p_with_defaults(self, case: Case) -> dict:
         p = super().p_with_defaults(case)
@@ -88,7 +90,7 @@ class SetMlaKvBuffer(OpSpec):
         p = self.p_with_defaults(case)
         nope_w, rope_w, width = self.dims(p)
         n, dtype, bad = p["n"], p["dtype"], p.get("bad")
-        num_slots = _build.LARGE_UNITS if p.get("large") else max(2 * n, 64) + 3
+        num_slots = _build.LARGE_UNITS if p.get("large") else _build.slot_count(p)
         nope, rope = _build.rows(arena, ("nope", "rope"), (_build.values(rng, (n, nope_w), dtype, p["values"]),
                                                            _build.values(rng, (n, rope_w), dtype, p["values"])),
                                  p["src"], rng)
@@ -168,7 +170,7 @@ class SetMlaKvBuffer(OpSpec):
         return (misplaced_rope(prepared.arena.views, "kv_buffer", "nope", nope, rope,
                                {self.dims(p)[2] - rope, nope * itemsize})
                 + boundary_vector_read(prepared, "nope", "rope")
-                + compacted_sources(prepared, contract, self.sources))
+                + compacted_sources(prepared, contract, self.sources) + local_row_reserved(prepared, contract))
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "narrow_buffer")
@@ -191,7 +193,9 @@ class ConcatAndCacheMla(OpSpec):
     large_n_shape = (128, 64)
     sources = ("kv_c", "k_pe")
     large_case = {"fp8": "e4m3fn", "n": 7}  # fp8 blocks past 2**31 elements
-    empty_rope_shape = EMPTY_ROPE
+    empty_rope_shapes = (EMPTY_ROPE,)
+    float_slots_shape = (1, 1)
+    odd_run_shape = (97, 30)  # 254-byte rows in bf16
 
     @staticmethod
     def dims(p: dict) -> tuple[int, int, int]:
@@ -219,7 +223,7 @@ class ConcatAndCacheMla(OpSpec):
         p = self.p_with_defaults(case)
         rank, rope_w, block_size = self.dims(p)
         n, dtype, fmt, bad = p["n"], p["dtype"], p.get("fp8"), p.get("bad")
-        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // block_size)
+        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-_build.slot_count(p) // block_size)
         num_slots = num_blocks * block_size
         scale_values = _fp8cases.scale_values(p.get("scale", "1.0"), 1)
         scale = arena.tensor("scale", scale_values, role="scale")

@@ -55,9 +55,11 @@ class ReshapeAndCacheFlash(OpSpec):
     wide_cache_shape = (1, 16, 5)  # blocks of 5 over WIDE_SLOTS slots of 16 elements
     sources = ("key", "value")
     source_layouts = ("fused", "interleaved")  # interleaved: heads apart, as qkv.view(N, H, 3, D)[:, :, j]
-    aliasing = ("aliased", "offset", "padded", "unequal")
+    aliasing = ("aliased", "halves", "offset", "padded", "unequal")
     layouts = ("NHD", "HND")
     large_case = {"fp8": "e4m3fn", "n": 7}
+    float_slots_shape = (1, 1)
+    odd_run_shape = (1, 97)  # 194-byte token rows in bf16, side by side in a block (NHD)
 
     def p_with_defaults(self, case: Case) -> dict:
         p = super().p_with_defaults(case)
@@ -87,7 +89,7 @@ class ReshapeAndCacheFlash(OpSpec):
         heads, dim = p["shape"][:2]
         block_size = p["shape"][2] if len(p["shape"]) > 2 else BLOCK_SIZE
         n, dtype, fmt, bad = p["n"], p["dtype"], p.get("fp8"), p.get("bad")
-        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-(max(2 * n, 64) + 3) // block_size)
+        num_blocks = _build.LARGE_UNITS if p.get("large") else -(-_build.slot_count(p) // block_size)
         if p.get("wide"):
             num_blocks = -(-_build.WIDE_SLOTS // block_size)
         num_slots = num_blocks * block_size
@@ -165,7 +167,7 @@ class ReshapeAndCacheFlash(OpSpec):
 def _caches(arena: Arena, shape: tuple, dtype: str, variant: str, layout: str):
     """key_cache and value_cache of logical shape ``shape`` (NHD), allocated in ``layout`` order
     ("HND": ``[blocks, H, block_size, D]``, handed over as a permuted view) as ``variant``:
-    plain, offset, aliased (see _build.caches), padded (a block stride past the block) or unequal
+    plain, offset, aliased, halves (see _build.caches), padded (a block stride past the block) or unequal
     (K dense, V padded)."""
     num_blocks, block_size, heads, dim = shape
     alloc = shape if layout == "NHD" else (num_blocks, heads, block_size, dim)

@@ -31,8 +31,10 @@ class StoreCache(OpSpec):
     after_shapes = (((1, 64, 97), (1, 64)),)  # a plan keyed on K's row bytes alone keeps V's too
     sources = ("k", "v")
     source_layouts = ("fused", "interleaved")  # interleaved: heads apart, as qkv.view(N, H, 3, D)[:, :, j]
-    aliasing = ("aliased", "offset", "unequal")
+    aliasing = ("aliased", "halves", "offset", "unequal")
     large_case = {"dtype": "uint8", "n": 7}  # 8 x 128 byte rows (an fp8 pool) past 2**31 elements
+    float_slots_shape = (1, 1)
+    odd_run_shape = (1, 97)  # 194-byte rows in bf16
 
     def shape_strategy(self):
         from hypothesis import strategies as st
@@ -62,7 +64,7 @@ class StoreCache(OpSpec):
         p = self.p_with_defaults(case)
         heads, dim, v_dim = self.dims(p)
         n, dtype = p["n"], p["dtype"]
-        num_slots = _build.LARGE_UNITS if p.get("large") else max(2 * n, 64) + 3
+        num_slots = _build.LARGE_UNITS if p.get("large") else _build.slot_count(p)
         k, v = _build.rows(arena, ("k", "v"), (_build.values(rng, (n, heads, dim), dtype, p["values"]),
                                                _build.values(rng, (n, heads, v_dim), dtype, p["values"])), p["src"], rng)
         shapes = ((num_slots, heads, dim), (num_slots, heads, v_dim))

@@ -25,6 +25,8 @@ from ..buffers import NUMPY_DTYPES, TORCH_DTYPES, Arena, dtype_name, numpy_view,
 from ..contract import Contract
 from ..diagnose.generic import dropped_counts, index_hypotheses, offset_hypotheses, run_hypotheses, stale_hypotheses
 from ..diagnose.hypothesis import Hypothesis
+from ..diagnose.slot_arithmetic import through_float32
+from ..reference.slots import FLOAT32_EXACT
 from . import _build
 from .base import Case, OpSpec, Prepared
 
@@ -39,6 +41,7 @@ class TranslateFullToSwa(OpSpec):
     # (size_full, page_size[, cols]): loc [N, cols]; cols 0 is a 0-d loc (one index, shape ())
     shapes = ((1024, 1), (1024, 16), (8192, 64), (16, 16), (1024, 16, 3), (1024, 16, 0))
     index_2d_shape = (1024, 16, 3)
+    float_slots_shape = (1024, 16)  # its mapping's SWA slots moved past 2**24
     aliasing = ("offset",)
     returns = True
 
@@ -57,6 +60,9 @@ class TranslateFullToSwa(OpSpec):
         n, bad = p["n"], p.get("bad")
         table = size_full + page_size  # mapping[table] is the sentinel
         values = self._table(rng, size_full, page_size)
+        if p.get("slots") == "past_float":  # SWA slots of a pool past 2**24: odd numbers no float32 holds
+            mapped = values[:-1] > 0
+            values[:-1][mapped] = FLOAT32_EXACT + 1 + 2 * values[:-1][mapped]
         if bad == "no_sentinel":
             values[-1] = values[table - 1] or page_size
         mapping = self._mapping(arena, values.astype(NUMPY_DTYPES[p["dtype"]]), p["cache"], rng)
@@ -185,6 +191,10 @@ class TranslateFullToSwa(OpSpec):
                               "(mapping_ptr + loc, pointer arithmetic) instead of the sentinel"),
                    np.where(padding, word.astype(np.int64)[0], mapping[np.where(padding, 0, loc)]))
         valid = (loc >= 0) & (loc < len(mapping) - 1)
+        if np.all(valid | padding) and int(mapping.max()) > FLOAT32_EXACT:
+            yield (Hypothesis("slots_through_float", "the mapping's entries carried through float32 (a gather "
+                              "in a float type, as an embedding lookup does): SWA slots past 2^24 rounded to an "
+                              "even neighbour"), through_float32(mapping)[np.where(padding, SENTINEL, loc)])
         if valid.any() and np.all(valid | padding):
             for page in PAGE_GUESSES:
                 first = mapping[np.where(valid, loc - loc % page, 0)]
@@ -238,8 +248,7 @@ def _as_read(prepared: Prepared, hypothesis: Hypothesis, name: str) -> np.ndarra
 def _tail_dropped(differ: np.ndarray, n: int) -> Hypothesis | None:
     """rows_dropped where every differing entry lies in the result's last k, for k 1 or the
     entries past the last whole tile of a grid sized n // tile, and each of those k differs."""
-    for k in dropped_counts(n):
+    for k, why in dropped_counts(n):
         if k < n and differ.size == k and int(differ[0]) == n - k:  # and the entries before it right
-            return Hypothesis("rows_dropped", f"the last {k} entries of the result not written (a loop bound "
-                              f"or tile mask that stops {k} short of loc's {n} entries)")
+            return Hypothesis("rows_dropped", f"the last {k} entries of the result not written ({why})")
     return None

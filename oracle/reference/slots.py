@@ -31,6 +31,7 @@ import numpy as np
 from . import _validate as v
 
 DUPLICATES = ("forbid", "any")
+FLOAT32_EXACT = 1 << 24  # float32 holds every integer up to here, and no odd one past it
 _RESERVED = re.compile(r"reserved:([0-9]+)")
 _SHOWN_POSITIONS = 8  # longer lists in messages are cut, with a count of the rest
 
@@ -374,7 +375,8 @@ def _judge_row(actual_row: np.ndarray, c: Collision) -> str | None:
                 f"{int((~matches[closest]).sum())} of {matches.shape[1]} elements)")
     pieces = [f"{start * itemsize}..{end * itemsize - 1} from position {c.positions[k]}"
               for start, end, k in _segments(matches)]
-    return "torn row: bytes " + ", ".join(pieces)
+    rest = f" and {len(pieces) - _SHOWN_POSITIONS} more pieces" if len(pieces) > _SHOWN_POSITIONS else ""
+    return "torn row: bytes " + ", ".join(pieces[:_SHOWN_POSITIONS]) + rest
 
 
 def _segments(matches: np.ndarray):
