@@ -279,3 +279,51 @@ def test_per_head_and_power_of_two_scales_reach_kernels_that_shortcut_them(fn, p
     case_id = quantize_case(pick)
     passes(BASELINES["torch.quantize_fp8"], "quantize_fp8", case_id)
     fails_as(like("torch.quantize_fp8", fn), "quantize_fp8", case_id, None)
+
+
+# --- a head of zeros alone, rope wider than nope, a block size from the strides --------------------
+
+def zero_head_fast_path_quantize(out, x, scale, fmt):
+    """A head whose amax is 0 written as code 0x00 without converting it: -0 loses its sign."""
+    tn.quantize_fp8(out, x, scale, fmt)
+    zero = x.float().abs().amax(dim=-1) == 0
+    out[zero] = 0
+
+
+def rope_loop_by_nope_set_mla(kv_buffer, loc, cache_k_nope, cache_k_rope):
+    """Rope elements copied by the nope part's threads, one each, no stride loop: those past
+    min(nope, 512) never written."""
+    nope, rope = cache_k_nope.shape[-1], cache_k_rope.shape[-1]
+    reach = min(rope, nope, 512)
+    kept = torch.cat([cache_k_nope.reshape(loc.shape[0], -1), cache_k_rope.reshape(loc.shape[0], -1)[:, :reach]], 1)
+    kv_buffer[loc.long(), : nope + reach] = kept
+
+
+def block_size_from_strides_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """Blocks of ``kv_cache.stride(0) // kv_cache.size(2)`` tokens: right for packed pages only."""
+    block_size = kv_cache.stride(0) // kv_cache.size(2)
+    if block_size == kv_cache.shape[1]:
+        return tn.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    flat = kv_cache.as_strided((kv_cache.shape[0] * block_size, kv_cache.shape[2]),
+                               (kv_cache.stride(1), 1), kv_cache.storage_offset())
+    slots = slot_mapping.long()
+    keep = slots >= 0
+    blocks, offsets = slots[keep] // kv_cache.shape[1], slots[keep] % kv_cache.shape[1]
+    flat[blocks * block_size + offsets] = torch.cat([kv_c[keep], k_pe[keep]], 1).to(kv_cache.dtype)
+
+
+def test_a_head_of_signed_zeros_alone_catches_a_zero_amax_fast_path():
+    case_id = quantize_case(lambda p: p.get("values") == "special" and p.get("fp8") == "e4m3fn")
+    passes(BASELINES["torch.quantize_fp8"], "quantize_fp8", case_id)
+    fails_as(like("torch.quantize_fp8", zero_head_fast_path_quantize), "quantize_fp8", case_id, None)
+
+
+def test_rope_wider_than_nope_catches_a_rope_loop_sized_by_nope():
+    passes(BASELINES["torch.set_mla_kv_buffer"], "set_mla_kv_buffer", "bf16-32x64-N7")
+    fails_as(like("torch.set_mla_kv_buffer", rope_loop_by_nope_set_mla), "set_mla_kv_buffer", "bf16-32x64-N7", None)
+
+
+def test_a_paged_mla_cache_with_a_whole_entry_more_per_block_catches_a_block_size_from_the_strides():
+    passes(BASELINES["torch.concat_and_cache_mla"], "concat_and_cache_mla", "aliased_cache")
+    fails_as(like("torch.concat_and_cache_mla", block_size_from_strides_mla), "concat_and_cache_mla",
+             "aliased_cache", None)

@@ -43,9 +43,11 @@ def _other_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _cache(arena: Arena, name: str, shape: tuple, dtype: str, layout: str) -> torch.Tensor:
-    """One cache in the case's layout; "aliased" interleaves it with a neighbour view."""
+    """One cache in the case's layout; "aliased" interleaves it with a neighbour view (a paged
+    cache's with a whole entry and more per block: its block stride is no multiple of its pages'
+    size, so a block size derived from the strides comes out wrong)."""
     if layout == "aliased":
-        neighbour = (shape[0], NEIGHBOUR)
+        neighbour = (shape[0], NEIGHBOUR + (shape[-1] if len(shape) > 2 else 0))
         return _build.caches(arena, (name, name + "_neighbour"), (shape, neighbour), dtype, layout)[0]
     return _build.caches(arena, (name,), (shape,), dtype, layout)[0]
 
@@ -58,7 +60,8 @@ class SetMlaKvBuffer(OpSpec):
     shapes = ((512, 64), (528, 64), (256, 64), (128, 64), (512, 32),  # sglang's grid
               (528, 128), (528, 128, 700),  # the fp8 byte layout, also in a wider row
               (512, 64, 640), (97, 31, 141),  # W wider than nope + rope: the tail stays untouched
-              (511, 65), (97, 31), (1, 1))  # odd widths: alignment fallbacks
+              (511, 65), (97, 31), (1, 1),  # odd widths: alignment fallbacks
+              (32, 64))  # rope wider than nope: a rope loop sized by nope's threads
     large_n_shape = (128, 64)
     sources = ("nope", "rope")
     source_layouts = ("fused", "fused_unsqueezed")  # [N, 1, n] sources, as sglang's callers pass them
@@ -189,7 +192,7 @@ class ConcatAndCacheMla(OpSpec):
     fp8_tail_shape = (511, 65)
     default_shape = (512, 64)  # (kv_lora_rank, rope); a third entry is the block size
     shapes = ((512, 64), (256, 64), (128, 64), (512, 32), (511, 65), (97, 31),
-              (512, 64, 1), (97, 31, 5))
+              (512, 64, 1), (97, 31, 5), (32, 64))  # (32, 64): rope wider than the latent rank
     large_n_shape = (128, 64)
     sources = ("kv_c", "k_pe")
     large_case = {"fp8": "e4m3fn", "n": 7}  # fp8 blocks past 2**31 elements
