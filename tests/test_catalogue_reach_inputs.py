@@ -327,3 +327,14 @@ def test_a_paged_mla_cache_with_a_whole_entry_more_per_block_catches_a_block_siz
     passes(BASELINES["torch.concat_and_cache_mla"], "concat_and_cache_mla", "aliased_cache")
     fails_as(like("torch.concat_and_cache_mla", block_size_from_strides_mla), "concat_and_cache_mla",
              "aliased_cache", None)
+
+
+@pytest.mark.parametrize("shape", [(3, 8, 128), (2, 576), (0, 8, 128), (0, 576)])
+def test_the_fp8_special_values_hold_one_head_of_signed_zeros_and_build_empty(shape):
+    from oracle.ops import _fp8cases
+
+    x = _fp8cases.values(np.random.default_rng(0), "special", "e4m3fn", shape, "float32", np.ones(1, np.float32))
+    assert x.shape == shape
+    if x.size:
+        head = x[(0,) * (x.ndim - 1)]
+        assert (head == 0).all() and np.signbit(head).any() and not np.signbit(head).all()

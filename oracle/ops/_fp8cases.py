@@ -118,7 +118,7 @@ def values(rng: np.random.Generator, kind: str, fmt: str, shape, dtype: str, sca
     keep = np.zeros(shape, bool) if raw is None else raw[picks].reshape(shape)
     s = np.broadcast_to(broadcast_scale(scale, len(shape), head_axis), shape)
     x = place(quotients, keep, s, fmt)
-    if kind == "special" and x.ndim > 1:  # the first head (row) all zeros, signed: an amax of 0
+    if kind == "special" and x.ndim > 1 and x.size:  # the first head (row) all zeros, signed: an amax of 0
         x[(0,) * (x.ndim - 1)] = np.where(np.arange(x.shape[-1]) % 2, _F32(-0.0), _F32(0.0))
     with np.errstate(all="ignore"):  # a narrower dtype rounds (and overflows) the sources
         return x.astype(NUMPY_DTYPES[dtype])
