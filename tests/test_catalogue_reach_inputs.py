@@ -269,16 +269,18 @@ def quantize_case(pick) -> str:
     return next(c.id for c in catalogue("quantize_fp8", "quick") if pick(c.p))
 
 
-@pytest.mark.parametrize("fn, pick", [
-    (scale_table_of_16_quantize, lambda p: p.get("scale") == "head" and p.get("shape") == (32, 128)),
-    (per_token_first_quantize, lambda p: p.get("scale") == "head" and p.get("n") == 32),
-    (head_from_offset_quantize, lambda p: p.get("scale") == "head" and p.get("src") == "interleaved"),
-    (exponent_shift_quantize, lambda p: p.get("scale") == "4.0"),
+@pytest.mark.parametrize("fn, pick, cause", [
+    (scale_table_of_16_quantize, lambda p: p.get("scale") == "head" and p.get("shape") == (32, 128), "scale_misindexed"),
+    (per_token_first_quantize, lambda p: p.get("scale") == "head" and p.get("n") == 32, None),
+    (head_from_offset_quantize, lambda p: p.get("scale") == "head" and p.get("src") == "interleaved", None),
+    (exponent_shift_quantize, lambda p: p.get("scale") == "4.0", None),
 ], ids=lambda x: getattr(x, "__name__", ""))
-def test_per_head_and_power_of_two_scales_reach_kernels_that_shortcut_them(fn, pick):
+def test_per_head_and_power_of_two_scales_reach_kernels_that_shortcut_them(fn, pick, cause):
     case_id = quantize_case(pick)
     passes(BASELINES["torch.quantize_fp8"], "quantize_fp8", case_id)
-    fails_as(like("torch.quantize_fp8", fn), "quantize_fp8", case_id, None)
+    outcome = fails_as(like("torch.quantize_fp8", fn), "quantize_fp8", case_id, cause)
+    if cause:
+        assert "scale[h % 16]" in outcome.message, outcome.message
 
 
 # --- a head of zeros alone, rope wider than nope, a block size from the strides --------------------

@@ -133,7 +133,7 @@ def test_a_scale_head_taken_from_the_address_is_named():
     outcomes = {c.id: run_case(wrong, c) for c in catalogue("quantize_fp8", "quick", wrong.contract)
                 if c.cls in ("strides", "fp8")}
     failed = {cid: o for cid, o in outcomes.items() if o.status == FAIL}
-    assert list(failed) == ["e4m3fn-padded_src-scale_head"], list(failed)
+    assert list(failed) == ["e4m3fn-interleaved_src-scale_head"], list(failed)
     assert all(o.cause["id"] == "scale_misindexed" and "offset" in o.cause["text"] for o in failed.values())
 
 

@@ -489,18 +489,23 @@ def test_fp8_hypotheses_depend_on_format_scale_and_preset():
 def test_scale_hypotheses():
     p = {"fp8": "e4m3fn", "scale": "head"}
     hs = _fp8cases.scale_hypotheses(p, ("k_scale", "v_scale"), 8)
-    assert [h.cause for h in hs] == ["scale_collapsed", "scale_misindexed", "scale_missing", "scale_missing",
-                                     "scale_swapped", "scale_swapped"]
+    # broadcast as scale[j % H], then read as scale[h % T] for tiles of 2 and 4 heads (of 8)
+    assert [h.cause for h in hs] == ["scale_collapsed"] + ["scale_misindexed"] * 3 + [
+        "scale_missing", "scale_missing", "scale_swapped", "scale_swapped"]
     k, v = (_fp8cases.scale_values("head", 8, t) for t in (0, 1))
     collapsed = hs[0].inputs["k_scale"](k)
     assert collapsed.dtype == np.float32 and np.all(collapsed == k[0]) and not np.all(k == k[0])
     assert hs[1].override == {"scale": "repeated"}
+    for tile, h in zip((2, 4), hs[2:4]):
+        assert f"scale[h % {tile}]" in h.text and list(h.inputs) == ["k_scale", "v_scale"]
+        assert np.array_equal(h.inputs["v_scale"](v), v[[i % tile for i in range(8)]])
+    hs = hs[:2] + hs[4:]
     assert np.array_equal(hs[2].inputs["k_scale"](k), np.ones_like(k)) and list(hs[3].inputs) == ["v_scale"]
     assert np.array_equal(hs[4].inputs["k_scale"](k), v)  # V's scale used for K
     assert np.array_equal(hs[5].inputs["v_scale"](v), k)  # K's scale used for V
     with pytest.raises(ValueError):
         hs[5].inputs["v_scale"](np.ones(1, np.float32))
-    assert [h.cause for h in _fp8cases.scale_hypotheses(p, ("scale",), 8)] == ["scale_collapsed", "scale_misindexed"]
+    assert [h.cause for h in _fp8cases.scale_hypotheses(p, ("scale",), 8)] == ["scale_collapsed"] + ["scale_misindexed"] * 3
     assert _fp8cases.scale_hypotheses(p, ("scale",), 1) == []
     assert _fp8cases.scale_hypotheses({"fp8": "e4m3fn", "scale": "1.0"}, ("k_scale", "v_scale"), 8) == []
     tensor = _fp8cases.scale_hypotheses({"fp8": "e4m3fn", "scale": "0.0123"}, ("k_scale", "v_scale"), 8)

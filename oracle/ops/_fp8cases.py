@@ -246,7 +246,8 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
     except (TypeError, ValueError):  # the contract's preset does not cover this format
         declared = None
     if declared is not None:
-        out += _knob_hypotheses(declared, _fp8.get_format(fmt), scaled)
+        # a power-of-two scale's reciprocal is exact: the scale ops agree there, nothing to tell apart
+        out += _knob_hypotheses(declared, _fp8.get_format(fmt), scaled and p.get("scale") != POWER_OF_TWO_SCALE)
     for name, preset in PRESETS.items():
         if name == contract.fp8_preset or fmt not in preset.formats:
             continue
@@ -398,6 +399,11 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
         out.append(Hypothesis("scale_misindexed", "the per-head scale broadcast over each [H * D] row as "
                               "scale[j % H] (torch's repeat where repeat_interleave was meant)",
                               {"scale": "repeated"}))
+        per_head = [name for name in names if choice == "head" or name == names[choice == "k_tensor_v_head"]]
+        for tile in (t for t in SCALE_TILES if t < heads):  # a tile's (or a table's) own head offsets
+            out.append(Hypothesis("scale_misindexed", f"the per-head scale read as scale[h % {tile}] (offsets local "
+                                  f"to a tile, or a table, of {tile} heads)",
+                                  inputs={name: functools.partial(_wrapped, tile) for name in per_head}))
     if len(names) == 2:
         out += [Hypothesis("scale_missing", f"{name} not applied (stored as x, not x / {name}); "
                            f"{other} applied", inputs={name: _ones})
@@ -412,6 +418,15 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
 
 def _ones(scale: np.ndarray) -> np.ndarray:
     return np.ones_like(scale)
+
+
+SCALE_TILES = (2, 4, 8, 16)  # heads per program, or entries of a staged scale table
+
+
+def _wrapped(tile: int, scale: np.ndarray) -> np.ndarray:
+    """``scale`` as read at ``h % tile``."""
+    flat = scale.reshape(-1)
+    return flat[np.arange(flat.size) % tile].reshape(scale.shape)
 
 
 def _first_head(scale: np.ndarray) -> np.ndarray:
@@ -481,7 +496,8 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     and ``__hmul`` compute); "scale_source_dtype" (the scale rounded to the 16-bit source's type,
     the quotient in float32: ``x / scale.to(x.dtype)``); "vector_head=V" (a per-head scale read
     once per V-element vector along each token's flat ``[H * D]`` elements: a vector that starts in head h scales all its
-    elements by head h's scale); "address_head=S" (a per-head scale indexed by ``(offset // D) %
+    elements by head h's scale); "address_head=S[,T]" (rows S and heads T elements apart, T = D
+    unless given: a per-head scale indexed by ``(offset // D) %
     H``, each head's offset from the tensor's start in rows S elements apart: the head it would
     have in dense rows)."""
     if mode is None:
@@ -511,10 +527,11 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
         elif mode == "scale_source_dtype":  # the scale narrowed to x's 16-bit type, the quotient in float32
             divisor = broadcast_scale(scale, widened.ndim, head_axis).astype(source.dtype).astype(_F32)
             quotient = widened / divisor
-        elif mode.startswith("address_head="):  # the head of each element's offset, rows S apart
-            stride, (tokens, heads, dim) = int(mode.split("=")[1]), widened.shape[-3:]
+        elif mode.startswith("address_head="):  # the head of each element's offset: rows S, heads T apart
+            (tokens, heads, dim) = widened.shape[-3:]
+            stride, head_stride = (int(v) for v in (mode.split("=")[1] + f",{dim}").split(",")[:2])
             flat = np.asarray(scale, _F32).reshape(-1)
-            offset = (np.arange(tokens)[:, None] * stride + np.arange(heads)[None, :] * dim)
+            offset = (np.arange(tokens)[:, None] * stride + np.arange(heads)[None, :] * head_stride)
             quotient = widened / flat[(offset // dim) % heads % flat.size][..., None]
         elif mode.startswith("vector_head="):  # each V-element vector of the flat [H * D] row: its first head's scale
             vector, (heads, dim) = int(mode.split("=")[1]), widened.shape[head_axis:][:2]

@@ -113,14 +113,16 @@ class QuantizeFp8(OpSpec):
 
 def _address_head_hypotheses(p: dict, prepared: Prepared) -> list[Hypothesis]:
     """A per-head scale indexed by the head an element's offset from x's start would have in
-    dense rows, ``(offset // D) % H``: right while x's row stride is a multiple of ``H * D``."""
+    dense rows, ``(offset // D) % H``: right while x's row stride is a multiple of ``H * D`` and its
+    heads are D apart."""
     heads, dim = p["shape"]
-    row_stride = prepared.arena.views["x"].strides[0]
-    if p.get("scale") != "head" or heads < 2 or row_stride % (heads * dim) == 0:
+    row_stride, head_stride = prepared.arena.views["x"].strides[:2]
+    if p.get("scale") != "head" or heads < 2 or (row_stride % (heads * dim) == 0 and head_stride == dim):
         return []
+    apart = f"rows {row_stride}" + (f", heads {head_stride}" if head_stride != dim else "")
     return [Hypothesis("scale_misindexed", f"the per-head scale indexed by (offset // {dim}) % {heads}, from each "
-                       f"element's offset in x (rows {row_stride} elements apart): the head it would have in "
-                       "dense rows, not its own", {"scale": f"address_head={row_stride}"})]
+                       f"element's offset in x ({apart} elements apart): the head it would have in "
+                       "dense rows, not its own", {"scale": f"address_head={row_stride},{head_stride}"})]
 
 
 def _flat_tail_hypotheses(p: dict, contract: Contract) -> list[Hypothesis]:
