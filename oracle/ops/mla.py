@@ -69,7 +69,7 @@ class SetMlaKvBuffer(OpSpec):
     large_case = {"dtype": "uint8", "n": 7}  # the fp8 byte layout, rows past 2**31 elements
     empty_rope_shapes = (EMPTY_ROPE, EMPTY_ROPE + (640,))  # also in a wider row: not a packed [S, nope]
     float_slots_shape = (1, 1)
-    odd_run_shape = (97, 31, 141)  # 282-byte rows in bf16
+    odd_run_shape = (97, 30)  # 254-byte rows in bf16, packed: neighbours share a word
 
     def p_with_defaults(self, case: Case) -> dict:
         p = super().p_with_defaults(case)
