@@ -22,7 +22,6 @@ from .slot_arithmetic import float_slot_hypotheses
 from .slot_tables import winner_table_hypotheses
 
 
-
 def _by_role(views: dict, role: str) -> list[ViewSpec]:
     return [v for v in views.values() if v.role == role]
 
@@ -270,9 +269,8 @@ def cache_hypotheses(views: dict, written: tuple, paged_spec: bool = False) -> l
                 out.append(Hypothesis("cache_strides_swapped", f"{b.name} addressed with {a.name}'s "
                                       f"strides {list(a.strides)} (its own are {list(b.strides)})",
                                       views={b.name: (b.shape, a.strides, b.offset)}))
-    # [blocks, block_size, heads, dim], or any cache of a paged op ([blocks, block_size, W] for MLA)
-    paged = [c for c in caches if len(c.shape) == 4 or (paged_spec and len(c.shape) >= 3)]
-    block_size = paged[0].shape[1] if paged else 0
+    paged = _paged_caches(views, written, paged_spec)
+    block_size = _block_size(views, written, paged_spec) or 0
     if block_size & (block_size - 1):  # not a power of two: a shift and mask of the one below or above
         for wrong in (1 << (block_size.bit_length() - 1), 1 << block_size.bit_length()):
             out.append(_block_size_hypothesis(views, paged, wrong, "block_size_power_of_two",
@@ -295,10 +293,16 @@ def cache_hypotheses(views: dict, written: tuple, paged_spec: bool = False) -> l
     return out
 
 
+def _paged_caches(views: dict, written: tuple, paged_spec: bool) -> list[ViewSpec]:
+    """The written caches that are paged: [blocks, block_size, heads, dim], or any cache of a
+    paged op ([blocks, block_size, W] for MLA)."""
+    caches = [views[name] for name in written if name in views]
+    return [c for c in caches if len(c.shape) == 4 or (paged_spec and len(c.shape) >= 3)]
+
+
 def _block_size(views: dict, written: tuple, paged_spec: bool) -> int | None:
     """The tokens per block of a paged op's caches (None for flat caches)."""
-    paged = [views[name] for name in written if name in views
-             and (len(views[name].shape) == 4 or (paged_spec and len(views[name].shape) >= 3))]
+    paged = _paged_caches(views, written, paged_spec)
     return paged[0].shape[1] if paged else None
 
 

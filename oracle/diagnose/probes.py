@@ -47,7 +47,7 @@ def probes(case, contract, prepared) -> list[tuple[Hypothesis, object]]:
 
 def _large_unit(case, prepared) -> int:
     """Slots per unit (row, or block when paged) of a large case's caches."""
-    from ..ops import SPECS
+    from ..ops import SPECS  # here: the op specs import the diagnosis
 
     cache = prepared.arena.views[prepared.caches[0]]
     return cache.shape[1] if SPECS[case.op].paged else 1
@@ -56,7 +56,7 @@ def _large_unit(case, prepared) -> int:
 def _below_2_31(entries: np.ndarray, unit: int) -> np.ndarray:
     """A large case's entries with those in units past 2**31 elements (the upper half) moved to
     units of the lower half that no entry writes, each at the same place in its unit."""
-    from ..ops._build import LARGE_UNITS
+    from ..ops._build import LARGE_UNITS  # here: the op specs import the diagnosis
 
     units = np.where(entries >= 0, entries // unit, -1)
     free = [u for u in range(1, LARGE_UNITS // 2) if u not in set(units.tolist())]
