@@ -175,6 +175,7 @@ def _block_scaled(spec: OpSpec, profile: str, contract=None):
             for scale in scales if profile != "quick" or values == "special" else scales[:1]:
                 yield {"block": fmt, "values": values, "scale": scale}
         yield {"block": fmt, "shape": spec.straddle_shape, "values": "special"}
+        yield {"block": fmt, "shape": spec.straddle_shape, "values": "nonfinite"}  # a partial block all NaN
         # float16 sources at its own extremes: a scale computed in the source dtype under- or overflows
         yield {"block": fmt, "values": "special", "dtype": "float16"}
         if spec.layouts:

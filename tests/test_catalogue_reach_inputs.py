@@ -340,3 +340,15 @@ def test_the_fp8_special_values_hold_one_head_of_signed_zeros_and_build_empty(sh
     if x.size:
         head = x[(0,) * (x.ndim - 1)]
         assert (head == 0).all() and np.signbit(head).any() and not np.signbit(head).all()
+
+
+@pytest.mark.parametrize("fmt, block", [("nvfp4", 16), ("mxfp8_e4m3fn", 32)])
+def test_the_nonfinite_block_values_hold_a_partial_last_block_all_nan_in_the_straddling_shape(fmt, block):
+    from oracle.ops import _blockcases
+
+    assert any(c.p.get("values") == "nonfinite" and c.p.get("shape") == (4, 40)
+               for c in catalogue("reshape_and_cache_block", "quick"))
+    x = _blockcases.values(np.random.default_rng(0), "nonfinite", fmt, (3, 4, 40), "float32").reshape(-1, 40)
+    tail = x[1, 40 // block * block:]
+    assert tail.size == 40 % block and np.isnan(tail).all()
+    assert not np.isnan(x[1, : 40 // block * block]).all()

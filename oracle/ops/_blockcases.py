@@ -14,7 +14,8 @@ Case parameters: ``block`` (the format, :data:`oracle.reference.block_scaled.FOR
   both exponent rules (floor and ceil differ where amax is not a power of two) are reached
   exactly wherever the block scale is a power of two.
 - "zero_blocks": random rows in which some blocks are all +0, all -0, or float32 subnormals.
-- "nonfinite": random rows with NaN, +inf or -inf in some blocks (one block all NaN).
+- "nonfinite": random rows with NaN, +inf or -inf in some blocks (one block all NaN, and where D
+  leaves a partial last block, the second row's all NaN too).
 
 ``scale`` (NVFP4 only): "calibrated", vLLM's ``448 * 6 / amax`` over the tensor's finite
 elements (never a power of two); "1.0"; "0.37". V's scale is 2.61 times K's, so swapping them shows.
@@ -85,6 +86,8 @@ def values(rng: np.random.Generator, kind: str, fmt: str, shape: tuple, dtype: s
         x = np.where(at & np.isin(choice, (1, 4, 6)), special, x)
         if rows:
             x[0, 0, :] = np.nan
+        if rows > 1 and width % block:  # a partial last block all NaN (its lanes past D, if loaded as 0, hide it)
+            x[1, count - 1, :] = np.nan
     with np.errstate(over="ignore"):
         out = x.reshape(rows, count * block)[:, :width].reshape(shape).astype(_F32)
     with np.errstate(all="ignore"):  # a narrower dtype rounds (and overflows) the sources
