@@ -216,7 +216,7 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
     for layout in spec.layouts[1:]:
         yield {"layout": layout, "after": f"layout={spec.layouts[0]}"}
     for shape, other in spec.after_shapes:
-        yield {"shape": shape, "after": "shape=" + shape_text(other)}
+        yield {"shape": shape, "after": "shape=" + shape_text(other), **spec.after_shape_params}
     if len(spec.dtypes) > 1 and spec.sources:  # a source's dtype (an SWA mapping's is no source's)
         yield {"dtype": spec.dtypes[0], "after": f"dtype={spec.dtypes[1]}"}
         if "1.0" in spec.fp8_scales:  # a unit-scale fast path's code table, built per format alone

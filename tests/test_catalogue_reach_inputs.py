@@ -352,3 +352,13 @@ def test_the_nonfinite_block_values_hold_a_partial_last_block_all_nan_in_the_str
     tail = x[1, 40 // block * block:]
     assert tail.size == 40 % block and np.isnan(tail).all()
     assert not np.isnan(x[1, : 40 // block * block]).all()
+
+
+def test_the_swizzled_scale_cache_gets_a_head_size_after_another_with_the_same_heads():
+    from oracle.ops._repeat import calls_before
+
+    after = [c for c in catalogue("reshape_and_cache_block", "quick") if str(c.p.get("after", "")).startswith("shape=")]
+    assert [c.id for c in after] == ["8x96-swizzled_scales-after_shape_8x128"]
+    own, other = calls_before(after[0])
+    assert own.p["shape"][0] == other.p["shape"][0] and own.p["shape"][1] != other.p["shape"][1]
+    assert own.p["scale_layout"] == other.p["scale_layout"] == "swizzled"

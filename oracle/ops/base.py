@@ -134,6 +134,7 @@ class OpSpec:
     # (shape, other shape) pairs that a plan keyed on part of the shape confuses (store_cache: V's
     # head size beside K's); the "repeat" class runs the first after a call in the second
     after_shapes: tuple = ()
+    after_shape_params: dict = {}  # the rest of those cases' parameters (a scale layout that keeps a table)
     sources: tuple = ()  # sources that can be non-contiguous slices of one tensor
     source_layouts: tuple = ("fused",)  # the "strides" class's source layouts besides "gapped"
     index_2d_shape: tuple = ()  # a shape whose index is 2-D (the "strides" class lays it out too)

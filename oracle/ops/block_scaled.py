@@ -185,6 +185,10 @@ class ReshapeAndCacheBlock(_BlockSpec):
     signature = ("reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, "
                  "value_scale_cache, slot_mapping, fmt, k_global_scale, v_global_scale)")
     large_n_shape = (2, 64)
+    # a swizzled scale page's offset table kept per (block size, heads) without the scale columns:
+    # D = 96 (3 MX scale columns) after D = 128 (4) with 8 heads each
+    after_shapes = (((8, 96), (8, 128)),)
+    after_shape_params = {"scale_layout": "swizzled"}
     sources = ("key", "value")
     aliasing = ("aliased", "offset", "unequal")
     layouts = ("NHD", "HND")
