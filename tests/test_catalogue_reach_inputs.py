@@ -212,7 +212,9 @@ def linear_fill_swa(mapping, loc):
 
 def test_a_rope_less_row_in_a_wider_buffer_catches_a_packed_nope_view():
     passes(BASELINES["torch.set_mla_kv_buffer"], "set_mla_kv_buffer", "bf16-512x0x640-N7")
-    fails_as(like("torch.set_mla_kv_buffer", packed_norope_set_mla), "set_mla_kv_buffer", "bf16-512x0x640-N7", None)
+    outcome = fails_as(like("torch.set_mla_kv_buffer", packed_norope_set_mla), "set_mla_kv_buffer",
+                       "bf16-512x0x640-N7", "dense_cache_assumed")
+    assert "packed [S, 512]" in outcome.message
 
 
 def test_a_column_major_2d_index_catches_a_result_filled_in_memory_order():
@@ -317,7 +319,9 @@ def block_size_from_strides_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dty
 def test_a_head_of_signed_zeros_alone_catches_a_zero_amax_fast_path():
     case_id = quantize_case(lambda p: p.get("values") == "special" and p.get("fp8") == "e4m3fn")
     passes(BASELINES["torch.quantize_fp8"], "quantize_fp8", case_id)
-    fails_as(like("torch.quantize_fp8", zero_head_fast_path_quantize), "quantize_fp8", case_id, None)
+    outcome = fails_as(like("torch.quantize_fp8", zero_head_fast_path_quantize), "quantize_fp8", case_id,
+                       "negative_zero_mishandled")
+    assert "amax of 0" in outcome.message
 
 
 def test_rope_wider_than_nope_catches_a_rope_loop_sized_by_nope():

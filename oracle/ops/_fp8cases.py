@@ -420,6 +420,21 @@ def _ones(scale: np.ndarray) -> np.ndarray:
     return np.ones_like(scale)
 
 
+def zero_head_hypotheses(p: dict, sources: tuple) -> list[Hypothesis]:
+    """A head whose amax is 0 written as code 0 without converting it (a zero-amax fast path):
+    its -0 elements come out +0. The ``special`` sources hold such a head (:func:`values`)."""
+    if not p.get("fp8") or p.get("values") != "special" or p["fp8"].endswith("fnuz"):  # fnuz: no -0 code
+        return []
+    return [Hypothesis("negative_zero_mishandled", "a head whose elements are all ±0 written as +0 codes (a "
+                       "fast path for an amax of 0 that skips the conversion and its sign)",
+                       inputs={name: _zero_heads_positive for name in sources})]
+
+
+def _zero_heads_positive(x: np.ndarray) -> np.ndarray:
+    zero = (x == 0).all(axis=-1, keepdims=True)
+    return np.where(zero, np.zeros_like(x), x)
+
+
 SCALE_TILES = (2, 4, 8, 16)  # heads per program, or entries of a staged scale table
 
 

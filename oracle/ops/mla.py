@@ -163,15 +163,22 @@ class SetMlaKvBuffer(OpSpec):
         return out
 
     def layout_alternatives(self, case: Case, contract: Contract, prepared: Prepared) -> list[Hypothesis]:
-        """rope written at another offset of the row, or its first elements read past nope's row:
-        see :mod:`oracle.ops._mla_diagnosis`."""
+        """kv_buffer taken as packed rows of nope + rope; rope written at another offset of the row,
+        or its first elements read past nope's row: see :mod:`oracle.ops._mla_diagnosis`."""
         if case.p.get("dups"):
             return []
         p = self.p_with_defaults(case)
-        nope, rope, _ = self.dims(p)
+        nope, rope, width = self.dims(p)
         itemsize = NUMPY_DTYPES[p["dtype"]].itemsize
-        return (misplaced_rope(prepared.arena.views, "kv_buffer", "nope", nope, rope,
-                               {self.dims(p)[2] - rope, nope * itemsize})
+        buffer = prepared.arena.views["kv_buffer"]
+        packed = []
+        if width > nope + rope and buffer.strides[-1] == 1:  # rows addressed as slot * (nope + rope)
+            packed.append(Hypothesis("dense_cache_assumed", f"kv_buffer taken as a packed [S, {nope + rope}] (rows "
+                                     f"{nope + rope} elements apart, its row stride {buffer.strides[0]} ignored)",
+                                     views={"kv_buffer": ((buffer.shape[0], nope + rope), (nope + rope, 1),
+                                                          buffer.offset)}))
+        return (packed + misplaced_rope(prepared.arena.views, "kv_buffer", "nope", nope, rope,
+                                        {width - rope, nope * itemsize})
                 + boundary_vector_read(prepared, "nope", "rope")
                 + compacted_sources(prepared, contract, self.sources) + local_row_reserved(prepared, contract))
 

@@ -157,7 +157,8 @@ class ReshapeAndCacheFlash(OpSpec):
         v_scale collapsed to head 0, each used for the other)."""
         p = self.p_with_defaults(case)
         out = _fp8cases.alternatives(p, contract, row_width=p["shape"][1])
-        return out + _fp8cases.scale_hypotheses(p, ("k_scale", "v_scale"), p["shape"][0])
+        return (out + _fp8cases.scale_hypotheses(p, ("k_scale", "v_scale"), p["shape"][0])
+                + _fp8cases.zero_head_hypotheses(p, ("key", "value")))
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "layout", "scale_dtype",

@@ -98,7 +98,8 @@ class QuantizeFp8(OpSpec):
         head 0."""
         p = self.p_with_defaults(case)
         return (_fp8cases.alternatives(p, contract, row_width=p["shape"][1])
-                + _fp8cases.scale_hypotheses(p, ("scale",), p["shape"][0]))
+                + _fp8cases.scale_hypotheses(p, ("scale",), p["shape"][0])
+                + _fp8cases.zero_head_hypotheses(p, ("x",)))
 
     def layout_alternatives(self, case: Case, contract: Contract, prepared: Prepared) -> list[Hypothesis]:
         """The flattened tensor's scalar remainder converted another way (:func:`_flat_tail_hypotheses`):
