@@ -5,8 +5,10 @@ Each kernel below is a torch kernel with one realistic slip, caught on the case 
 (odd slots past 2**24, a decode step of one padding entry, padding before real entries, rows that
 share words of memory, K and V as halves of one tensor, a fused row stride of no multiple of 16
 bytes, a rope-less row in a wider buffer, a column-major 2-D index, 32 per-head scales over N = H
-tokens, heads apart under a per-head scale, a power-of-two scale); the torch baselines pass the
-same cases.
+tokens, heads apart under a per-head scale, a power-of-two scale, a head of signed zeros, rope
+wider than nope, a paged MLA block a whole entry wider than its pages); the torch baselines pass
+the same cases. The block-scaled additions (a partial last block all NaN, a swizzled scale cache
+after another head size) are checked as built.
 """
 
 from dataclasses import replace
