@@ -270,7 +270,7 @@ def cache_hypotheses(views: dict, written: tuple, paged_spec: bool = False) -> l
                                       f"strides {list(a.strides)} (its own are {list(b.strides)})",
                                       views={b.name: (b.shape, a.strides, b.offset)}))
     paged = _paged_caches(views, written, paged_spec)
-    block_size = _block_size(views, written, paged_spec) or 0
+    block_size = paged[0].shape[1] if paged else 0
     if block_size & (block_size - 1):  # not a power of two: a shift and mask of the one below or above
         for wrong in (1 << (block_size.bit_length() - 1), 1 << block_size.bit_length()):
             out.append(_block_size_hypothesis(views, paged, wrong, "block_size_power_of_two",

@@ -59,7 +59,8 @@ def _below_2_31(entries: np.ndarray, unit: int) -> np.ndarray:
     from ..ops._build import LARGE_UNITS  # here: the op specs import the diagnosis
 
     units = np.where(entries >= 0, entries // unit, -1)
-    free = [u for u in range(1, LARGE_UNITS // 2) if u not in set(units.tolist())]
+    used = set(units.tolist())
+    free = [u for u in range(1, LARGE_UNITS // 2) if u not in used]
     out = entries.copy()
     for i in np.flatnonzero(units >= LARGE_UNITS // 2):
         out[i] = free.pop() * unit + entries[i] % unit

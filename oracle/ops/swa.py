@@ -191,10 +191,14 @@ class TranslateFullToSwa(OpSpec):
                               "(mapping_ptr + loc, pointer arithmetic) instead of the sentinel"),
                    np.where(padding, word.astype(np.int64)[0], mapping[np.where(padding, 0, loc)]))
         valid = (loc >= 0) & (loc < len(mapping) - 1)
-        if np.all(valid | padding) and int(mapping.max()) > FLOAT32_EXACT:
+        try:  # a ValueError where every entry is exact in float32
+            rounded = through_float32(mapping) if np.all(valid | padding) else None
+        except ValueError:
+            rounded = None
+        if rounded is not None:
             yield (Hypothesis("slots_through_float", "the mapping's entries carried through float32 (a gather "
                               "in a float type, as an embedding lookup does): SWA slots past 2^24 rounded to an "
-                              "even neighbour"), through_float32(mapping)[np.where(padding, SENTINEL, loc)])
+                              "even neighbour"), rounded[np.where(padding, SENTINEL, loc)])
         if valid.any() and np.all(valid | padding):
             for page in PAGE_GUESSES:
                 first = mapping[np.where(valid, loc - loc % page, 0)]
