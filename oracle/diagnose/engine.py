@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..buffers import same_bytes
 from ..ops._repeat import calls_before
 from ..ops.base import shape_text
-from . import generic, patterns, provenance, row_bounds
+from . import generic, patterns, provenance, row_bounds, stray_writes
 from .hypothesis import CAUSES, Hypothesis
 from .probes import probes, variants
 from .replay import changed_bytes, holds, within_approx_division
@@ -112,7 +112,8 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
         return named(failed, Hypothesis("nothing_written", "nothing was written"))
     return ((_passes_again(failed, case, rerun) if repeat else None)
             or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis, after, regions)
-            or _with_pattern(failed, diagnosis))
+            or _read_off(failed, spec, case, contract, diagnosis, after, regions)
+            or _stray(failed, diagnosis, after, regions) or _with_pattern(failed, diagnosis))
 
 
 def earlier_state(failed, previous, case, *, second: bool):
@@ -211,6 +212,25 @@ def _misplaced(failed, diagnosis: Diagnosis, after: dict, regions: dict):
         return None
     failed.message += "\nthe difference:\n" + "\n".join(f"  {line}" for line in diagnosis.pattern)
     return named(failed, Hypothesis(*cause))
+
+
+def _read_off(failed, spec, case, contract, diagnosis: Diagnosis, after: dict, regions: dict):
+    """``failed`` named by what its op reads off the difference (spec.difference_cause); else None."""
+    cause = spec.difference_cause(case, contract, failed.prepared, after, regions)
+    if cause is None:
+        return None
+    failed.message += "\nthe difference:\n" + "\n".join(f"  {line}" for line in diagnosis.pattern)
+    return named(failed, Hypothesis(*cause))
+
+
+def _stray(failed, diagnosis: Diagnosis, after: dict, regions: dict):
+    """``failed`` named stray_writes where every difference is in bytes the reference leaves as
+    they were (found from the memory, after every hypothesis and probe); else None."""
+    text = stray_writes.stray_writes(failed.prepared.arena, failed.prepared.before, regions, after)
+    if text is None:
+        return None
+    failed.message += "\nthe difference:\n" + "\n".join(f"  {line}" for line in diagnosis.pattern)
+    return named(failed, Hypothesis("stray_writes", text))
 
 
 def _with_pattern(failed, diagnosis: Diagnosis):

@@ -178,6 +178,13 @@ class OpSpec:
         where nothing more specific does."""
         return []
 
+    def difference_cause(self, case: Case, contract: Contract, prepared: "Prepared", after: dict,
+                         expected: dict):
+        """(cause, text) the op reads off the difference itself, where no hypothesis replays it
+        (``expected``: the reference's memory); tried after every hypothesis and probe. None by
+        default."""
+        return None
+
     def shape_strategy(self):
         """Shapes for property tests (a hypothesis strategy); by default the catalogue's."""
         from hypothesis import strategies as st

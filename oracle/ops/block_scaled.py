@@ -108,6 +108,30 @@ class _BlockSpec(OpSpec):
         given = tuple((got, codes if family == "mx" else None) for _, got, codes in written)  # per source
         return [Hypothesis("block_scale_wrong", "; ".join(texts), override={"given_scales": given})]
 
+    def difference_cause(self, case: Case, contract: Contract, prepared: Prepared, after: dict, expected: dict):
+        """Only each head's partial last block wrong (``partial_block_mishandled``), or the
+        elements wrong in exactly the blocks whose multiplier lies past a power of two
+        (``block_multiplier_range``): read off the blocks' codes and scales, K's and V's together."""
+        try:
+            got = self.written_scales(case, contract, prepared, after)
+            want = self.written_scales(case, contract, prepared, expected)
+        except ValueError:  # a sparse cache that does not read back whole
+            return None
+        fmt = self.p_with_defaults(case)["block"]
+        parts, dim = [], None
+        for (source, gs), (rows, got_scales, got_codes), (_, want_scales, want_codes) in zip(self.scaled_sources, got, want):
+            x = prepared.numpy(source)[rows].astype(np.float32)
+            dim = x.shape[-1]
+            parts.append(block_scales.block_masks(x, (want_scales[rows], want_codes[rows]),
+                                                  (got_scales[rows], got_codes[rows]), fmt, prepared.numpy(gs)))
+        if not parts or not any(p["code"].size for p in parts):
+            return None
+        text = block_scales.partial_block_text(parts, dim, ref.require_format(fmt)[2])
+        if text is not None:
+            return "partial_block_mishandled", text
+        text = block_scales.multiplier_range_text(parts)
+        return None if text is None else ("block_multiplier_range", text)
+
 
 class QuantizeBlock(_BlockSpec):
     name = "quantize_block"
