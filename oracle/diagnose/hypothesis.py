@@ -63,6 +63,7 @@ CAUSES = {
     "not_reproducible": "the case passes when run again: the result depends on earlier calls or on timing",
     "returned_layout": "the returned tensor has another dtype, shape or device than the contract's",
     "input_modified": "an input (a source, the index, a scale) was modified",
+    "result_strides_ignored": "the returned tensor filled in its memory order, its own (permuted) strides ignored",
     "result_reused": "a returned tensor is overwritten by a later call (a static output buffer)",
     "nothing_written": "nothing was written",
     "row_overrun": "rows written past their end (whole vectors, no tail handling)",

@@ -164,8 +164,9 @@ class TranslateFullToSwa(OpSpec):
             index = ", ".join(str(int(k)) for k in where)
             problems.append(f"returned[{index}] = {int(got[i])}, expected {int(flat[i])} "
                             f"(loc[{index}] = {int(loc[i])}); {differ.size} of {flat.size} entries differ")
-            matched = next((h for h, alt in self._misreads(prepared) if alt.shape == got.shape
-                            and np.array_equal(alt, got)), None) or _tail_dropped(differ, flat.size)
+            matched = (next((h for h, alt in self._misreads(prepared) if alt.shape == got.shape
+                             and np.array_equal(alt, got)), None) or _filled_in_memory_order(returned, flat)
+                       or _tail_dropped(differ, flat.size))
         if matched is None and problems and not differ.size:  # the right values, in the wrong tensor
             matched = _layout_cause(problems)
         return expected, "\n".join(problems) or None, matched
@@ -247,6 +248,24 @@ def _as_read(prepared: Prepared, hypothesis: Hypothesis, name: str) -> np.ndarra
         spec = replace(spec, shape=tuple(shape), strides=tuple(strides), offset=offset)
     array = numpy_view(prepared.before[spec.region], spec, arena.regions[spec.region].guard)
     return hypothesis.inputs.get(name, lambda a: a)(array).astype(np.int64)
+
+
+def _filled_in_memory_order(returned: torch.Tensor, flat: np.ndarray) -> Hypothesis | None:
+    """result_strides_ignored where ``returned`` is a dense tensor of permuted strides whose
+    memory, in address order, holds the reference's entries in their logical (C) order: a result
+    allocated like a permuted input (``empty_like``) and filled through a flat pointer."""
+    if returned.dim() < 2 or returned.is_contiguous():
+        return None
+    order = sorted(range(returned.dim()), key=lambda d: -returned.stride(d))
+    in_memory = returned.permute(order)
+    if not in_memory.is_contiguous():
+        return None
+    if not np.array_equal(to_numpy(in_memory).astype(np.int64).reshape(-1), flat):
+        return None
+    strides = tuple(returned.stride())
+    return Hypothesis("result_strides_ignored", f"the result (strides {strides}, a permuted layout, as "
+                      "empty_like of a permuted loc gives) filled in its memory order as if it were contiguous: "
+                      "its logical entries transposed")
 
 
 def _tail_dropped(differ: np.ndarray, n: int) -> Hypothesis | None:
