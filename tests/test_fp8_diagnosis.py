@@ -66,7 +66,17 @@ def flat_remainder_truncated(out, x, scale, fmt):
         out.view(-1)[-rest:] = torch.where(over, codes - 1, codes)
 
 
-@pytest.mark.parametrize("fn, cause, words", [(tail_unscaled, "part_unscaled", "stored without the scale"),
+def nan_as_signed_max(out, x, scale, fmt):
+    """NaN taken for a huge finite value (a saturation that tests the exponent field alone): the
+    largest finite code, with the NaN's sign."""
+    tn.quantize_fp8(out, x, scale, fmt)
+    top = {"e4m3fn": 0x7E, "e5m2": 0x7B}.get(fmt, 0x7F)
+    sign = torch.signbit(x).to(torch.uint8) << 7
+    out.copy_(torch.where(torch.isnan(x), sign | top, out))
+
+
+@pytest.mark.parametrize("fn, cause, words", [(nan_as_signed_max, "nan_mishandled", "NaN written as"),
+                                              (tail_unscaled, "part_unscaled", "stored without the scale"),
                                               (scale_per_vector, "scale_misindexed", "once per 8-element vector"),
                                               (flat_remainder_truncated, "fp8_conversion", "remainder loop"),
                                               (sign_magnitude, "fp8_conversion", "sign-magnitude"),

@@ -458,9 +458,10 @@ def test_fp8_hypotheses_per_cause():
         {"format": "e5m2"}, {"format": "e4m3fnuz"}, {"format": "e5m2fnuz"}]
     # e4m3fn's NaN is S.1111.111 only: declared 0x7F|sign, so 0x7F (sign dropped) and 0xFF
     assert _nan_bytes(found) == ["0x7F", "0xFF"]
-    # NaN quotients written as numbers: clamped through fmaxf/fminf (-max or +max), or nan_to_num's 0
+    # NaN quotients written as numbers: clamped through fmaxf/fminf (-max or +max), nan_to_num's 0,
+    # or the largest finite value with the NaN's sign
     assert [h.override["scale"] for h in found["nan_mishandled"] if "scale" in h.override] == [
-        "clamp=448.0;nan=-448.0", "clamp=448.0;nan=448.0", "nan=0.0"]
+        "clamp=448.0;nan=-448.0", "clamp=448.0;nan=448.0", "nan=0.0", "nan_signed=448.0"]
     conversions = [h.override for h in found["fp8_conversion"]]
     assert {"scale_op": "mul_reciprocal"} in conversions
     assert {"intermediate": "float16"} in conversions and {"saturate": False, "inf": None} in conversions
@@ -478,7 +479,7 @@ def test_fp8_hypotheses_depend_on_format_scale_and_preset():
     fnuz = _by_cause(_fp8cases.alternatives({"fp8": "e4m3fnuz", "scale": "head"}, _contract()))
     # one NaN and no -0: only a zero written with its sign bit (0x80, the NaN), and NaN as a number
     assert [h.override for h in fnuz["negative_zero_mishandled"]] == [{"negative_zero": "signed"}]
-    assert _nan_bytes(fnuz) == [] and len(fnuz["nan_mishandled"]) == 3
+    assert _nan_bytes(fnuz) == [] and len(fnuz["nan_mishandled"]) == 4
     # an OCP-only preset describes no fnuz format: the only other format is e5m2
     ocp = _by_cause(_fp8cases.alternatives({"fp8": "e4m3fn"}, _contract("cuda_satfinite", OCP)))
     assert [h.override for h in ocp["wrong_fp8_format"]] == [{"format": "e5m2"}]

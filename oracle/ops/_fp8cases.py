@@ -282,7 +282,10 @@ def _quotient_hypotheses(fmt: str) -> list[Hypothesis]:
                                     "the quotient clamped as fminf(fmaxf(q, -max), max), which drops NaN"),
                                    (f"clamp={top!r};nan={top!r}", f"+max ({top:g})",
                                     "the quotient clamped as fmaxf(fminf(q, max), -max), which drops NaN"),
-                                   ("nan=0.0", "0", "nan_to_num"))]
+                                   ("nan=0.0", "0", "nan_to_num"),
+                                   (f"nan_signed={top!r}", "max with the NaN's own sign",
+                                    "NaN taken for a huge finite value: a saturation that tests the exponent field "
+                                    "alone, or a power-of-two scale applied by subtracting from the exponent field"))]
     if top > 448:
         out.append(Hypothesis("fp8_conversion", "quotients clamped to [-448, 448], e4m3fn's range, "
                               f"before the {fmt} conversion", {"scale": "clamp=448.0"}))
@@ -501,7 +504,7 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     with no scale: "inverted" (``x * scale``), "repeated" (a per-head scale broadcast over each
     ``[H * D]`` row as ``scale[j % H]``: ``repeat`` where ``repeat_interleave`` was meant),
     "nan=V" (``x / scale`` with NaN quotients replaced by V, as ``fminf``/``fmaxf`` clamps and
-    ``nan_to_num`` do), "clamp=M" (``x / scale`` clamped to [-M, M], NaN kept), or steps of
+    ``nan_to_num`` do), "nan_signed=M" (NaN quotients replaced by M with the NaN's sign), "clamp=M" (``x / scale`` clamped to [-M, M], NaN kept), or steps of
     both in order, ";"-separated; "tail_unscaled=V" (the last ``D % V`` elements of each row,
     past its last whole V-element vector, left unscaled: a vector loop whose scalar tail forgot
     the scale); "sign_from_lt0" (``x / scale`` with -0 and negative NaN made positive first: a
@@ -558,14 +561,16 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             main = width - width % int(mode.split("=")[1])
             quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
             quotient[..., main:] = widened[..., main:]
-        elif mode.startswith(("nan=", "clamp=")):
+        elif mode.startswith(("nan=", "clamp=", "nan_signed=")):
             quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
             for step in mode.split(";"):  # in order, e.g. "clamp=448.0;nan=-448.0"
                 kind, value = step.split("=")
                 if kind == "nan":
                     quotient = np.where(np.isnan(quotient), _F32(value), quotient)
+                elif kind == "nan_signed":  # NaN as the largest finite value, its sign kept
+                    quotient = np.where(np.isnan(quotient), np.copysign(_F32(value), quotient), quotient)
                 else:
                     quotient = np.where(np.isnan(quotient), quotient, np.clip(quotient, -_F32(value), _F32(value)))
         else:
-            raise ValueError(f"scale mode {mode!r} is not 'one', 'inverted', 'repeated', 'nan=V' or 'clamp=M'")
+            raise ValueError(f"scale mode {mode!r} is not 'one', 'inverted', 'repeated', 'nan=V', 'nan_signed=M' or 'clamp=M'")
     return quotient.astype(_F32), np.ones(1, _F32)
