@@ -403,6 +403,10 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
                               "scale[j % H] (torch's repeat where repeat_interleave was meant)",
                               {"scale": "repeated"}))
         per_head = [name for name in names if choice == "head" or name == names[choice == "k_tensor_v_head"]]
+        if 1 < p.get("n", 0) <= heads:  # scale[n] exists for every token only where N <= H
+            out.append(Hypothesis("scale_misindexed", "the per-head scale applied along the token axis, token n "
+                                  "scaled by scale[n] (broadcast as [N, 1, 1], or its kind told from its length "
+                                  "checked against N before H)", {"scale": "token_axis"}))
         for tile in (t for t in SCALE_TILES if t < heads):  # a tile's (or a table's) own head offsets
             out.append(Hypothesis("scale_misindexed", f"the per-head scale read as scale[h % {tile}] (offsets local "
                                   f"to a tile, or a table, of {tile} heads)",
@@ -501,8 +505,9 @@ def resolve(contract: Contract, fmt: str | None, override: dict) -> tuple[str | 
 def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_axis: int = -2):
     """(source, scale) as the reference should see them under a scale mode: None (as given),
     "one" (the scale ignored), or a quotient the kernel computed otherwise, in float32, handed on
-    with no scale: "inverted" (``x * scale``), "repeated" (a per-head scale broadcast over each
-    ``[H * D]`` row as ``scale[j % H]``: ``repeat`` where ``repeat_interleave`` was meant),
+    with no scale: "inverted" (``x * scale``), "token_axis" (token n divided by ``scale[n]``),
+    "repeated" (a per-head scale broadcast over each ``[H * D]`` row as ``scale[j % H]``:
+    ``repeat`` where ``repeat_interleave`` was meant),
     "nan=V" (``x / scale`` with NaN quotients replaced by V, as ``fminf``/``fmaxf`` clamps and
     ``nan_to_num`` do), "nan_signed=M" (NaN quotients replaced by M with the NaN's sign), "clamp=M" (``x / scale`` clamped to [-M, M], NaN kept), or steps of
     both in order, ";"-separated; "tail_unscaled=V" (the last ``D % V`` elements of each row,
@@ -526,6 +531,10 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     with np.errstate(all="ignore"):  # special values: inf and NaN sources
         if mode == "inverted":
             quotient = widened * broadcast_scale(scale, widened.ndim, head_axis)
+        elif mode == "token_axis":  # token n by scale[n]
+            flat = np.asarray(scale, _F32).reshape(-1)
+            tokens = widened.shape[0]
+            quotient = widened / flat[np.arange(tokens) % flat.size].reshape((tokens,) + (1,) * (widened.ndim - 1))
         elif mode == "repeated":
             flat = np.asarray(scale, _F32).reshape(-1)
             heads, dim = widened.shape[head_axis], widened.shape[-1]
