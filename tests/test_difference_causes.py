@@ -103,3 +103,20 @@ def test_elements_wrong_exactly_past_a_multiplier_are_named_with_the_type_whose_
     assert "2^16 or more" in outcome.cause["text"] and "float16's largest power of two" in outcome.cause["text"]
     assert run_case(BASELINES["torch.quantize_block"],
                     next(c for c in catalogue("quantize_block", "quick") if c.id == case_id)).status == PASS
+
+
+def heads_counted_in_half_words(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+    """An "auto" copy whose bytes per head are D * 2 (a half's size): float32 heads get their
+    first D / 2 elements only."""
+    if key.dtype != torch.float32 or kv_cache_dtype != "auto":
+        return tn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                          k_scale, v_scale)
+    half = key.shape[-1] // 2
+    tn.reshape_and_cache_flash(key[..., :half], value[..., :half], key_cache[..., :half], value_cache[..., :half],
+                               slot_mapping, kv_cache_dtype, k_scale, v_scale)
+
+
+def test_each_head_copied_short_by_a_unit_is_named_with_the_unit():
+    outcome = outcome_of(heads_counted_in_half_words, "reshape_and_cache_flash", "fp32-int64")
+    assert outcome.status == FAIL and outcome.cause["id"] == "row_tail_dropped", outcome.message
+    assert "first 64 of its 128 elements" in outcome.cause["text"] and "2-byte ones" in outcome.cause["text"]

@@ -41,7 +41,8 @@ def candidates(spec, case, contract, prepared, after: dict) -> list[Hypothesis]:
     return (list(spec.alternatives(case, contract)) + list(spec.layout_alternatives(case, contract, prepared))
             + generic.hypotheses(spec, case, contract, prepared)
             + list(spec.observed_alternatives(case, contract, prepared, after))
-            + row_bounds.prefix_hypotheses(prepared.arena, prepared.caches, prepared.before, after))
+            + row_bounds.prefix_hypotheses(prepared.arena, prepared.caches, prepared.before, after)
+            + row_bounds.head_prefix_hypotheses(prepared.arena, prepared.caches, prepared.before, after))
 
 
 def diagnose(spec, case, contract, prepared, after: dict, expected_regions: dict) -> Diagnosis:

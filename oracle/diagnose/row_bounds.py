@@ -270,3 +270,37 @@ def prefix_hypotheses(arena, written: tuple, before: dict, after: dict) -> list[
                        "copy loop that stops short: its chunk offsets or its length counted in the wrong unit)",
                        views={v.name: ((v.shape[0], 1, reach[widths[v.name]]), (v.strides[0] * itemsize,
                                        reach[widths[v.name]], 1), v.offset, None, "uint8") for v in rows})]
+
+
+def head_prefix_hypotheses(arena, written: tuple, before: dict, after: dict) -> list[Hypothesis]:
+    """Each head (a row of the last axis) written only up to element K, the rest left as it was,
+    with K read off the kernel's result (one past the last element it changed along that axis in
+    any cache): a copy of each head whose length is counted in another unit (D elements of 2 bytes
+    for a head of 4-byte elements). Sources and caches of one last-axis width; none where K is what
+    a vector loop without a tail leaves (:func:`tail_hypotheses` has it)."""
+    views = arena.views
+    caches = [views[n] for n in written if n in views]
+    rows = caches + _sources(views)
+    if not caches or any(not v.shape for v in rows) or len({v.shape[-1] for v in rows}) != 1:
+        return []
+    width = rows[0].shape[-1]
+    reach = 0
+    for v in caches:
+        try:
+            old, new = (np.ascontiguousarray(arena.numpy_view(s, v.name)) for s in (before, after))
+        except ValueError:  # a sparse cache
+            return []
+        if old.size == 0:
+            continue
+        as_bytes = [a.reshape(-1, width).view(np.uint8).reshape(-1, width, a.itemsize) for a in (old, new)]
+        changed = np.flatnonzero((as_bytes[0] != as_bytes[1]).any(axis=(0, 2)))
+        if changed.size:
+            reach = max(reach, int(changed[-1]) + 1)
+    if not 0 < reach < width or reach in {whole for _, whole in vector_tails(width)}:
+        return []
+    itemsize = caches[0].itemsize
+    unit = next((f": {width} elements counted as {e}-byte ones, {reach * itemsize} bytes of {width * itemsize}"
+                 for e in (1, 2, 4, 8) if e != itemsize and reach * itemsize == width * e), "")
+    return [Hypothesis("row_tail_dropped", f"each head's first {reach} of its {width} elements written, the rest "
+                       f"left as it was (a copy whose length is counted in another unit{unit})",
+                       views={v.name: (v.shape[:-1] + (reach,), v.strides, v.offset) for v in rows})]
