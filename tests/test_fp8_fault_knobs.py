@@ -451,7 +451,7 @@ def test_fp8_hypotheses_per_cause():
     p = {"fp8": "e4m3fn", "scale": "0.0123"}
     found = _by_cause(_fp8cases.alternatives(p, _contract()))
     assert set(found) == {"scale_missing", "scale_inverted", "fp8_conversion", "round_toward_zero", "ties_away",
-                          "subnormals_flushed", "subnormals_truncated", "negative_zero_mishandled",
+                          "ties_upward", "subnormals_flushed", "subnormals_truncated", "negative_zero_mishandled",
                           "nan_mishandled", "wrong_fp8_format"}
     assert set(found) <= set(CAUSES)
     assert [h.override for h in found["wrong_fp8_format"]] == [

@@ -562,6 +562,37 @@ def test_ties_away_takes_the_larger_magnitude_at_every_midpoint_and_agrees_elsew
     assert count == 0, listed
 
 
+@pytest.mark.parametrize("fmt", o.FORMAT_NAMES)
+def test_ties_upward_takes_the_larger_signed_neighbour_at_every_midpoint_and_agrees_elsewhere(fmt):
+    """ties_upward (floor(x + 0.5)): a positive tie as ties_away, a negative one toward zero."""
+    values = o.representable_magnitudes(fmt)
+    midpoints = (values[1:] + values[:-1]) / 2
+    x = o.near(o.boundary_magnitudes(fmt))
+    x = x[np.isfinite(x) & (np.abs(x) <= values[-1])]
+    magnitude = np.abs(x.astype(np.float64))
+    at_tie = np.isin(magnitude, midpoints)
+    at = np.searchsorted(values, magnitude)
+    upper, lower = values[np.minimum(at, len(values) - 1)], values[np.maximum(at - 1, 0)]
+    chosen = np.where(np.signbit(x), -lower, upper).astype(np.float32)
+    expected = np.where(at_tie, o.ml_codes(chosen, fmt), o.ml_codes(x, fmt))
+    if o.FNUZ[fmt]:
+        expected = np.where(expected == 0x80, 0, expected)
+    else:  # a negative tie above zero rounds to -0
+        expected = np.where(at_tie & np.signbit(x) & (lower == 0), 0x80, expected)
+    actual = quantize(x, fmt, rounding="ties_upward")
+    assert at_tie.sum() >= len(midpoints)
+    listed, count = o.mismatches(actual, expected, x)
+    assert count == 0, listed
+
+
+def test_ties_upward_hand_vectors():
+    # 17 lies halfway between 16 (0x58) and 18 (0x59): +17 goes up to 18, -17 toward zero to -16.
+    assert q1(17.0, "e4m3fn", rounding="ties_upward") == 0x59
+    assert q1(-17.0, "e4m3fn", rounding="ties_upward") == 0xD8
+    assert q1(-(2.0 ** -10), "e4m3fn", rounding="ties_upward") == 0x80
+    assert q1(17.5, "e4m3fn", rounding="ties_upward") == 0x59  # not a tie: nearest
+
+
 def test_ties_away_hand_vectors():
     # e4m3fn: 17 lies halfway between 16 (0x58) and 18 (0x59); to even gives 16, away 18.
     # 0.5 * 2**-9 (half the smallest subnormal) rounds to 0 to even, to 2**-9 (0x01) away.

@@ -38,6 +38,7 @@ CAUSES = {
     "padding_policy": "another padding policy than the declared one",
     "round_toward_zero": "fp8 codes are rounded toward zero",
     "ties_away": "fp8 ties are rounded away from zero",
+    "ties_upward": "fp8 ties are rounded toward +inf (floor(x + 0.5): away from zero for positive values, toward zero for negative ones)",
     "subnormals_flushed": "fp8 subnormal results are flushed to zero",
     "subnormals_truncated": "fp8 subnormal results are rounded toward zero (normal ones to nearest)",
     "nan_bits_changed": "NaN inputs are not copied bit for bit (quieted or made a canonical NaN)",

@@ -255,7 +255,7 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
         if declared is None or _fp8.resolve_knobs(_fp8.get_format(fmt), name, {}) != declared:
             out.append(Hypothesis("fp8_conversion", f"preset {name!r} ({_short(preset.models)})",
                                   {"preset": name}))
-    out += _quotient_hypotheses(fmt)
+    out += _quotient_hypotheses(fmt, _above_one(p.get("scale", "1.0")))
     covered = PRESETS[contract.fp8_preset].formats if contract.fp8_preset in PRESETS else ()
     asked = f"kv_cache_dtype {p['spelling']!r} asks for {fmt}" if p.get("spelling") else f"{fmt} is asked"
     out += [Hypothesis("wrong_fp8_format", f"{other} codes written where {asked}",
@@ -273,9 +273,19 @@ def _tail_hypotheses(width: int) -> list[Hypothesis]:
             for vector, whole in vector_tails(width)]
 
 
-def _quotient_hypotheses(fmt: str) -> list[Hypothesis]:
+def _above_one(choice: str) -> bool:
+    """Whether a case's scale is a number above 1 (where a source clamped to the fp8 range before
+    the division differs from a saturated quotient)."""
+    try:
+        return float(choice) > 1
+    except ValueError:
+        return False
+
+
+def _quotient_hypotheses(fmt: str, scale_above_one: bool) -> list[Hypothesis]:
     """NaN quotients written as a number (a clamp through ``fmaxf``/``fminf``, which return the
-    operand that is not NaN, or ``nan_to_num``), and an e5m2 quotient clamped at e4m3fn's 448."""
+    operand that is not NaN, or ``nan_to_num``), an e5m2 quotient clamped at e4m3fn's 448, and
+    (under a scale above 1) the source clamped before the division."""
     top = float(_fp8.code_values(fmt)[np.isfinite(_fp8.code_values(fmt))].max())
     out = [Hypothesis("nan_mishandled", f"NaN written as {text} ({how})", {"scale": mode})
            for mode, text, how in ((f"clamp={top!r};nan={-top!r}", f"-max ({-top:g})",
@@ -286,6 +296,10 @@ def _quotient_hypotheses(fmt: str) -> list[Hypothesis]:
                                    (f"nan_signed={top!r}", "max with the NaN's own sign",
                                     "NaN taken for a huge finite value: a saturation that tests the exponent field "
                                     "alone, or a power-of-two scale applied by subtracting from the exponent field"))]
+    if scale_above_one:
+        out.append(Hypothesis("fp8_conversion", f"the source clamped to [-max, max] ({top:g}) before its division by "
+                              "the scale, not the quotient (a saturation applied to x: wrong wherever the scale is "
+                              "not 1)", {"scale": f"clamp_source={top!r}"}))
     if top > 448:
         out.append(Hypothesis("fp8_conversion", "quotients clamped to [-448, 448], e4m3fn's range, "
                               f"before the {fmt} conversion", {"scale": "clamp=448.0"}))
@@ -311,6 +325,14 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
     if declared.rounding != "ties_away":
         out.append(Hypothesis("ties_away", "fp8 ties rounded away from zero (round half up on the "
                               "magnitude) instead of to even", {"rounding": "ties_away"}))
+    if declared.rounding != "ties_upward":
+        out.append(Hypothesis("ties_upward", "fp8 ties rounded toward +inf (floor(q + 0.5) on the signed "
+                              "quotient: positive ties away from zero, negative ones toward it) instead of to even",
+                              {"rounding": "ties_upward"}))
+    if declared.negative_zero == "keep" and not form.fnuz:
+        out.append(Hypothesis("negative_zero_mishandled", "a -0 input written as +0 (a zero test before the "
+                              "conversion, x == 0 giving code 0), while negatives that round to 0 keep their sign",
+                              {"scale": "zero_input_positive"}))
     if declared.subnormals != "flush":
         out.append(Hypothesis("subnormals_flushed", "fp8 subnormal results flushed to zero of "
                               "their sign", {"subnormals": "flush"}))
@@ -506,6 +528,8 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     """(source, scale) as the reference should see them under a scale mode: None (as given),
     "one" (the scale ignored), or a quotient the kernel computed otherwise, in float32, handed on
     with no scale: "inverted" (``x * scale``), "token_axis" (token n divided by ``scale[n]``),
+    "zero_input_positive" (``x / scale`` with a ±0 input made +0), "clamp_source=M" (x clamped to
+    [-M, M], NaN kept, then divided),
     "repeated" (a per-head scale broadcast over each ``[H * D]`` row as ``scale[j % H]``:
     ``repeat`` where ``repeat_interleave`` was meant),
     "nan=V" (``x / scale`` with NaN quotients replaced by V, as ``fminf``/``fmaxf`` clamps and
@@ -531,6 +555,13 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     with np.errstate(all="ignore"):  # special values: inf and NaN sources
         if mode == "inverted":
             quotient = widened * broadcast_scale(scale, widened.ndim, head_axis)
+        elif mode.startswith("clamp_source="):  # x clamped (NaN kept), then divided
+            bound = _F32(mode.split("=")[1])
+            clamped = np.where(np.isnan(widened), widened, np.clip(widened, -bound, bound))
+            quotient = clamped / broadcast_scale(scale, widened.ndim, head_axis)
+        elif mode == "zero_input_positive":  # a zero input written as +0 before any conversion
+            quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
+            quotient = np.where(widened == 0, _F32(0), quotient)
         elif mode == "token_axis":  # token n by scale[n]
             flat = np.asarray(scale, _F32).reshape(-1)
             tokens = widened.shape[0]

@@ -34,15 +34,16 @@ class BinaryFormat:
         return 1 - self.bias
 
 
-ROUNDINGS = ("nearest_even", "ties_away", "toward_zero")
+ROUNDINGS = ("nearest_even", "ties_away", "toward_zero", "ties_upward")
 
 
 def round_float32(bits: np.ndarray, fmt: BinaryFormat, rounding: str = "nearest_even"):
     """Round float32 values (given as uint32 bit patterns) to ``fmt``.
 
     ``rounding``: ``"nearest_even"`` (to nearest, ties to even), ``"ties_away"`` (to nearest,
-    ties to the larger magnitude) or ``"toward_zero"`` (the magnitude truncated to the code at or
-    below it).
+    ties to the larger magnitude), ``"toward_zero"`` (the magnitude truncated to the code at or
+    below it) or ``"ties_upward"`` (to nearest, ties toward +inf: ``floor(x + 0.5)`` on the signed
+    value, so a positive tie goes away from zero and a negative one toward it).
 
     Returns ``(sign, code, is_nan, is_inf, overflow)``: ``sign`` is 0/1 (uint32), ``code`` the
     rounded magnitude code (int64; meaningless where a mask is set), ``overflow`` marks finite
@@ -75,6 +76,8 @@ def round_float32(bits: np.ndarray, fmt: BinaryFormat, rounding: str = "nearest_
         kept += (remainder > half) | ((remainder == half) & ((kept & 1) == 1))
     elif rounding == "ties_away":
         kept += remainder >= half
+    elif rounding == "ties_upward":
+        kept += (remainder > half) | ((remainder == half) & (sign == 0))
     # A carry out of the mantissa lands in the exponent field by plain addition.
     code = ((quantum_exponent + fmt.bias - 1) << fmt.mantissa_bits) + kept
 
