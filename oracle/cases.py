@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .ops import SPECS
 from .ops.base import Case, OpSpec, shape_text
+from .ops._build import LARGE_N
 from .ops._fp8cases import MIXED_SCALES, POWER_OF_TWO_SCALE
 from .reference.fp8 import FORMATS
 
@@ -30,7 +31,6 @@ def _dtypes(spec: OpSpec, profile: str, contract=None):
 
 WIDE_HEADS = (32, 128)  # (heads, head size): more heads than a 16-entry scale table holds
 
-LARGE_N = 4096  # past the size gates real kernels switch paths at (about N = 1024 upwards)
 
 
 def _at_large_n(spec: OpSpec, params: dict) -> dict:
@@ -225,7 +225,8 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
 
 def _bad_input(spec: OpSpec, profile: str, contract=None):
     """Each bad input the spec makes; an illegal slot also in a decode step (N = 1: a kernel that
-    checks only batches past some size) and past the size gates (N = LARGE_N)."""
+    checks only batches past some size) and past the size gates (N = LARGE_N, where it is the last
+    entry: a check that covers only a prefix misses it)."""
     for bad in spec.bad_inputs():
         yield {"bad": bad}
     if "out_of_range" in spec.bad_inputs():
@@ -233,6 +234,9 @@ def _bad_input(spec: OpSpec, profile: str, contract=None):
         yield {"bad": "out_of_range", "n": LARGE_N}
     if "negative_two" in spec.bad_inputs():  # a -2 that plain indexing wraps instead of raising
         yield {"bad": "negative_two", "n": 1}
+    for bad in ("negative_two", "sentinel_index"):  # entries a wrapping gather takes for legal ones,
+        if bad in spec.bad_inputs():  # past a check that covers only a prefix of a long index
+            yield {"bad": bad, "n": LARGE_N}
 
 
 GENERATORS = {"dtypes": _dtypes, "sizes": _sizes, "strides": _strides, "aliasing": _aliasing,

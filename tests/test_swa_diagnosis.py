@@ -49,6 +49,15 @@ def loc_through_its_last_stride(mapping, loc):
     return mapping[flat.long()].reshape(loc.shape)
 
 
+def count_from_first_dim(mapping, loc):
+    """The entry count taken from loc.shape[0], not its numel: a 2-D loc's later entries are left
+    as the result was allocated (a fill value here, uninitialised memory in a real kernel)."""
+    out = torch.full(loc.shape, 123457, dtype=mapping.dtype)
+    n = loc.shape[0] if loc.dim() else 1
+    out.reshape(-1)[:n] = tn.translate_full_to_swa(mapping, loc.reshape(-1)[:n])
+    return out
+
+
 _STATIC = {}
 
 
@@ -73,7 +82,8 @@ def into_a_kept_buffer(mapping, loc):
                                        (minus_one_reads_the_word_before, "padding_policy"),
                                        (mapping_from_storage_start, "storage_offset_ignored"),
                                        (last_entry_unwritten, "rows_dropped"),
-                                       (read_once_per_page, "mapping_assumed_paged")])
+                                       (read_once_per_page, "mapping_assumed_paged"),
+                                       (count_from_first_dim, "rows_dropped")])
 def test_every_failure_names_the_translation_bug(fn, cause):
     contract = Contract(op=OP, name="swa." + fn.__name__, backend="test", padding="negative")
     wrong, right = Kernel(contract, fn, "test"), Kernel(contract, tn.translate_full_to_swa, "test")

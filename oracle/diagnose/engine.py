@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..buffers import same_bytes
+from ..ops._fp8cases import exact_scale
 from ..ops._repeat import calls_before
 from ..ops.base import shape_text
 from . import generic, patterns, provenance, row_bounds, stray_writes
@@ -102,7 +103,8 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
         return earlier_state(failed, before[1], case, second=False)
     if diagnosis.matched:
         return failed
-    if spec.fp8 and contract.fp8_division == "ieee" and within_approx_division(
+    # a unit or power-of-two scale divides exactly, approximately or not: nothing to name there
+    if spec.fp8 and contract.fp8_division == "ieee" and not exact_scale(spec.p_with_defaults(case)) and within_approx_division(
             spec, case, contract, prepared, regions, after) is not None:
         return named(failed, Hypothesis("approximate_division", "every differing code is the "
                                         "neighbouring code of a quotient within 2 ulps: an approximate "

@@ -388,3 +388,13 @@ def _dtype_name(dtype) -> str:
         if d == dtype:
             return name
     raise TypeError(dtype)
+
+
+LARGE_N = 4096  # past the size gates real kernels switch paths at (about N = 1024 upwards)
+
+
+def illegal_at(n: int) -> int:
+    """Where a bad-input case of N entries puts its illegal one: the middle, or past the size
+    gates (N >= LARGE_N) the last entry, which a check of only a prefix (its first 1024 entries,
+    one block's worth) misses."""
+    return n - 1 if n >= LARGE_N else n // 2

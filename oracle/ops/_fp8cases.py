@@ -273,6 +273,12 @@ def _tail_hypotheses(width: int) -> list[Hypothesis]:
             for vector, whole in vector_tails(width)]
 
 
+def exact_scale(p: dict) -> bool:
+    """Whether a case's scale divides exactly (1, or a power of two, whose reciprocal is exact):
+    an approximate division then gives the exact quotient."""
+    return p.get("scale", "1.0") in ("1.0", POWER_OF_TWO_SCALE)
+
+
 def _above_one(choice: str) -> bool:
     """Whether a case's scale is a number above 1 (where a source clamped to the fp8 range before
     the division differs from a saturated quotient)."""

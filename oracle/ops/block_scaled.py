@@ -252,7 +252,7 @@ class ReshapeAndCacheBlock(_BlockSpec):
                 caches += _swizzled(arena, self.scale_names, num_blocks, BLOCK_SIZE * heads, count)
             entries = _build.destinations(rng, p, num_slots, contract)
         if bad == "out_of_range" and n:
-            entries[n // 2] = num_slots
+            entries[_build.illegal_at(n)] = num_slots
         slot_mapping = _build.index_of(arena, "slot_mapping", entries, p, num_slots, rng)
         key_cache, value_cache, key_scales, value_scales = caches
         if bad == "dtype_mismatch":

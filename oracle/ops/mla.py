@@ -108,7 +108,7 @@ class SetMlaKvBuffer(OpSpec):
         entries = _dcp.widen(rng, entries, contract, p["index"], padding=p.get("padding"),
                              negatives=bool(p.get("dcp")), keep=(0, 1) if p.get("large") else ())
         if bad == "out_of_range" and n:
-            entries[n // 2] = _dcp.loc_of(num_slots, contract)  # kept by this rank, a row past the end
+            entries[_build.illegal_at(n)] = _dcp.loc_of(num_slots, contract)  # kept by this rank, a row past the end
         loc = _build.index_of(arena, "loc", entries, p, num_slots, rng)
         if bad == "dtype_mismatch":
             rope = rope.to(_other_dtype(rope.dtype))
@@ -255,7 +255,7 @@ class ConcatAndCacheMla(OpSpec):
             kv_cache = _cache(arena, "kv_cache", (num_blocks, block_size, width), cache_dtype, p["cache"])
             entries = _build.destinations(rng, p, num_slots, contract)
         if bad == "out_of_range" and n:
-            entries[n // 2] = num_slots
+            entries[_build.illegal_at(n)] = num_slots
         slot_mapping = _build.index_of(arena, "slot_mapping", entries, p, num_slots, rng)
         if bad == "scale_dtype":
             scale = scale.to(torch.float64)

@@ -114,7 +114,7 @@ class ReshapeAndCacheFlash(OpSpec):
                                              p["cache"], p["layout"])
             entries = _build.destinations(rng, p, num_slots, contract)
         if bad == "out_of_range" and n:
-            entries[n // 2] = num_slots
+            entries[_build.illegal_at(n)] = num_slots
         slot_mapping = _build.index_of(arena, "slot_mapping", entries, p, num_slots, rng)
         kv_cache_dtype = _fp8cases.kv_cache_dtype(contract, p)
         if bad == "dtype_mismatch":

@@ -76,7 +76,7 @@ class StoreCache(OpSpec):
             entries = _build.destinations(rng, p, num_slots, contract)
         bad = p.get("bad")
         if bad == "out_of_range" and n:
-            entries[n // 2] = num_slots
+            entries[_build.illegal_at(n)] = num_slots
         loc = _build.index_of(arena, "loc", entries, p, num_slots, rng)
         if bad == "dtype_mismatch":
             k = k.to(torch.float16 if k.dtype != torch.float16 else torch.float32)

@@ -77,7 +77,7 @@ class TranslateFullToSwa(OpSpec):
             entries[1 + rng.choice(count - 2, size=max(1, count // 8), replace=False)] = SENTINEL
         elif count >= 2:  # -1 (padding) entries
             entries[rng.choice(count, size=max(1, count // 8), replace=False)] = SENTINEL
-        where = count // 2
+        where = _build.illegal_at(count)
         if bad == "negative_two" and count:
             entries[where] = -2
         elif bad == "sentinel_index" and count:
@@ -166,7 +166,7 @@ class TranslateFullToSwa(OpSpec):
                             f"(loc[{index}] = {int(loc[i])}); {differ.size} of {flat.size} entries differ")
             matched = (next((h for h, alt in self._misreads(prepared) if alt.shape == got.shape
                              and np.array_equal(alt, got)), None) or _filled_in_memory_order(returned, flat)
-                       or _tail_dropped(differ, flat.size))
+                       or _tail_dropped(differ, flat.size) or _first_dim_only(differ, want.shape))
         if matched is None and problems and not differ.size:  # the right values, in the wrong tensor
             matched = _layout_cause(problems)
         return expected, "\n".join(problems) or None, matched
@@ -266,6 +266,18 @@ def _filled_in_memory_order(returned: torch.Tensor, flat: np.ndarray) -> Hypothe
     return Hypothesis("result_strides_ignored", f"the result (strides {strides}, a permuted layout, as "
                       "empty_like of a permuted loc gives) filled in its memory order as if it were contiguous: "
                       "its logical entries transposed")
+
+
+def _first_dim_only(differ: np.ndarray, shape: tuple) -> Hypothesis | None:
+    """rows_dropped where a 2-D (or higher) loc's first ``shape[0]`` entries, in C order, are right
+    and every differing entry lies past them: a count taken from loc's first dimension, not its
+    number of entries (the rest of the result left as allocated)."""
+    if len(shape) < 2 or not differ.size or int(differ[0]) < shape[0]:
+        return None
+    total = int(np.prod(shape))
+    return Hypothesis("rows_dropped", f"only the first {shape[0]} of the {total} entries translated (loc.shape[0], "
+                      f"not loc.numel(): a count from loc's first dimension); {differ.size} of the "
+                      f"{total - shape[0]} after them differ, left as the result was allocated")
 
 
 def _tail_dropped(differ: np.ndarray, n: int) -> Hypothesis | None:
