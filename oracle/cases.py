@@ -9,7 +9,7 @@ from __future__ import annotations
 from .ops import SPECS
 from .ops.base import Case, OpSpec, shape_text
 from .ops._build import LARGE_N
-from .ops._fp8cases import MIXED_SCALES, POWER_OF_TWO_SCALE
+from .ops._fp8cases import MIXED_SCALES, POWER_OF_TWO_SCALE, UNIT_FIRST_HEAD
 from .reference.fp8 import FORMATS
 
 PROFILES = ("quick", "full", "exhaustive")
@@ -56,6 +56,10 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
     for shape in spec.shapes + spec.empty_rope_shapes:
         for dtype in (spec.dtypes if profile != "quick" else spec.dtypes[:1]) or (None,):
             yield {"shape": shape, "n": 7 if profile == "quick" else 133, "dtype": dtype}
+    odd = spec.fp8_tail_shape or spec.odd_run_shape  # rows of no multiple of 16 bytes in every dtype:
+    if odd and (profile == "quick" or odd not in spec.shapes):  # a tail loop sized for another one's width
+        for dtype in spec.dtypes[1:]:
+            yield {"shape": odd, "n": 7, "dtype": dtype}
     if spec.wide_cache_shape:  # slot numbers past 2**16 in blocks that are no power of two
         yield {"shape": spec.wide_cache_shape, "n": 133, "wide": True}
     if spec.index_dtypes:  # a prefill's consecutive run of slots, which fast paths special-case
@@ -151,6 +155,13 @@ def _fp8(spec: OpSpec, profile: str, contract=None):
     if "head" in spec.fp8_scales:  # 32 per-head scales (a table of 16 wraps) over N = H tokens (a
         # per-token scale, where a kernel takes one, is a tensor of the same length)
         yield {"fp8": "e4m3fn", "scale": "head", "values": "random", "shape": WIDE_HEADS, "n": WIDE_HEADS[0]}
+        # head 0's scale exactly 1: a unit-scale fast path that looks at scale[0] alone
+        yield {"fp8": "e4m3fn", "scale": UNIT_FIRST_HEAD, "values": "random"}
+        if "HND" in spec.layouts:  # per-head scales over the other layout (a head taken from the address)
+            yield {"fp8": "e4m3fn", "scale": "head", "values": "random", "layout": "HND"}
+    if "float16" in spec.dtypes:  # float16 sources' own specials (65504, inf, NaN payloads) under a unit
+        for fmt in ("e4m3fn", "e5m2"):  # scale: a half-precision fast path, or a widening trick
+            yield {"fp8": fmt, "scale": "1.0", "values": "special", "dtype": "float16"}
     # a power-of-two scale, which a fast path may apply to the exponent field (NaN, inf, subnormals)
     yield {"fp8": "e4m3fn", "scale": POWER_OF_TWO_SCALE, "values": "special"}
     if spec.large_n_shape:  # past the size gates, where a fast path may convert another way

@@ -271,6 +271,22 @@ def exponent_shift_quantize(out, x, scale, fmt):
     tn.quantize_fp8(out, x, scale, fmt)
 
 
+def unit_scale_fast_path_on_head_0(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                   v_scale):
+    """A unit-scale fast path decided on scale[0] alone: where head 0's scale is 1, no head is
+    divided by its scale."""
+    if kv_cache_dtype != "auto" and float(k_scale.reshape(-1)[0]) == 1.0:
+        k_scale, v_scale = torch.ones_like(k_scale), torch.ones_like(v_scale)
+    tn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+
+
+def test_a_per_head_scale_whose_head_0_is_one_catches_a_fast_path_that_looks_at_head_0_alone():
+    passes(BASELINES["torch.reshape_and_cache_flash"], "reshape_and_cache_flash", "e4m3fn-scale_head_unit_first-random")
+    outcome = fails_as(like("torch.reshape_and_cache_flash", unit_scale_fast_path_on_head_0), "reshape_and_cache_flash",
+                       "e4m3fn-scale_head_unit_first-random", "scale_missing")
+    assert "scale[0] alone" in outcome.message
+
+
 def quantize_case(pick) -> str:
     return next(c.id for c in catalogue("quantize_fp8", "quick") if pick(c.p))
 

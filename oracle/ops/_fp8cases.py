@@ -50,7 +50,10 @@ POWER_OF_TWO_SCALE = "4.0"  # one case's scale: 2**k, whose division a fast path
 # one tensor's scale per tensor, the other's per head ("k_tensor_v_head": the first's per tensor):
 # a writer that takes both scales' kind from one of them reads the other wrongly
 MIXED_SCALES = ("k_tensor_v_head", "k_head_v_tensor")
-PER_HEAD_SCALES = ("head",) + MIXED_SCALES  # the choices that need per-head scales declared
+# per-head scales whose head 0 is exactly 1: a unit-scale fast path decided on scale[0] alone
+# skips every head
+UNIT_FIRST_HEAD = "head_unit_first"
+PER_HEAD_SCALES = ("head", UNIT_FIRST_HEAD) + MIXED_SCALES  # the choices that need per-head scales declared
 VALUE_SETS = ("random", "special", "double_rounding")
 EXACT_SETS = ("special", "double_rounding")  # built in float32
 SECOND_SCALE = 2.61  # V's scale relative to K's
@@ -83,8 +86,13 @@ def scale_values(choice: str, heads: int, tensor: int = 0) -> np.ndarray:
     ``tensor`` 0 is the first (or only) tensor's scale, 1 the second's."""
     if choice in MIXED_SCALES:
         return scale_values("head" if (choice == "k_tensor_v_head") == bool(tensor) else "0.0123", heads, tensor)
+    if choice == UNIT_FIRST_HEAD:
+        values = scale_values("head", heads, tensor)
+        values[0] = 1.0
+        return values
     if choice not in SCALES + (POWER_OF_TWO_SCALE,):
-        raise ValueError(f"scale={choice!r} is not one of {SCALES + MIXED_SCALES + (POWER_OF_TWO_SCALE,)}")
+        raise ValueError(f"scale={choice!r} is not one of "
+                         f"{SCALES + MIXED_SCALES + (POWER_OF_TWO_SCALE, UNIT_FIRST_HEAD)}")
     if choice == "1.0":
         return np.ones(1, _F32)
     factor = SECOND_SCALE if tensor else 1.0
@@ -224,7 +232,9 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
     scaled = p.get("scale", "1.0") != "1.0"
     out = []
     if scaled:
-        out += [Hypothesis("scale_missing", "no scale (scale 1)", {"scale": "one"}),
+        missing = ("no head scaled: head 0's scale is 1.0, and a unit-scale fast path decided on scale[0] alone "
+                   "ignores the other heads' scales" if p.get("scale") == UNIT_FIRST_HEAD else "no scale (scale 1)")
+        out += [Hypothesis("scale_missing", missing, {"scale": "one"}),
                 Hypothesis("scale_inverted", "an inverted scale (x * scale instead of x / scale)",
                            {"scale": "inverted"})]
         out += _tail_hypotheses(row_width or 0)
@@ -430,7 +440,8 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
         out.append(Hypothesis("scale_misindexed", "the per-head scale broadcast over each [H * D] row as "
                               "scale[j % H] (torch's repeat where repeat_interleave was meant)",
                               {"scale": "repeated"}))
-        per_head = [name for name in names if choice == "head" or name == names[choice == "k_tensor_v_head"]]
+        per_head = [name for name in names if choice in ("head", UNIT_FIRST_HEAD)
+                    or name == names[choice == "k_tensor_v_head"]]
         if 1 < p.get("n", 0) <= heads:  # scale[n] exists for every token only where N <= H
             out.append(Hypothesis("scale_misindexed", "the per-head scale applied along the token axis, token n "
                                   "scaled by scale[n] (broadcast as [N, 1, 1], or its kind told from its length "
