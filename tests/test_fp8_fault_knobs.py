@@ -416,8 +416,8 @@ def test_every_hypothesis_replays_and_the_baseline_matches_none(op, contracts):
     contract = contracts["torch." + op]
     spec = get_spec(op)
     for case in _fp8_cases(op):
-        if case.p["values"] != "special":
-            continue
+        if case.p["values"] != "special" or case.p.get("dtype") == "float16":
+            continue  # the float16 specials aim at the source's own range, not at every rounding
         arena = Arena(contract.device, case.seed)
         prepared = spec.build(case, arena, np.random.default_rng(case.seed), contract)
         prepared.before = arena.snapshot()

@@ -585,6 +585,31 @@ def test_ties_upward_takes_the_larger_signed_neighbour_at_every_midpoint_and_agr
     assert count == 0, listed
 
 
+def _toward_zero_16bit(x: np.ndarray, kind: str) -> np.ndarray:
+    """An independent float32 -> 16-bit rounding toward zero: bfloat16 as the float32's top half
+    (the low 16 bits cleared), float16 as numpy's nearest-even value stepped one ulp toward zero
+    where it rounded away."""
+    if kind == "bfloat16":
+        return (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    with np.errstate(over="ignore"):
+        nearest = x.astype(np.float16)
+    away = np.abs(nearest.astype(np.float32)) > np.abs(x)
+    return np.where(away, np.nextafter(nearest, np.float16(0)), nearest).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+@pytest.mark.parametrize("fmt", o.FORMAT_NAMES)
+def test_an_intermediate_rounded_toward_zero_is_that_truncation_then_the_fp8_rounding(fmt, kind):
+    values = o.representable_magnitudes(fmt)
+    x = o.near(o.boundary_magnitudes(fmt))
+    x = x[np.isfinite(x) & (np.abs(x) <= values[-1])]
+    expected = o.ml_codes(_toward_zero_16bit(x, kind), fmt)
+    if o.FNUZ[fmt]:
+        expected = np.where(expected == 0x80, 0, expected)
+    listed, count = o.mismatches(quantize(x, fmt, intermediate=f"{kind}_rz"), expected, x)
+    assert count == 0, listed
+
+
 def test_ties_upward_hand_vectors():
     # 17 lies halfway between 16 (0x58) and 18 (0x59): +17 goes up to 18, -17 toward zero to -16.
     assert q1(17.0, "e4m3fn", rounding="ties_upward") == 0x59

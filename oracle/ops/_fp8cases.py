@@ -257,7 +257,8 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
         declared = None
     if declared is not None:
         # a power-of-two scale's reciprocal is exact: the scale ops agree there, nothing to tell apart
-        out += _knob_hypotheses(declared, _fp8.get_format(fmt), scaled and p.get("scale") != POWER_OF_TWO_SCALE)
+        out += _knob_hypotheses(declared, _fp8.get_format(fmt), scaled and p.get("scale") != POWER_OF_TWO_SCALE,
+                                None if scaled else p.get("dtype"))
     for name, preset in PRESETS.items():
         if name == contract.fp8_preset or fmt not in preset.formats:
             continue
@@ -322,15 +323,19 @@ def _quotient_hypotheses(fmt: str, scale_above_one: bool) -> list[Hypothesis]:
     return out
 
 
-def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool) -> list[Hypothesis]:
-    """One knob changed from the contract's ``declared`` (validated) knobs at a time."""
+def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool,
+                     exact_in: str | None = None) -> list[Hypothesis]:
+    """One knob changed from the contract's ``declared`` (validated) knobs at a time; no rounding
+    through ``exact_in``, the 16-bit type an unscaled source's quotient already is."""
     out = []
     if scaled:
         other = "mul_reciprocal" if declared.scale_op == "div" else "div"
         out.append(Hypothesis("fp8_conversion", f"scale_op={other!r}", {"scale_op": other}))
-    for inter in (None, "float16", "bfloat16"):
-        if inter != declared.intermediate:
-            what = "single rounding" if inter is None else f"double rounding through {inter}"
+    for inter in (None, "float16", "bfloat16", "float16_rz", "bfloat16_rz"):
+        if inter != declared.intermediate and (inter is None or exact_in is None or not inter.startswith(exact_in)):
+            what = ("single rounding" if inter is None else f"double rounding through {inter}" if "_rz" not in inter
+                    else f"the quotient first truncated to {inter[:-3]} (rounded toward zero: cvt.rz, or the float32 "
+                    "bits' top half), then rounded to fp8")
             out.append(Hypothesis("fp8_conversion", f"intermediate={inter!r} ({what})",
                                   {"intermediate": inter}))
     out.append(Hypothesis("fp8_conversion", f"saturate={not declared.saturate}",

@@ -28,8 +28,8 @@ import numpy as np
 
 from . import _validate as v
 # the formats and knobs live in fp8_formats (the presets use them too); importable from here as before
-from .fp8_formats import (FORMATS, INF_POLICIES, INTERMEDIATES, NEGATIVE_ZEROS, OCP_TWIN, SCALE_OPS,  # noqa: F401
-                          SUBNORMALS, Fp8Format, Fp8Knobs, NaNEncoding, _is_nan_code, canonical_nan,
+from .fp8_formats import (FORMATS, INF_POLICIES, INTERMEDIATE_ROUNDING, INTERMEDIATES,  # noqa: F401
+                          NEGATIVE_ZEROS, OCP_TWIN, SCALE_OPS, SUBNORMALS, Fp8Format, Fp8Knobs, NaNEncoding, _is_nan_code, canonical_nan,
                           get_format)
 from .presets import get_preset
 from .rounding import move_float32_ulps, round_float32, round_to_16bit
@@ -55,7 +55,8 @@ def quantize(x, fmt: str, *, scale=1.0, preset: str | None = None, head_axis: in
     v.require_float_input("x", x)
     quotient = _scaled_float32(x, scale, resolved.scale_op, head_axis, resolved.quotient_ulps)
     if resolved.intermediate is not None:
-        quotient = round_to_16bit(quotient, INTERMEDIATES[resolved.intermediate])
+        rounding = INTERMEDIATE_ROUNDING.get(resolved.intermediate, (None, "nearest_even"))[1]
+        quotient = round_to_16bit(quotient, INTERMEDIATES[resolved.intermediate], rounding)
     return _code_table(form.name, resolved)[_table_key(quotient)]
 
 

@@ -46,6 +46,10 @@ FORMATS = {
 
 SCALE_OPS = ("div", "mul_reciprocal")
 INTERMEDIATES = {None: None, "float16": FLOAT16, "bfloat16": BFLOAT16}
+# (format, rounding) of each intermediate: the "_rz" ones are rounded toward zero (cvt.rz, or the
+# float32 bits shifted right: a bfloat16 view that drops the low half)
+INTERMEDIATE_ROUNDING = {"float16_rz": (FLOAT16, "toward_zero"), "bfloat16_rz": (BFLOAT16, "toward_zero")}
+INTERMEDIATES.update({name: fmt for name, (fmt, _) in INTERMEDIATE_ROUNDING.items()})
 INF_POLICIES = ("max", "nan", "inf")
 SUBNORMALS = ("keep", "flush", "truncate")
 NEGATIVE_ZEROS = ("keep", "positive", "signed")
@@ -122,7 +126,8 @@ class Fp8Knobs:
       NaN, so ``x / scale`` of -NaN is +NaN, while an overflowing -1000 still converts to -NaN.
     - ``scale_op``: ``"div"`` (x / scale in float32) or ``"mul_reciprocal"`` (x * (1/scale)).
     - ``intermediate``: ``None``, ``"float16"`` or ``"bfloat16"``: round the quotient to that type
-      before the fp8 rounding (double rounding).
+      before the fp8 rounding (double rounding); ``"float16_rz"``, ``"bfloat16_rz"``: the same type
+      rounded toward zero (``cvt.rz.f16.f32``, or a bfloat16 taken as the float32's top half).
     - ``quotient_ulps``: an int; move the float32 quotient that many float32 ulps in magnitude
       (negative: toward zero, never crossing it; positive: away from zero, up to inf) before any
       further rounding. Zeros, inf, NaN and elements whose scale is 1 (no division happens) are

@@ -90,10 +90,11 @@ FLOAT16 = BinaryFormat("float16", 5, 10, 15, 0x7BFF)
 BFLOAT16 = BinaryFormat("bfloat16", 8, 7, 127, 0x7F7F)
 
 
-def round_to_16bit(values: np.ndarray, fmt: BinaryFormat) -> np.ndarray:
+def round_to_16bit(values: np.ndarray, fmt: BinaryFormat, rounding: str = "nearest_even") -> np.ndarray:
     """Round float32 values to float16 or bfloat16 (IEEE semantics: overflow to inf, NaN kept,
-    sign kept) and widen them back to float32, exactly."""
-    sign, code, is_nan, is_inf, overflow = round_float32(values.view(np.uint32), fmt)
+    sign kept; ``rounding`` as :func:`round_float32`'s, toward zero overflowing only past the step
+    above max) and widen them back to float32, exactly."""
+    sign, code, is_nan, is_inf, overflow = round_float32(values.view(np.uint32), fmt, rounding)
     infinity = ((1 << fmt.exponent_bits) - 1) << fmt.mantissa_bits
     quiet_nan = infinity | (1 << (fmt.mantissa_bits - 1))
     code = np.where(is_inf | overflow, infinity, code)
