@@ -384,3 +384,22 @@ def test_rows_stored_as_whole_words_spilling_zeros_are_named():
     failed = [o for o in outcomes if o.status == FAIL]
     assert failed and all(o.cause and o.cause["id"] == "row_overrun" and "4-byte words" in o.cause["text"]
                           for o in failed), [o.message for o in failed if not o.cause or "words" not in o.cause["text"]]
+
+
+def copy_under_flush_to_zero(k, v, k_cache, v_cache, loc):
+    """A copy through float arithmetic under flush-to-zero (x * 1.0f built with fast math):
+    subnormals come out as zeros of their sign; float16 rows are moved as bits."""
+    def flushed(x):
+        if x.dtype == torch.float16 or not x.is_floating_point():
+            return x
+        tiny = torch.finfo(x.dtype).tiny
+        return torch.where((x.abs() < tiny) & (x != 0), torch.copysign(torch.zeros_like(x), x), x)
+    tn.store_cache(flushed(k), flushed(v), k_cache, v_cache, loc)
+
+
+@pytest.mark.parametrize("case_id", ["bf16-bits", "fp32-bits"])
+def test_subnormals_flushed_in_a_copy_are_named(case_id):
+    kernel = Kernel(Contract(op="store_cache", name="ftz", backend="test"), copy_under_flush_to_zero, "test")
+    outcome = run_case(kernel, next(c for c in catalogue("store_cache", "quick") if c.id == case_id))
+    assert outcome.status == FAIL and outcome.cause["id"] == "source_narrowed", outcome.message
+    assert "flushed to zero of their sign" in outcome.cause["text"]

@@ -230,6 +230,29 @@ def narrowed_source_hypotheses(case, views: dict) -> list[Hypothesis]:
     return out
 
 
+def flushed_source_hypotheses(case, views: dict) -> list[Hypothesis]:
+    """The float sources' subnormals flushed to zero of their sign (float arithmetic under
+    flush-to-zero on a path that should move bits: ``x * 1.0f`` built with fast math, a
+    denormals-are-zero load), for cases of special values or raw bits, which hold subnormals."""
+    if case.p.get("values", "random") == "random":
+        return []
+    sources = [v for v in _by_role(views, "source") if v.dtype in ("float32", "float16", "bfloat16")]
+    if not sources:
+        return []
+    names = " and ".join(f"{v.name} ({v.dtype})" for v in sources)
+    return [Hypothesis("source_narrowed", f"{names}: subnormal values flushed to zero of their sign (float "
+                       "arithmetic under flush-to-zero, or a denormals-are-zero load, on the way through)",
+                       inputs={v.name: _flushed for v in sources})]
+
+
+def _flushed(array: np.ndarray) -> np.ndarray:
+    kind, exponent, _ = _FLOAT_BITS[array.dtype]
+    bits = np.ascontiguousarray(array).view(kind)
+    sign = kind(1 << (8 * bits.itemsize - 1))
+    subnormal = ((bits & kind(exponent)) == 0) & ((bits & ~sign) != 0)
+    return np.where(subnormal, bits & sign, bits).astype(kind).view(array.dtype).reshape(array.shape)
+
+
 def _round_trip(array: np.ndarray, through: str, nan: str | None = None) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         narrow = array.astype(NUMPY_DTYPES[through])
@@ -452,7 +475,8 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
             + source_hypotheses(views) + offset_hypotheses(prepared.arena, prepared.caches)
             + adjacency_hypotheses(views) + nan_bits_hypotheses(case, views)
-            + narrowed_source_hypotheses(case, views) + swapped_source_hypotheses(views)
+            + narrowed_source_hypotheses(case, views) + flushed_source_hypotheses(case, views)
+            + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches, getattr(spec, "paged", False))
             + width_hypotheses(views, prepared.caches)
             + overrun_hypotheses(views, prepared.caches) + head_tile_hypotheses(views, prepared.caches)
