@@ -403,3 +403,17 @@ def test_subnormals_flushed_in_a_copy_are_named(case_id):
     outcome = run_case(kernel, next(c for c in catalogue("store_cache", "quick") if c.id == case_id))
     assert outcome.status == FAIL and outcome.cause["id"] == "source_narrowed", outcome.message
     assert "flushed to zero of their sign" in outcome.cause["text"]
+
+
+def first_page_skipped(k, v, k_cache, v_cache, loc):
+    """The padding test covers the whole first page of 16 slots, not only the reserved slot 0."""
+    kept = loc >= 16
+    tn.store_cache(k[kept], v[kept], k_cache, v_cache, loc[kept])
+
+
+def test_a_whole_reserved_page_skipped_is_named_with_its_size():
+    contract = Contract(op="store_cache", name="page", backend="test", padding="reserved:0")
+    kernel = Kernel(contract, first_page_skipped, "test")
+    outcome = run_case(kernel, next(c for c in catalogue("store_cache", "quick", contract) if c.id == "bf16-int64"))
+    assert outcome.status == FAIL and outcome.cause["id"] == "padding_policy", outcome.message
+    assert "slots 0-15 skipped" in outcome.cause["text"]

@@ -409,6 +409,7 @@ def padding_hypotheses(case, views: dict, prepared, contract) -> list[Hypothesis
                                       "end there, as if padding came only at its tail",
                                       inputs={index.name: lambda a, at=marked[0]: np.concatenate(
                                           [a[:at], np.full(a.size - at, pad, a.dtype)])}))
+    out += _low_slots_skipped(views, prepared, contract, policy)
     if policy.kind == "reserved":
         return out
     for index in _by_role(views, "index"):
@@ -417,6 +418,31 @@ def padding_hypotheses(case, views: dict, prepared, contract) -> list[Hypothesis
             out.append(Hypothesis("slot_zero_skipped", f"slot 0 skipped as if reserved, though the "
                                   f"contract declares padding={contract.padding!r}",
                                   inputs={index.name: lambda a: np.where(a == 0, -1, a)},
+                                  override={"padding": "negative"}))
+    return out
+
+
+LOW_SLOT_PAGES = (2, 4, 8, 16, 32, 64, 128, 256)  # how many low slots a reserved page may span
+
+
+def _low_slots_skipped(views: dict, prepared, contract, policy) -> list[Hypothesis]:
+    """Every slot below P skipped, for each P of :data:`LOW_SLOT_PAGES` whose upper half holds an
+    entry: a whole reserved page (or block) taken for the one reserved slot, or a padding test
+    ``slot < P``."""
+    out = []
+    for index in _by_role(views, "index"):
+        entries = prepared.numpy(index.name).astype(np.int64)
+        if entries.ndim != 1:
+            continue
+        for page in LOW_SLOT_PAGES:
+            if not ((entries >= page // 2) & (entries < page) & (entries > 0)).any():
+                continue
+            text = (f"slots 0-{page - 1} skipped, a whole page of {page} taken as reserved, not only slot "
+                    f"{policy.reserved}" if policy.kind == "reserved" else
+                    f"slots 0-{page - 1} skipped as if reserved (a page of {page}), though the contract declares "
+                    f"padding={contract.padding!r}")
+            out.append(Hypothesis("padding_policy" if policy.kind == "reserved" else "slot_zero_skipped", text,
+                                  inputs={index.name: lambda a, p=page: np.where((a >= 0) & (a < p), -1, a)},
                                   override={"padding": "negative"}))
     return out
 
