@@ -29,7 +29,7 @@ KNOB_CHOICES = {
     "nan_element": ("max", "zero"),
     "nonfinite": ("ignore_nan", "nan_scale", "all_nan_scale"),
     "zero_guard": ("stored", "unrounded"),
-    "element_rounding": ("nearest_even", "ties_away", "toward_zero"),
+    "element_rounding": ("nearest_even", "ties_away", "toward_zero", "ties_toward_zero"),
 }
 FAULT_KNOB_CHOICES = {  # bugs the reference can model: scale the elements by the unrounded sf,
     "element_scale": ("stored", "unrounded"),  # or apply gs 0 or 2 times instead of once, or 1 / gs
@@ -51,7 +51,8 @@ def f32_from_bits(bits: int) -> float:
 
 def e2m1_code(q: float, nan: str = "max", rounding: str = "nearest_even") -> int:
     """The e2m1 code of a float32 value: round to nearest, ties to the even code (the code whose
-    mantissa bit is 0; "ties_away": to the larger magnitude), or toward zero ("toward_zero"),
+    mantissa bit is 0; "ties_away": to the larger magnitude; "ties_toward_zero": to the smaller),
+    or toward zero ("toward_zero"),
     saturating to ±6 (inf too); NaN -> 7 ("max") or 0 ("zero"). The sign of a value that rounds
     to zero is kept (-0.25 -> code 8)."""
     if math.isnan(q):
@@ -71,7 +72,8 @@ def e2m1_code(q: float, nan: str = "max", rounding: str = "nearest_even") -> int
             code = i
             break
         if a == mid:
-            up = rounding == "ties_away" or i % 2 == 1  # to even: the odd codes' upper neighbours
+            # to even: the odd codes' upper neighbours; "ties_toward_zero": never up
+            up = rounding == "ties_away" or (rounding != "ties_toward_zero" and i % 2 == 1)
             if rounding == f"tie_flipped_at_{mid:g}":
                 up = not up
             code = i + 1 if up else i

@@ -53,6 +53,15 @@ def index_hypotheses(arena) -> list[Hypothesis]:
                                   f"(its stride {index.strides[-1]} ignored)",
                                   views={index.name: (index.shape, contiguous_strides(index.shape), index.offset)},
                                   override=ANY_DUPLICATES))
+        if len(index.shape) == 1 and index.strides[0] != 1:  # the stride counted in another element size
+            for size in (4, 8):
+                stride = index.strides[0] * size // index.itemsize
+                if size != index.itemsize and stride * index.itemsize == index.strides[0] * size:
+                    out.append(Hypothesis("index_stride_ignored", f"{index.name}'s stride {index.strides[0]} counted "
+                                          f"in {size}-byte elements, its entries being {index.itemsize}-byte ones "
+                                          f"(entry i read at element i * {stride})",
+                                          views={index.name: (index.shape, (stride,), index.offset)},
+                                          override=ANY_DUPLICATES))
         last_only = tuple(s * index.strides[-1] for s in contiguous_strides(index.shape))
         if len(index.shape) > 1 and index.strides[-1] != 1 and last_only != index.strides:
             out.append(Hypothesis("index_stride_ignored", f"{index.name} read through its last stride alone (flat "

@@ -35,7 +35,8 @@ Where implementations differ, :class:`Nvfp4Knobs` says how:
   ±6 and its zeros as NaN).
 - ``element_rounding``: how the e2m1 codes round: ``"nearest_even"`` (the satfinite conversion),
   ``"ties_away"`` (a tie to the larger magnitude: converters that compare with ``>=`` at every
-  midpoint) or ``"toward_zero"`` (truncation); and the faults ``"tie_flipped_at_T"`` (T one of
+  midpoint), ``"ties_toward_zero"`` (a tie to the smaller: ``>`` at every midpoint) or
+  ``"toward_zero"`` (truncation); and the faults ``"tie_flipped_at_T"`` (T one of
   the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5: that tie rounded the other way than to even,
   every other tie to even, as a threshold table with one comparison of the wrong kind does).
 
@@ -77,7 +78,7 @@ NONFINITE_BLOCKS = ("ignore_nan", "nan_scale", "all_nan_scale")
 ZERO_GUARDS = ("stored", "unrounded")
 ELEMENT_SCALES = ("stored", "unrounded")
 SCALE_CONVERSIONS = ("satfinite", "toward_zero", "nonsaturating", "flush_subnormals")
-ELEMENT_ROUNDINGS = ("nearest_even", "ties_away", "toward_zero")
+ELEMENT_ROUNDINGS = ("nearest_even", "ties_away", "toward_zero", "ties_toward_zero")
 NEGATIVE_ZEROS = ("keep", "positive")
 MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # between adjacent e2m1 magnitudes: the ties
 # A fault: one midpoint rounded the other way than to even, every other tie to even (a converter
@@ -162,8 +163,9 @@ _TIE_GOES_UP = np.array([False, True, False, True, False, True, False])
 def e2m1_codes(q, *, nan_element: str = "max", rounding: str = "nearest_even",
                negative_zero: str = "keep") -> np.ndarray:
     """e2m1 codes (uint8 0..15) of float32 ``q``: rounded by ``rounding`` (``"nearest_even"``;
-    ``"ties_away"``, a tie to the larger magnitude; ``"toward_zero"``, the largest magnitude not
-    above; a fault of :data:`TIE_FLIPS`, one tie the other way), saturating to +-6 (infinities
+    ``"ties_away"``, a tie to the larger magnitude; ``"ties_toward_zero"``, a tie to the smaller,
+    as thresholds compared with ``>`` at every midpoint; ``"toward_zero"``, the largest magnitude
+    not above; a fault of :data:`TIE_FLIPS`, one tie the other way), saturating to +-6 (infinities
     too); -0 and negative values that round to 0 are code 8 (``negative_zero="positive"``, a
     fault: code 0, the sign applied only to a nonzero magnitude); NaN is code 7
     (``nan_element="max"``) or 0 (``"zero"``)."""
@@ -175,7 +177,7 @@ def e2m1_codes(q, *, nan_element: str = "max", rounding: str = "nearest_even",
     index = np.searchsorted(_UPPER, magnitude, side="left")  # boundaries strictly below magnitude
     clipped = np.minimum(index, len(_UPPER) - 1)
     at_tie = _UPPER[clipped] == magnitude
-    up = _TIE_GOES_UP[clipped] if rounding != "ties_away" else True
+    up = True if rounding == "ties_away" else False if rounding == "ties_toward_zero" else _TIE_GOES_UP[clipped]
     if rounding in TIE_FLIPS:
         up = up ^ (clipped == TIE_FLIPS.index(rounding))
     code = np.where(at_tie & up, index + 1, index)
