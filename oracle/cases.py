@@ -226,6 +226,8 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
         yield {"src": "fused", "after": "src=contig"}
     for layout in spec.layouts[1:]:
         yield {"layout": layout, "after": f"layout={spec.layouts[0]}"}
+    if len(spec.index_dtypes) > 1 and not spec.returns:  # a launch plan keyed without the index's dtype
+        yield {"index": spec.index_dtypes[-1], "after": f"index={spec.index_dtypes[0]}"}
     for shape, other in spec.after_shapes:
         yield {"shape": shape, "after": "shape=" + shape_text(other), **spec.after_shape_params}
     if len(spec.dtypes) > 1 and spec.sources:  # a source's dtype (an SWA mapping's is no source's)

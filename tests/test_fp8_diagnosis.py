@@ -113,7 +113,19 @@ def source_clamped_before_the_scale(out, x, scale, fmt):
     tn.quantize_fp8(out, torch.where(torch.isnan(x), x, x.clamp(-top, top)), scale, fmt)
 
 
+def upper_clamp_only(out, x, scale, fmt):
+    """Saturation as q > max ? max : q, then ml_dtypes' conversion, which does not saturate: a
+    negative overflow or -inf is written as NaN (e5m2: -inf)."""
+    q = (x.float() / scale.float().reshape(1, -1, 1)).numpy()
+    top = float(torch.finfo(tn.FP8_DTYPES[fmt]).max)
+    clamped = np.where(q > top, np.float32(top), q).astype(ML_DTYPES[fmt])
+    tn.quantize_fp8(out, x, scale, fmt)  # the checks, and NaN inputs' own bytes
+    codes = np.where(np.isnan(q), out.numpy(), clamped.view(np.uint8))
+    out.copy_(torch.from_numpy(codes))
+
+
 @pytest.mark.parametrize("fn, cause, words", [(nan_as_signed_max, "nan_mishandled", "NaN written as"),
+                                              (upper_clamp_only, "fp8_conversion", "one-sided clamp|saturate=False"),
                                               (ties_toward_plus_inf, "ties_upward", "toward +inf"),
                                               (zero_input_positive, "negative_zero_mishandled", "written as +0"),
                                               (source_clamped_before_the_scale, "fp8_conversion", "before its division|saturate=True"),

@@ -313,6 +313,10 @@ def _quotient_hypotheses(fmt: str, scale_above_one: bool) -> list[Hypothesis]:
                                    (f"nan_signed={top!r}", "max with the NaN's own sign",
                                     "NaN taken for a huge finite value: a saturation that tests the exponent field "
                                     "alone, or a power-of-two scale applied by subtracting from the exponent field"))]
+    for side, bound in (("upper", "q > max ? max : q"), ("lower", "q < -max ? -max : q")):
+        out.append(Hypothesis("fp8_conversion", f"the saturation written as a one-sided clamp ({bound}, {top:g}) "
+                              "before a conversion that does not saturate: the other side's overflow and inf "
+                              "written as NaN or inf", {"scale": f"clamp_{side}={top!r}", "saturate": False, "inf": None}))
     if scale_above_one:
         out.append(Hypothesis("fp8_conversion", f"the source clamped to [-max, max] ({top:g}) before its division by "
                               "the scale, not the quotient (a saturation applied to x: wrong wherever the scale is "
@@ -551,7 +555,8 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     "one" (the scale ignored), or a quotient the kernel computed otherwise, in float32, handed on
     with no scale: "inverted" (``x * scale``), "token_axis" (token n divided by ``scale[n]``),
     "zero_input_positive" (``x / scale`` with a ±0 input made +0), "clamp_source=M" (x clamped to
-    [-M, M], NaN kept, then divided),
+    [-M, M], NaN kept, then divided), "clamp_upper=M" and "clamp_lower=M" (``x / scale`` clamped on
+    one side only),
     "repeated" (a per-head scale broadcast over each ``[H * D]`` row as ``scale[j % H]``:
     ``repeat`` where ``repeat_interleave`` was meant),
     "nan=V" (``x / scale`` with NaN quotients replaced by V, as ``fminf``/``fmaxf`` clamps and
@@ -577,6 +582,11 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     with np.errstate(all="ignore"):  # special values: inf and NaN sources
         if mode == "inverted":
             quotient = widened * broadcast_scale(scale, widened.ndim, head_axis)
+        elif mode.startswith(("clamp_upper=", "clamp_lower=")):  # one side clamped, NaN kept
+            bound = _F32(mode.split("=")[1])
+            quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
+            quotient = (np.where(quotient > bound, bound, quotient) if mode.startswith("clamp_upper")
+                        else np.where(quotient < -bound, -bound, quotient))
         elif mode.startswith("clamp_source="):  # x clamped (NaN kept), then divided
             bound = _F32(mode.split("=")[1])
             clamped = np.where(np.isnan(widened), widened, np.clip(widened, -bound, bound))
