@@ -6,6 +6,7 @@ report and JUnit; and nothing is diagnosed for a passing case.
 """
 
 import json
+from dataclasses import replace
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -16,7 +17,7 @@ from oracle.contract import Contract
 from oracle.diagnose import CAUSES, Hypothesis
 from oracle.kernels import torch_native as tn
 from oracle.mutants import MUTANTS, mutant_contract
-from oracle.registry import Kernel
+from oracle.registry import Kernel, default_registry
 from oracle.runner import FAIL, NOT_SUPPORTED, PASS, UNDECLARED, run_case
 
 from test_run_and_report import oracle
@@ -417,3 +418,25 @@ def test_a_whole_reserved_page_skipped_is_named_with_its_size():
     outcome = run_case(kernel, next(c for c in catalogue("store_cache", "quick", contract) if c.id == "bf16-int64"))
     assert outcome.status == FAIL and outcome.cause["id"] == "padding_policy", outcome.message
     assert "slots 0-15 skipped" in outcome.cause["text"]
+
+
+def cache_offset_in_source_elements(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                    v_scale):
+    """fp8 caches based at storage_offset * the source's element size bytes (the offset counted in
+    the source's type): every row lands that many bytes further on."""
+    def moved(cache):
+        if cache.element_size() == key.element_size():
+            return cache
+        return cache.as_strided(cache.shape, cache.stride(), cache.storage_offset() * key.element_size())
+    tn.reshape_and_cache_flash(key, value, moved(key_cache), moved(value_cache), slot_mapping, kv_cache_dtype,
+                               k_scale, v_scale)
+
+
+def test_a_cache_offset_counted_in_the_sources_element_size_is_named():
+    contract = next(k for k in default_registry.discover().select(backend="torch")
+                    if k.name == "torch.reshape_and_cache_flash").contract
+    kernel = Kernel(replace(contract, name="offset_scaled"), cache_offset_in_source_elements, "test")
+    case = next(c for c in catalogue("reshape_and_cache_flash", "quick", contract) if c.id == "e4m3fn-scale_1.0-random")
+    outcome = run_case(kernel, case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "storage_offset_ignored", outcome.message
+    assert "counted in 2-byte elements" in outcome.cause["text"] or "counted in 4-byte" in outcome.cause["text"]

@@ -151,6 +151,27 @@ def offset_hypotheses(arena, written: tuple) -> list[Hypothesis]:
     if len(caches) > 1:
         out.append(Hypothesis("storage_offset_ignored", f"{' and '.join(caches)} addressed from their "
                               "storages' starts (their storage offsets ignored)", views=caches))
+    return out + _scaled_offset_hypotheses(arena, written)
+
+
+def _scaled_offset_hypotheses(arena, written: tuple) -> list[Hypothesis]:
+    """Every cache's storage offset counted in another element size (the offset in elements times
+    a source's element size, 2 or 4 bytes, where the cache's elements are 1 byte: a byte offset
+    computed with the wrong type's size); the rows so moved past the allocation are not replayed."""
+    sizes = {v.itemsize for v in arena.views.values() if v.role == "source"}
+    caches = [v for v in arena.views.values() if v.role == "cache" and v.name in written and v.shape and 0 not in v.shape]
+    out = []
+    for size in sorted(sizes):
+        moved = {}
+        for v in caches:
+            start = -arena.regions[v.region].guard
+            if size == v.itemsize or v.offset == start:
+                continue
+            moved[v.name] = (v.shape, v.strides, start + (v.offset - start) * size // v.itemsize)
+        if moved:
+            out.append(Hypothesis("storage_offset_ignored", f"{' and '.join(moved)}'s storage offsets counted in "
+                                  f"{size}-byte elements (a source's element size) where theirs are "
+                                  f"{caches[0].itemsize}-byte ones", views=moved))
     return out
 
 
