@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..buffers import same_bytes
-from ..ops._fp8cases import exact_scale
 from ..ops._repeat import calls_before
 from ..ops.base import shape_text
 from . import generic, patterns, provenance, row_bounds, stray_writes
@@ -103,8 +104,8 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
         return earlier_state(failed, before[1], case, second=False)
     if diagnosis.matched:
         return failed
-    # a unit or power-of-two scale divides exactly, approximately or not: nothing to name there
-    if spec.fp8 and contract.fp8_division == "ieee" and not exact_scale(spec.p_with_defaults(case)) and within_approx_division(
+    # scales of 1 or powers of two divide exactly, approximately or not: nothing to name there
+    if spec.fp8 and contract.fp8_division == "ieee" and not _exact_scales(prepared) and within_approx_division(
             spec, case, contract, prepared, regions, after) is not None:
         return named(failed, Hypothesis("approximate_division", "every differing code is the "
                                         "neighbouring code of a quotient within 2 ulps: an approximate "
@@ -117,6 +118,12 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
             or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis, after, regions)
             or _read_off(failed, spec, case, contract, diagnosis, after, regions)
             or _stray(failed, diagnosis, after, regions) or _with_pattern(failed, diagnosis))
+
+
+def _exact_scales(prepared) -> bool:
+    """Whether every scale input holds only powers of two (1 included), whose division is exact."""
+    scales = [prepared.numpy(v.name) for v in prepared.arena.views.values() if v.role == "scale"]
+    return bool(scales) and all(np.all(np.frexp(np.asarray(a, np.float64))[0] == 0.5) for a in scales)
 
 
 def earlier_state(failed, previous, case, *, second: bool):

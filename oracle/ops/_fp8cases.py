@@ -232,11 +232,11 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
     scaled = p.get("scale", "1.0") != "1.0"
     out = []
     if scaled:
-        missing = ("no head scaled: head 0's scale is 1.0, and a unit-scale fast path decided on scale[0] alone "
-                   "ignores the other heads' scales" if p.get("scale") == UNIT_FIRST_HEAD else "no scale (scale 1)")
-        out += [Hypothesis("scale_missing", missing, {"scale": "one"}),
-                Hypothesis("scale_inverted", "an inverted scale (x * scale instead of x / scale)",
-                           {"scale": "inverted"})]
+        # under head 0's scale of 1, no scale is the per-head scale collapsed to head 0 (named so, below)
+        if p.get("scale") != UNIT_FIRST_HEAD:
+            out.append(Hypothesis("scale_missing", "no scale (scale 1)", {"scale": "one"}))
+        out.append(Hypothesis("scale_inverted", "an inverted scale (x * scale instead of x / scale)",
+                              {"scale": "inverted"}))
         out += _tail_hypotheses(row_width or 0)
         if p.get("scale") == "head" and row_width and p["shape"][0] > 1:
             out += [Hypothesis("scale_misindexed", f"the per-head scale read once per {vector}-element vector "
@@ -282,12 +282,6 @@ def _tail_hypotheses(width: int) -> list[Hypothesis]:
                        f"last whole {vector}-element vector) stored without the scale",
                        {"scale": f"tail_unscaled={vector}"})
             for vector, whole in vector_tails(width)]
-
-
-def exact_scale(p: dict) -> bool:
-    """Whether a case's scale divides exactly (1, or a power of two, whose reciprocal is exact):
-    an approximate division then gives the exact quotient."""
-    return p.get("scale", "1.0") in ("1.0", POWER_OF_TWO_SCALE)
 
 
 def _above_one(choice: str) -> bool:
@@ -441,6 +435,10 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
         out.append(Hypothesis("scale_collapsed", f"{per_head}, a per-head scale, read as a per-tensor one (its "
                               "head 0's value for every head): both scales' kind taken from the other's shape",
                               inputs={per_head: _first_head}))
+    if choice == UNIT_FIRST_HEAD and heads > 1:
+        out.append(Hypothesis("scale_collapsed", "the per-head scale collapsed to head 0's, 1.0 here, so no head is "
+                              "scaled (a unit-scale fast path decided on scale[0] alone) (" + ", ".join(names) + ")",
+                              inputs={name: _first_head for name in names}))
     if choice == "head" and heads > 1:
         out.append(Hypothesis("scale_collapsed", "the per-head scale collapsed to head 0's ("
                               + ", ".join(names) + ")",
