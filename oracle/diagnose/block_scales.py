@@ -135,9 +135,10 @@ def multiplier_range_text(parts: list) -> str | None:
     a multiplier that leaves the range of the type it is computed in; else None. All-zero blocks
     are left out where they alone break the pattern (a kernel's zero-amax path spares them)."""
     m = _merged(parts)
-    right_scale = ~m["scale"] & ~np.isnan(m["level"])
+    right_scale = ~m["scale"] & np.isfinite(m["level"])
     for spared in (np.zeros_like(m["zero"]), m["zero"]):
-        bad, good = right_scale & m["code"] & ~spared, right_scale & ~m["code"] & ~spared
+        # an all-zero block's codes are right under almost any multiplier: no witness of its range
+        bad, good = right_scale & m["code"] & ~spared, right_scale & ~m["code"] & ~m["zero"]
         if bad.any() and good.any():
             text = _range_words(m, bad, good, spared.any())
             if text is not None:
