@@ -218,29 +218,27 @@ def _misplaced(failed, diagnosis: Diagnosis, after: dict, regions: dict):
     slots, part_misplaced where it is elements of the reference's moved along their own rows
     (found from the memory, after every hypothesis and probe); else None."""
     cause = provenance.misplaced(failed.prepared.arena, regions, after, diagnosis.found)
-    if cause is None:
-        return None
-    failed.message += "\nthe difference:\n" + "\n".join(f"  {line}" for line in diagnosis.pattern)
-    return named(failed, Hypothesis(*cause))
+    return None if cause is None else _read_off_named(failed, diagnosis, Hypothesis(*cause))
 
 
 def _read_off(failed, spec, case, contract, diagnosis: Diagnosis, after: dict, regions: dict):
     """``failed`` named by what its op reads off the difference (spec.difference_cause); else None."""
     cause = spec.difference_cause(case, contract, failed.prepared, after, regions)
-    if cause is None:
-        return None
-    failed.message += "\nthe difference:\n" + "\n".join(f"  {line}" for line in diagnosis.pattern)
-    return named(failed, Hypothesis(*cause))
+    return None if cause is None else _read_off_named(failed, diagnosis, Hypothesis(*cause))
 
 
 def _stray(failed, diagnosis: Diagnosis, after: dict, regions: dict):
     """``failed`` named stray_writes where every difference is in bytes the reference leaves as
     they were (found from the memory, after every hypothesis and probe); else None."""
     text = stray_writes.stray_writes(failed.prepared.arena, failed.prepared.before, regions, after)
-    if text is None:
-        return None
+    return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("stray_writes", text))
+
+
+def _read_off_named(failed, diagnosis: Diagnosis, hypothesis: Hypothesis):
+    """``failed`` named by a cause read off the memory, the difference's pattern shown with it
+    (no replay stands behind such a cause)."""
     failed.message += "\nthe difference:\n" + "\n".join(f"  {line}" for line in diagnosis.pattern)
-    return named(failed, Hypothesis("stray_writes", text))
+    return named(failed, hypothesis)
 
 
 def _with_pattern(failed, diagnosis: Diagnosis):

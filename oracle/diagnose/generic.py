@@ -190,7 +190,6 @@ def adjacency_hypotheses(views: dict) -> list[Hypothesis]:
     return out
 
 
-# (bits dtype, exponent mask, quiet bit) of the float formats a copy moves
 def swapped_source_hypotheses(views: dict) -> list[Hypothesis]:
     """One source written where another belongs (K into the V cache)."""
     sources = _by_role(views, "source")

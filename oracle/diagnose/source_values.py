@@ -18,6 +18,7 @@ def _sources(views: dict) -> list[ViewSpec]:
     return [v for v in views.values() if v.role == "source"]
 
 
+# (bits dtype, exponent mask, quiet bit) of the float formats a copy moves
 _FLOAT_BITS = {np.dtype(np.float32): (np.uint32, 0x7F800000, 0x00400000),
                np.dtype(np.float16): (np.uint16, 0x7C00, 0x0200),
                NUMPY_DTYPES["bfloat16"]: (np.uint16, 0x7F80, 0x0040)}

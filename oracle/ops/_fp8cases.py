@@ -435,14 +435,11 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
         out.append(Hypothesis("scale_collapsed", f"{per_head}, a per-head scale, read as a per-tensor one (its "
                               "head 0's value for every head): both scales' kind taken from the other's shape",
                               inputs={per_head: _first_head}))
-    if choice == UNIT_FIRST_HEAD and heads > 1:
-        out.append(Hypothesis("scale_collapsed", "the per-head scale collapsed to head 0's, 1.0 here, so no head is "
-                              "scaled (a unit-scale fast path decided on scale[0] alone) (" + ", ".join(names) + ")",
-                              inputs={name: _first_head for name in names}))
-    if choice == "head" and heads > 1:
-        out.append(Hypothesis("scale_collapsed", "the per-head scale collapsed to head 0's ("
-                              + ", ".join(names) + ")",
-                              inputs={name: _first_head for name in names}))
+    if choice in ("head", UNIT_FIRST_HEAD) and heads > 1:
+        unit = (", 1.0 here, so no head is scaled (a unit-scale fast path decided on scale[0] alone)"
+                if choice == UNIT_FIRST_HEAD else "")
+        out.append(Hypothesis("scale_collapsed", f"the per-head scale collapsed to head 0's{unit} ("
+                              + ", ".join(names) + ")", inputs={name: _first_head for name in names}))
     if choice in PER_HEAD_SCALES and heads > 1:
         out.append(Hypothesis("scale_misindexed", "the per-head scale broadcast over each [H * D] row as "
                               "scale[j % H] (torch's repeat where repeat_interleave was meant)",
@@ -553,13 +550,12 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     "one" (the scale ignored), or a quotient the kernel computed otherwise, in float32, handed on
     with no scale: "inverted" (``x * scale``), "token_axis" (token n divided by ``scale[n]``),
     "zero_input_positive" (``x / scale`` with a ±0 input made +0), "clamp_source=M" (x clamped to
-    [-M, M], NaN kept, then divided), "clamp_upper=M" and "clamp_lower=M" (``x / scale`` clamped on
-    one side only),
-    "repeated" (a per-head scale broadcast over each ``[H * D]`` row as ``scale[j % H]``:
-    ``repeat`` where ``repeat_interleave`` was meant),
-    "nan=V" (``x / scale`` with NaN quotients replaced by V, as ``fminf``/``fmaxf`` clamps and
-    ``nan_to_num`` do), "nan_signed=M" (NaN quotients replaced by M with the NaN's sign), "clamp=M" (``x / scale`` clamped to [-M, M], NaN kept), or steps of
-    both in order, ";"-separated; "tail_unscaled=V" (the last ``D % V`` elements of each row,
+    [-M, M], NaN kept, then divided), "repeated" (a per-head scale broadcast over each ``[H * D]``
+    row as ``scale[j % H]``: ``repeat`` where ``repeat_interleave`` was meant); steps on
+    ``x / scale``, ";"-separated, in order: "nan=V" (NaN quotients replaced by V, as
+    ``fminf``/``fmaxf`` clamps and ``nan_to_num`` do), "nan_signed=M" (NaN quotients replaced by M
+    with the NaN's sign), "clamp=M" (clamped to [-M, M], NaN kept), "clamp_upper=M" and
+    "clamp_lower=M" (clamped on one side only); "tail_unscaled=V" (the last ``D % V`` elements of each row,
     past its last whole V-element vector, left unscaled: a vector loop whose scalar tail forgot
     the scale); "sign_from_lt0" (``x / scale`` with -0 and negative NaN made positive first: a
     sign-magnitude conversion that takes the sign from ``x < 0``); "source_dtype_div" and
@@ -580,11 +576,6 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     with np.errstate(all="ignore"):  # special values: inf and NaN sources
         if mode == "inverted":
             quotient = widened * broadcast_scale(scale, widened.ndim, head_axis)
-        elif mode.startswith(("clamp_upper=", "clamp_lower=")):  # one side clamped, NaN kept
-            bound = _F32(mode.split("=")[1])
-            quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
-            quotient = (np.where(quotient > bound, bound, quotient) if mode.startswith("clamp_upper")
-                        else np.where(quotient < -bound, -bound, quotient))
         elif mode.startswith("clamp_source="):  # x clamped (NaN kept), then divided
             bound = _F32(mode.split("=")[1])
             clamped = np.where(np.isnan(widened), widened, np.clip(widened, -bound, bound))
@@ -631,16 +622,21 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             main = width - width % int(mode.split("=")[1])
             quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
             quotient[..., main:] = widened[..., main:]
-        elif mode.startswith(("nan=", "clamp=", "nan_signed=")):
+        elif mode.startswith(("nan=", "clamp=", "nan_signed=", "clamp_upper=", "clamp_lower=")):
             quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
             for step in mode.split(";"):  # in order, e.g. "clamp=448.0;nan=-448.0"
                 kind, value = step.split("=")
+                bound = _F32(value)
                 if kind == "nan":
-                    quotient = np.where(np.isnan(quotient), _F32(value), quotient)
+                    quotient = np.where(np.isnan(quotient), bound, quotient)
                 elif kind == "nan_signed":  # NaN as the largest finite value, its sign kept
-                    quotient = np.where(np.isnan(quotient), np.copysign(_F32(value), quotient), quotient)
+                    quotient = np.where(np.isnan(quotient), np.copysign(bound, quotient), quotient)
+                elif kind == "clamp_upper":  # one side clamped (NaN compares false: kept)
+                    quotient = np.where(quotient > bound, bound, quotient)
+                elif kind == "clamp_lower":
+                    quotient = np.where(quotient < -bound, -bound, quotient)
                 else:
-                    quotient = np.where(np.isnan(quotient), quotient, np.clip(quotient, -_F32(value), _F32(value)))
+                    quotient = np.where(np.isnan(quotient), quotient, np.clip(quotient, -bound, bound))
         else:
-            raise ValueError(f"scale mode {mode!r} is not 'one', 'inverted', 'repeated', 'nan=V', 'nan_signed=M' or 'clamp=M'")
+            raise ValueError(f"scale mode {mode!r} is not one of apply_scale's modes")
     return quotient.astype(_F32), np.ones(1, _F32)

@@ -29,8 +29,8 @@ import numpy as np
 from . import _validate as v
 # the formats and knobs live in fp8_formats (the presets use them too); importable from here as before
 from .fp8_formats import (FORMATS, INF_POLICIES, INTERMEDIATE_ROUNDING, INTERMEDIATES,  # noqa: F401
-                          NEGATIVE_ZEROS, OCP_TWIN, SCALE_OPS, SUBNORMALS, Fp8Format, Fp8Knobs, NaNEncoding, _is_nan_code, canonical_nan,
-                          get_format)
+                          NEGATIVE_ZEROS, OCP_TWIN, SCALE_OPS, SUBNORMALS, Fp8Format, Fp8Knobs, NaNEncoding,
+                          _is_nan_code, canonical_nan, get_format)
 from .presets import get_preset
 from .rounding import move_float32_ulps, round_float32, round_to_16bit
 
