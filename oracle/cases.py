@@ -201,10 +201,15 @@ def _block_scaled(spec: OpSpec, profile: str, contract=None):
 
 def _repeat(spec: OpSpec, profile: str, contract=None):
     """Two calls on the same tensors, every input redrawn in place between them (oracle.ops._repeat):
-    the ordinary case, each fp8 scale variant but 1.0, a per-tensor-scaled block format; and, where an
-    index can hold an illegal slot, a second call that must be rejected (at N = 133 and at N = 1,
-    a decode step)."""
+    the ordinary case, each fp8 scale variant but 1.0, a per-tensor-scaled block format; where the
+    op has sources, the same slots rewritten with values changed only in places (signed zeros, each
+    row's last element); and, where an index can hold an illegal slot, a second call that must be
+    rejected (at N = 133 and at N = 1, a decode step)."""
     yield {"repeat": "inplace"}
+    if spec.sources:  # the same slots written again, changed only in places (a skipped rewrite)
+        yield {"repeat": "rewrite"}
+        if spec.fp8:
+            yield {"repeat": "rewrite", "fp8": "e4m3fn"}
     if spec.fp8:  # not under scale 1.0: a kernel that ignores the scale would look stale there
         for scale in spec.fp8_scales:
             if scale != "1.0":

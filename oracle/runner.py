@@ -15,7 +15,7 @@ from .diagnose.engine import earlier_state, explain, explain_raise, explain_reje
 from .diagnose.replay import within_approx_division
 from .diagnose.hypothesis import Hypothesis
 from .ops import get_spec
-from .ops._repeat import calls_before, redraw_in_place
+from .ops._repeat import calls_before, first_call_inputs, redraw_in_place
 from .ops.base import Case, Prepared, is_bad
 from .registry import Kernel
 
@@ -102,6 +102,7 @@ def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
     prepared = spec.build(case, arena, np.random.default_rng(case.seed), contract)
     kept = None
     if case.p.get("repeat"):
+        first_call_inputs(case, prepared)
         first = _judged_call(kernel, spec, case, prepared, diagnose=edit is None, bad=False)
         if first.status != PASS:
             first.message = ("the first of the case's two calls failed, before its inputs were redrawn "

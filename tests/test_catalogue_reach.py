@@ -139,6 +139,79 @@ def test_a_case_that_passes_when_run_again_is_called_not_reproducible():
     assert outcome.status == FAIL and outcome.cause["id"] == "not_reproducible", outcome.message
 
 
+def test_a_rewrite_case_changes_only_its_sources_signed_zeros_and_odd_rows_last_elements():
+    from oracle.ops._repeat import first_call_inputs
+
+    case = next(c for c in cases("store_cache", lambda c: c.id == "repeat_rewrite"))
+    contract = Contract(op="store_cache", name="probe", backend="test")
+    arena = Arena("cpu", case.seed)
+    prepared = SPECS["store_cache"].build(case, arena, np.random.default_rng(case.seed), contract)
+    first_call_inputs(case, prepared)
+    prepared.before = arena.snapshot()
+    redraw_in_place(SPECS["store_cache"], case, prepared, contract)
+    second = arena.snapshot()
+    for name, view in arena.views.items():
+        first, now = arena.numpy_view(prepared.before, name), arena.numpy_view(second, name)
+        if view.role != "source":
+            assert first.tobytes() == now.tobytes(), name
+            continue
+        bits_first, bits_now = first.view(np.uint16), now.view(np.uint16)
+        zero = (bits_first & 0x7FFF) == 0
+        assert zero.mean() > 0.3 and (bits_first[zero] == 0x8000).any() and (bits_first[zero] == 0).any()
+        # even rows: exactly the zeros changed, each to the other zero; odd rows: the last element only
+        assert np.array_equal(bits_now[0::2] != bits_first[0::2], zero[0::2]), name
+        assert np.all(bits_now[0::2][zero[0::2]] == bits_first[0::2][zero[0::2]] ^ 0x8000)
+        changed = bits_now[1::2] != bits_first[1::2]
+        assert changed[:, -1, -1].all() and changed.sum() == changed.shape[0], name
+
+
+def skips_what_compares_equal(k, v, k_cache, v_cache, loc):
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        index = loc.long()
+        old, new = cache[index], src[: len(loc)]
+        cache[index] = torch.where(old != new, new, old)
+
+
+def skips_rows_whose_first_bytes_match(k, v, k_cache, v_cache, loc):
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        for row, slot in enumerate(loc.tolist()):
+            head = lambda t: t.reshape(-1)[:8].contiguous().view(torch.uint8)  # noqa: E731
+            if not torch.equal(head(cache[slot]), head(src[row])):
+                cache[slot] = src[row]
+
+
+@pytest.mark.parametrize("writer", [skips_what_compares_equal, skips_rows_whose_first_bytes_match])
+def test_a_rewrite_that_skips_what_the_cache_already_holds_is_caught_and_named(writer):
+    """The ordinary cases write over poison, so nothing compares equal there: only the rewrite
+    case reaches these kernels."""
+    case = next(c for c in cases("store_cache", lambda c: c.id == "repeat_rewrite"))
+    outcome = run_case(kernel("store_cache", writer, dtypes=ALL), case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "equal_values_skipped", outcome.message
+    if writer is skips_what_compares_equal:
+        assert "cannot tell -0 from +0" in outcome.cause["text"]
+    else:
+        assert "part of the row" in outcome.cause["text"]
+    assert run_case(baseline("store_cache", dtypes=ALL), case).status == PASS
+    ordinary = next(c for c in cases("store_cache", lambda c: c.id == "repeat_inplace"))
+    assert run_case(kernel("store_cache", writer, dtypes=ALL), ordinary).status == PASS
+
+
+def test_an_fp8_writer_that_skips_codes_equal_as_floats_is_caught_and_named():
+    from oracle.reference.fp8 import dequantize
+
+    def skips_equal_codes(key, value, key_cache, value_cache, slots, kv_cache_dtype, k_scale, v_scale):
+        fresh = [key_cache.clone(), value_cache.clone()]
+        tn.reshape_and_cache_flash(key, value, *fresh, slots, kv_cache_dtype, k_scale, v_scale)
+        for cache, new in zip((key_cache, value_cache), fresh):
+            as_float = lambda t: torch.from_numpy(dequantize(t.view(torch.uint8).numpy(), "e4m3fn"))  # noqa: E731
+            cache.copy_(torch.where(as_float(cache) != as_float(new), new, cache))
+
+    case = next(c for c in cases("reshape_and_cache_flash", lambda c: c.id == "e4m3fn-repeat_rewrite"))
+    outcome = run_case(kernel("reshape_and_cache_flash", skips_equal_codes, fp8_formats=("e4m3fn",)), case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "equal_values_skipped", outcome.message
+    assert "cannot tell -0 from +0" in outcome.cause["text"]
+
+
 # --- slots a prefill writes: one consecutive run --------------------------------------------------
 
 def copies_a_slab_when_the_ends_are_consecutive(k, v, k_cache, v_cache, loc):

@@ -11,7 +11,7 @@ import numpy as np
 from ..buffers import same_bytes
 from ..ops._repeat import calls_before
 from ..ops.base import shape_text
-from . import generic, patterns, provenance, row_bounds, stray_writes
+from . import generic, patterns, provenance, row_bounds, skipped_writes, stray_writes
 from .hypothesis import CAUSES, Hypothesis
 from .probes import probes, variants
 from .replay import changed_bytes, holds, within_approx_division
@@ -117,7 +117,8 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
     return ((_passes_again(failed, case, rerun) if repeat else None)
             or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis, after, regions)
             or _read_off(failed, spec, case, contract, diagnosis, after, regions)
-            or _stray(failed, diagnosis, after, regions) or _with_pattern(failed, diagnosis))
+            or _stray(failed, diagnosis, after, regions) or _skipped(failed, case, diagnosis, after, regions)
+            or _with_pattern(failed, diagnosis))
 
 
 def _exact_scales(prepared) -> bool:
@@ -232,6 +233,15 @@ def _stray(failed, diagnosis: Diagnosis, after: dict, regions: dict):
     they were (found from the memory, after every hypothesis and probe); else None."""
     text = stray_writes.stray_writes(failed.prepared.arena, failed.prepared.before, regions, after)
     return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("stray_writes", text))
+
+
+def _skipped(failed, case, diagnosis: Diagnosis, after: dict, regions: dict):
+    """``failed`` named equal_values_skipped where every differing element kept its bytes from
+    before the call and compares equal to the reference's (found from the memory); else None."""
+    text = skipped_writes.equal_values_skipped(
+        failed.prepared.arena, failed.prepared.before, regions, after,
+        fp8_codes=case.p.get("fp8") is not None, rewrite=case.p.get("repeat") == "rewrite")
+    return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("equal_values_skipped", text))
 
 
 def _read_off_named(failed, diagnosis: Diagnosis, hypothesis: Hypothesis):

@@ -23,11 +23,22 @@ case makes three calls on fresh tensors: its own variant (the ordinary case), th
 by ``after`` (``fp8=e5m2``: the same case in e5m2), and its own variant again, each judged. The
 first call passing and a later one failing is what an earlier call left behind
 (:func:`oracle.diagnose.engine.explain` names it ``earlier_call_state``).
+
+**Rewrite** (``repeat="rewrite"``): the second call writes the same slots again, with what the
+first call wrote changed only in places. A kernel that skips a write where the cache already holds
+what it would write (a dirty check that saves bandwidth when a step is replayed, or a prefix cache
+hit) must compare the bits of every element. Compared as floats, -0 and +0 are equal, so a zero
+whose sign changed is never rewritten; compared over a prefix of the row, a row that changed only
+at its end is kept stale. So every third element of each float source is a zero before the first
+call, of alternating signs; between the calls each zero of the even rows (tokens) flips its sign,
+and the odd rows change only in their last element, negated; the index, the scales and everything
+else stay as they were.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..buffers import Arena
 from ..contract import Contract
@@ -37,12 +48,45 @@ SECOND_SEED = 0x9E3779B9  # xored into the case's seed for the second set of inp
 SCALE_FACTOR = 2.0  # the scales of the second call: exact in float32, so only the scale changes
 
 
+def first_call_inputs(case: Case, prepared: Prepared) -> None:
+    """Change ``prepared``'s inputs, in place, into the first call's of a repeat case: for
+    ``repeat="rewrite"``, every third element of each float source (in its logical order) a zero,
+    +0 and -0 in turn; for the others nothing."""
+    if case.p.get("repeat") != "rewrite":
+        return
+    for source in _float_sources(prepared):
+        order = torch.arange(source.numel(), device=source.device).reshape(source.shape)
+        source.masked_fill_(order % 3 == 0, 0.0)
+        source.masked_fill_(order % 6 == 3, -0.0)
+
+
+def _float_sources(prepared: Prepared) -> list:
+    arena = prepared.arena
+    return [arena.torch_view(view) for view in arena.views.values()
+            if view.role == "source" and view.dtype in ("float32", "float16", "bfloat16")]
+
+
+def _rewrite_in_place(prepared: Prepared) -> None:
+    """The second call's inputs of a ``repeat="rewrite"`` case: in even rows (tokens) of every
+    float source each zero with its sign flipped, in odd rows the last element negated."""
+    for source in _float_sources(prepared):
+        even = source[0::2]
+        zero, negative = even == 0, torch.signbit(even)
+        even.masked_fill_(zero & negative, 0.0)
+        even.masked_fill_(zero & ~negative, -0.0)
+        odd = source[1::2]
+        odd[(slice(None),) + (-1,) * (source.dim() - 1)].neg_()
+
+
 def redraw_in_place(spec: OpSpec, case: Case, prepared: Prepared, contract: Contract) -> None:
     """Give ``prepared`` the second call's inputs, in place (same tensors, same addresses), and
     record the memory as it was before the first call in ``prepared.earlier``. Raises
     RuntimeError where the spec builds the second set in another layout (a catalogue bug)."""
     arena = prepared.arena
     prepared.earlier = prepared.before
+    if case.p.get("repeat") == "rewrite":
+        _rewrite_in_place(prepared)
+        return
     params = {k: v for k, v in case.p.items() if k != "repeat"}
     if case.p.get("repeat") == "bad":
         params["bad"] = "out_of_range"
@@ -75,4 +119,4 @@ def calls_before(case: Case) -> tuple[Case, Case] | None:
     return Case.make(case.op, case.cls, **own), Case.make(case.op, case.cls, **{**own, key: value})
 
 
-__all__ = ["redraw_in_place", "calls_before", "SCALE_FACTOR"]
+__all__ = ["first_call_inputs", "redraw_in_place", "calls_before", "SCALE_FACTOR"]
