@@ -162,6 +162,9 @@ def _fp8(spec: OpSpec, profile: str, contract=None):
     if "float16" in spec.dtypes:  # float16 sources' own specials (65504, inf, NaN payloads) under a unit
         for fmt in ("e4m3fn", "e5m2"):  # scale: a half-precision fast path, or a widening trick
             yield {"fp8": fmt, "scale": "1.0", "values": "special", "dtype": "float16"}
+    if spec.fp8_optional:  # an unquantized call under scales it must ignore (a calibrated
+        for scale in spec.fp8_scales[1:]:  # checkpoint's scales, served with kv_cache_dtype "auto")
+            yield {"scale": scale}
     # a power-of-two scale, which a fast path may apply to the exponent field (NaN, inf, subnormals)
     yield {"fp8": "e4m3fn", "scale": POWER_OF_TWO_SCALE, "values": "special"}
     if spec.large_n_shape:  # past the size gates, where a fast path may convert another way

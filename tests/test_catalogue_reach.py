@@ -212,6 +212,38 @@ def test_an_fp8_writer_that_skips_codes_equal_as_floats_is_caught_and_named():
     assert "cannot tell -0 from +0" in outcome.cause["text"]
 
 
+def _scaled_even_unquantized(op):
+    """A writer of ``op`` whose unquantized ("auto") path divides by its scale, as its fp8 path does."""
+    def per_head(scale):
+        return scale.reshape(-1, 1) if scale.numel() > 1 else scale
+
+    if op == "reshape_and_cache_flash":
+        def writer(key, value, key_cache, value_cache, slots, kv_cache_dtype, k_scale, v_scale):
+            if kv_cache_dtype == "auto":
+                key = (key.float() / per_head(k_scale)).to(key.dtype)
+                value = (value.float() / per_head(v_scale)).to(value.dtype)
+            return tn.reshape_and_cache_flash(key, value, key_cache, value_cache, slots, kv_cache_dtype,
+                                              k_scale, v_scale)
+    else:
+        def writer(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+            if kv_cache_dtype == "auto":
+                kv_c, k_pe = ((t.float() / scale).to(t.dtype) for t in (kv_c, k_pe))
+            return tn.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    return writer
+
+
+@pytest.mark.parametrize("op", ["reshape_and_cache_flash", "concat_and_cache_mla"])
+def test_an_unquantized_write_under_scales_it_must_ignore_catches_a_scaled_copy(op):
+    """Unquantized cases under scale 1 cannot tell; the fp8 class gives "auto" its other scales."""
+    picked = cases(op, lambda c: not c.p.get("fp8") and c.p.get("scale") not in (None, "1.0"))
+    assert {c.p["scale"] for c in picked} == set(SPECS[op].fp8_scales[1:])
+    scaled = kernel(op, _scaled_even_unquantized(op))
+    for case in picked:
+        outcome = run_case(scaled, case)
+        assert outcome.status == FAIL and outcome.cause["id"] == "scale_applied_unquantized", outcome.message
+        assert run_case(baseline(op), case).status == PASS
+
+
 # --- slots a prefill writes: one consecutive run --------------------------------------------------
 
 def copies_a_slab_when_the_ends_are_consecutive(k, v, k_cache, v_cache, loc):

@@ -227,9 +227,13 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
     judges it against the -2 and +2 ulps bounds instead).
     """
     fmt = p.get("fp8")
-    if not fmt:
-        return []
     scaled = p.get("scale", "1.0") != "1.0"
+    if not fmt:  # an unquantized write, which must ignore its scales (doubled on a repeat's second call)
+        scaled = scaled or p.get("repeat") == "inplace"
+        return [Hypothesis("scale_applied_unquantized", f"an unquantized write {how} the scale, which it "
+                           "must ignore (the fp8 path's scaling applied whatever the kv_cache_dtype)",
+                           {"scale": mode}) for mode, how in (("divided", "divided by"),
+                                                             ("inverted", "multiplied by"))] if scaled else []
     out = []
     if scaled:
         # under head 0's scale of 1, no scale is the per-head scale collapsed to head 0 (named so, below)
@@ -531,7 +535,7 @@ def resolve(contract: Contract, fmt: str | None, override: dict) -> tuple[str | 
     if not fmt:
         if written is not None:
             raise ValueError(f"format={written!r}: the case writes no fp8")
-        return None, None, {}, rest
+        return None, mode, {}, rest
     written = written or fmt
     form = _fp8.get_format(written)
     if preset is not None:
@@ -545,10 +549,18 @@ def resolve(contract: Contract, fmt: str | None, override: dict) -> tuple[str | 
     return written, mode, args, rest
 
 
+def scaled_source(fmt: str | None, mode: str | None, source: np.ndarray, scale: np.ndarray):
+    """:func:`apply_scale` for a write in ``fmt``: unquantized (``fmt`` None), the quotient in
+    the source's own dtype again, which such a write copies."""
+    quotient, scale = apply_scale(mode, source, scale)
+    return (quotient.astype(source.dtype), scale) if fmt is None else (quotient, scale)
+
+
 def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_axis: int = -2):
     """(source, scale) as the reference should see them under a scale mode: None (as given),
     "one" (the scale ignored), or a quotient the kernel computed otherwise, in float32, handed on
-    with no scale: "inverted" (``x * scale``), "token_axis" (token n divided by ``scale[n]``),
+    with no scale: "divided" (``x / scale``: for an unquantized write, which must ignore the
+    scale), "inverted" (``x * scale``), "token_axis" (token n divided by ``scale[n]``),
     "zero_input_positive" (``x / scale`` with a ±0 input made +0), "clamp_source=M" (x clamped to
     [-M, M], NaN kept, then divided), "repeated" (a per-head scale broadcast over each ``[H * D]``
     row as ``scale[j % H]``: ``repeat`` where ``repeat_interleave`` was meant); steps on
@@ -574,7 +586,9 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
         return source, np.ones(1, _F32)
     widened = source.astype(_F32)
     with np.errstate(all="ignore"):  # special values: inf and NaN sources
-        if mode == "inverted":
+        if mode == "divided":
+            quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
+        elif mode == "inverted":
             quotient = widened * broadcast_scale(scale, widened.ndim, head_axis)
         elif mode.startswith("clamp_source="):  # x clamped (NaN kept), then divided
             bound = _F32(mode.split("=")[1])

@@ -143,6 +143,8 @@ class OpSpec:
     layouts: tuple = ()  # paged cache layouts
     returns: bool = False  # the op returns a tensor instead of writing a cache
     fp8_scales: tuple = ()  # scale variants of the "fp8" case class ("1.0", "0.0123", "head")
+    # also writes unquantized ("auto") and takes its scales then too, which such a call must ignore
+    fp8_optional: bool = False
     fp8_mixed_scales: bool = False  # two scales: the "fp8" class also gives them different kinds
     fp8_tail_shape: tuple = ()  # a shape whose rows are no multiple of 16 elements, for fp8 cases too
     block_formats: tuple = ()  # block-scaled formats of the "block_scaled" case class

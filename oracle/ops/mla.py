@@ -195,6 +195,7 @@ class ConcatAndCacheMla(OpSpec):
     signature = "concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)"
     dtypes = ("bfloat16", "float16", "float32")
     fp8 = True
+    fp8_optional = True
     fp8_scales = tuple(s for s in _fp8cases.SCALES if s != "head")  # the latent row has no heads
     fp8_tail_shape = (511, 65)
     default_shape = (512, 64)  # (kv_lora_rank, rope); a third entry is the block size
@@ -279,8 +280,8 @@ class ConcatAndCacheMla(OpSpec):
         rope_at = rest.pop("rope_at", None)
         policies = {"padding": contract.padding, "duplicates": contract.duplicates} | rest
         scale = prepared.numpy("scale")
-        kv_c, _ = _fp8cases.apply_scale(mode, prepared.numpy("kv_c"), scale)
-        k_pe, scale = _fp8cases.apply_scale(mode, prepared.numpy("k_pe"), scale)
+        kv_c, _ = _fp8cases.scaled_source(fmt, mode, prepared.numpy("kv_c"), scale)
+        k_pe, scale = _fp8cases.scaled_source(fmt, mode, prepared.numpy("k_pe"), scale)
         if swapped:
             kv_c, k_pe = k_pe, kv_c
         cache, slots = prepared.numpy("kv_cache"), prepared.numpy("slot_mapping")

@@ -44,6 +44,7 @@ class ReshapeAndCacheFlash(OpSpec):
                  "kv_cache_dtype, k_scale, v_scale)")
     dtypes = ("bfloat16", "float16", "float32")
     fp8 = True
+    fp8_optional = True
     fp8_scales = _fp8cases.SCALES
     fp8_mixed_scales = True
     fp8_tail_shape = (13, 46)
@@ -141,8 +142,8 @@ class ReshapeAndCacheFlash(OpSpec):
         fmt = self.p_with_defaults(case).get("fp8")
         fmt, mode, fp8_args, rest = _fp8cases.resolve(contract, fmt, override)
         policies = {"padding": contract.padding, "duplicates": contract.duplicates} | rest
-        key, k_scale = _fp8cases.apply_scale(mode, prepared.numpy("key"), prepared.numpy("k_scale"))
-        value, v_scale = _fp8cases.apply_scale(mode, prepared.numpy("value"), prepared.numpy("v_scale"))
+        key, k_scale = _fp8cases.scaled_source(fmt, mode, prepared.numpy("key"), prepared.numpy("k_scale"))
+        value, v_scale = _fp8cases.scaled_source(fmt, mode, prepared.numpy("value"), prepared.numpy("v_scale"))
         # The caches' numpy twins have the kernel's logical [blocks, block_size, H, D] shape in
         # either layout (HND through its strides), so the reference addresses them as NHD.
         with np.errstate(all="ignore"):  # special values overflow and divide NaN on purpose
