@@ -244,6 +244,21 @@ def test_an_unquantized_write_under_scales_it_must_ignore_catches_a_scaled_copy(
         assert run_case(baseline(op), case).status == PASS
 
 
+def test_an_out_addressed_with_the_sources_strides_is_named():
+    def one_offset_for_both(out, x, scale, fmt):
+        codes = torch.empty_like(out)
+        tn.quantize_fp8(codes, x, scale, fmt)
+        memory = out.as_strided((out.untyped_storage().nbytes(),), (1,), 0)
+        offsets = sum(torch.arange(size).reshape([-1] + [1] * (x.dim() - 1 - axis)) * stride
+                      for axis, (size, stride) in enumerate(zip(x.shape, x.stride())))
+        memory[(offsets + out.storage_offset()).reshape(-1)] = codes.reshape(-1)
+
+    case = next(c for c in cases("quantize_fp8", lambda c: c.id == "padded_src"))
+    outcome = run_case(kernel("quantize_fp8", one_offset_for_both, fp8_formats=("e4m3fn",)), case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "cache_strides_swapped", outcome.message
+    assert "out addressed with the source x's strides" in outcome.cause["text"]
+
+
 # --- slots a prefill writes: one consecutive run --------------------------------------------------
 
 def copies_a_slab_when_the_ends_are_consecutive(k, v, k_cache, v_cache, loc):

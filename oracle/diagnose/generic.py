@@ -229,6 +229,12 @@ def cache_hypotheses(views: dict, written: tuple, paged_spec: bool = False) -> l
         out.append(Hypothesis("dense_cache_assumed", "the caches assumed dense in their logical "
                               f"[{', '.join(map(str, caches[0].shape[1:]))}] rows (strides ignored)",
                               views={c.name: (c.shape, contiguous_strides(c.shape), c.offset) for c in undense}))
+    for b in caches:  # an output of its source's shape addressed with the source's (not dense) strides
+        for a in (v for v in views.values() if v.role == "source"):
+            if a.shape == b.shape and a.strides not in (b.strides, contiguous_strides(a.shape)):
+                out.append(Hypothesis("cache_strides_swapped", f"{b.name} addressed with the source {a.name}'s "
+                                      f"strides {list(a.strides)} (its own are {list(b.strides)}): one offset "
+                                      "computed for both", views={b.name: (b.shape, a.strides, b.offset)}))
     return out
 
 

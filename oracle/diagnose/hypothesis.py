@@ -19,7 +19,7 @@ CAUSES = {
     "slots_through_float": "slot numbers are carried through float32, exact only up to 2^24",
     "storage_offset_ignored": "a source's or a cache's storage offset is ignored (addressed from its storage's start)",
     "source_stride_ignored": "a source's row stride is ignored (rows read as if packed)",
-    "cache_strides_swapped": "one cache is addressed with the other cache's strides",
+    "cache_strides_swapped": "one cache (or output) is addressed with the other cache's (or the source's) strides",
     "dense_cache_assumed": "the caches are assumed dense (their strides are ignored)",
     "block_size_wrong_dim": "the block size is taken from the wrong dimension of the cache",
     "block_size_power_of_two": "the block size is rounded to a power of two (a shift and mask)",
