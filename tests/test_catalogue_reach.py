@@ -259,6 +259,20 @@ def test_an_out_addressed_with_the_sources_strides_is_named():
     assert "out addressed with the source x's strides" in outcome.cause["text"]
 
 
+def test_words_stored_in_the_other_byte_order_are_named():
+    def big_endian_halves(k, v, k_cache, v_cache, loc):
+        tn.store_cache(k, v, k_cache, v_cache, loc)
+        for cache in (k_cache, v_cache):
+            rows = cache[loc.long()].contiguous()
+            cache[loc.long()] = rows.view(torch.uint8).reshape(-1, 2).flip(-1).reshape(rows.shape[:-1] + (-1,)).view(
+                cache.dtype)
+
+    case = next(c for c in cases("store_cache", lambda c: c.id == "int32-N133"))
+    outcome = run_case(kernel("store_cache", big_endian_halves), case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "byte_order_reversed", outcome.message
+    assert "every aligned 2-byte word reversed" in outcome.cause["text"]
+
+
 # --- slots a prefill writes: one consecutive run --------------------------------------------------
 
 def copies_a_slab_when_the_ends_are_consecutive(k, v, k_cache, v_cache, loc):

@@ -11,7 +11,7 @@ import numpy as np
 from ..buffers import same_bytes
 from ..ops._repeat import calls_before
 from ..ops.base import shape_text
-from . import generic, patterns, provenance, row_bounds, skipped_writes, stray_writes
+from . import byte_order, generic, patterns, provenance, row_bounds, skipped_writes, stray_writes
 from .hypothesis import CAUSES, Hypothesis
 from .probes import probes, variants
 from .replay import changed_bytes, holds, within_approx_division
@@ -118,6 +118,7 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
             or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis, after, regions)
             or _read_off(failed, spec, case, contract, diagnosis, after, regions)
             or _stray(failed, diagnosis, after, regions) or _skipped(failed, case, diagnosis, after, regions)
+            or _byte_order(failed, diagnosis, after, regions)
             or _with_pattern(failed, diagnosis))
 
 
@@ -242,6 +243,13 @@ def _skipped(failed, case, diagnosis: Diagnosis, after: dict, regions: dict):
         failed.prepared.arena, failed.prepared.before, regions, after,
         fp8_codes=case.p.get("fp8") is not None, rewrite=case.p.get("repeat") == "rewrite")
     return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("equal_values_skipped", text))
+
+
+def _byte_order(failed, diagnosis: Diagnosis, after: dict, regions: dict):
+    """``failed`` named byte_order_reversed where every differing row is the reference's with the
+    bytes of each word reversed (found from the memory); else None."""
+    text = byte_order.byte_order_reversed(failed.prepared.arena, regions, after)
+    return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("byte_order_reversed", text))
 
 
 def _read_off_named(failed, diagnosis: Diagnosis, hypothesis: Hypothesis):
