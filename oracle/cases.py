@@ -9,7 +9,7 @@ from __future__ import annotations
 from .ops import SPECS
 from .ops.base import Case, OpSpec, shape_text
 from .ops._build import LARGE_N
-from .ops._fp8cases import MIXED_SCALES, POWER_OF_TWO_SCALE, UNIT_FIRST_HEAD
+from .ops._fp8cases import EVERY_BITS_N, MIXED_SCALES, NEAR_UNIT_SCALE, POWER_OF_TWO_SCALE, UNIT_FIRST_HEAD
 from .reference.fp8 import FORMATS
 
 PROFILES = ("quick", "full", "exhaustive")
@@ -65,11 +65,17 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
     if spec.index_dtypes:  # a prefill's consecutive run of slots, which fast paths special-case
         yield {"slots": "run", "n": 133}
         yield _at_large_n(spec, {"slots": "run"})
+        for layout in spec.layouts[1:]:  # the run across block boundaries where a block's tokens
+            yield {"slots": "run", "n": 133, "layout": layout}  # are not one slab: HND, padded blocks
+        if "padded" in spec.aliasing:
+            yield {"slots": "run", "n": 133, "cache": "padded"}
         if spec.odd_run_shape:  # rows that share words of memory, written side by side
             yield {"slots": "run", "n": 133, "shape": spec.odd_run_shape}
     if spec.float_slots_shape:  # odd slot numbers past 2**24, which no float32 holds
         byte = {"dtype": "uint8"} if "uint8" in spec.dtypes else {}  # the narrowest cache
         yield {"slots": "past_float", "n": 7, "shape": spec.float_slots_shape, **byte}
+        if "int32" in spec.index_dtypes:  # a key built from the slot in an int32 index's dtype overflows
+            yield {"slots": "past_float", "n": 7, "shape": spec.float_slots_shape, "index": "int32", **byte}
     if spec.sources and spec.index_dtypes and not spec.returns:  # key/value padded past the index
         for n in (0, 133):
             yield {"src": "longer", "n": n}
@@ -165,6 +171,12 @@ def _fp8(spec: OpSpec, profile: str, contract=None):
     if spec.fp8_optional:  # an unquantized call under scales it must ignore (a calibrated
         for scale in spec.fp8_scales[1:]:  # checkpoint's scales, served with kv_cache_dtype "auto")
             yield {"scale": scale}
+    # a scale just past 1 (1 + 2**-10), which a unit-scale fast path with a tolerance takes for 1
+    yield {"fp8": "e4m3fn", "scale": NEAR_UNIT_SCALE, "values": "random"}
+    for dtype in (d for d in ("bfloat16", "float16") if d in spec.dtypes):  # every 16-bit pattern: a
+        for fmt, scale in (("e4m3fn", "1.0"), ("e4m3fn", "0.0123"), ("e4m3fn", POWER_OF_TWO_SCALE),
+                           ("e5m2", "1.0")):  # conversion table, a bit trick or an exponent-field scale
+            yield {"fp8": fmt, "scale": scale, "values": "every_bits", "dtype": dtype, "n": EVERY_BITS_N}
     # a power-of-two scale, which a fast path may apply to the exponent field (NaN, inf, subnormals)
     yield {"fp8": "e4m3fn", "scale": POWER_OF_TWO_SCALE, "values": "special"}
     if spec.large_n_shape:  # past the size gates, where a fast path may convert another way

@@ -82,7 +82,8 @@ def values(rng: np.random.Generator, kind: str, fmt: str, shape: tuple, dtype: s
     else:  # nonfinite: one element of some blocks (inside the row, also in a partial last block)
         size = np.minimum(block, width - np.arange(count) * block)[None, :, None]
         at = (rng.integers(0, 1 << 30, (rows, count, 1)) % size) == np.arange(block)
-        special = np.select([choice == 1, choice == 4, choice == 6], [np.nan, np.inf, -np.inf], 0.0)
+        nan = np.where(np.arange(rows)[:, None, None] % 2, -np.nan, np.nan)  # NaNs of both signs
+        special = np.select([choice == 1, choice == 4, choice == 6], [nan, np.inf, -np.inf], 0.0)
         x = np.where(at & np.isin(choice, (1, 4, 6)), special, x)
         if rows:
             x[0, 0, :] = np.nan
@@ -90,6 +91,8 @@ def values(rng: np.random.Generator, kind: str, fmt: str, shape: tuple, dtype: s
             x[1, count - 1, :] = np.nan
     with np.errstate(over="ignore"):
         out = x.reshape(rows, count * block)[:, :width].reshape(shape).astype(_F32)
+    if kind == "zero_blocks" and len(shape) > 1 and shape[0] > 2:  # token 2's whole row signed zeros,
+        out[2] = np.where(np.arange(width) % 2, _F32(-0.0), _F32(0.0))  # which a writer may take for padding
     with np.errstate(all="ignore"):  # a narrower dtype rounds (and overflows) the sources
         return out.astype(NUMPY_DTYPES[dtype])
 

@@ -46,6 +46,7 @@ from ..reference.presets import PRESETS
 from . import _build
 
 SCALES = ("1.0", "0.0123", "head")
+NEAR_UNIT_SCALE = "1.0009765625"  # 1 + 2**-10: a unit-scale test with a tolerance takes it for 1
 POWER_OF_TWO_SCALE = "4.0"  # one case's scale: 2**k, whose division a fast path may do on the exponent
 # one tensor's scale per tensor, the other's per head ("k_tensor_v_head": the first's per tensor):
 # a writer that takes both scales' kind from one of them reads the other wrongly
@@ -54,7 +55,8 @@ MIXED_SCALES = ("k_tensor_v_head", "k_head_v_tensor")
 # skips every head
 UNIT_FIRST_HEAD = "head_unit_first"
 PER_HEAD_SCALES = ("head", UNIT_FIRST_HEAD) + MIXED_SCALES  # the choices that need per-head scales declared
-VALUE_SETS = ("random", "special", "double_rounding")
+VALUE_SETS = ("random", "special", "double_rounding", "every_bits")
+EVERY_BITS_N = 128  # tokens of an "every_bits" case: rows of 512 elements or more hold all 2**16 patterns
 EXACT_SETS = ("special", "double_rounding")  # built in float32
 SECOND_SCALE = 2.61  # V's scale relative to K's
 KNOBS = tuple(_fp8.Fp8Knobs.__dataclass_fields__)
@@ -90,9 +92,9 @@ def scale_values(choice: str, heads: int, tensor: int = 0) -> np.ndarray:
         values = scale_values("head", heads, tensor)
         values[0] = 1.0
         return values
-    if choice not in SCALES + (POWER_OF_TWO_SCALE,):
+    if choice not in SCALES + (POWER_OF_TWO_SCALE, NEAR_UNIT_SCALE):
         raise ValueError(f"scale={choice!r} is not one of "
-                         f"{SCALES + MIXED_SCALES + (POWER_OF_TWO_SCALE, UNIT_FIRST_HEAD)}")
+                         f"{SCALES + MIXED_SCALES + (POWER_OF_TWO_SCALE, NEAR_UNIT_SCALE, UNIT_FIRST_HEAD)}")
     if choice == "1.0":
         return np.ones(1, _F32)
     factor = SECOND_SCALE if tensor else 1.0
@@ -119,6 +121,11 @@ def values(rng: np.random.Generator, kind: str, fmt: str, shape, dtype: str, sca
         raise ValueError(f"values={kind!r} is not one of {VALUE_SETS}")
     if kind == "random":
         return _build.values(rng, shape, dtype)
+    if kind == "every_bits":  # each 16-bit pattern in turn: a conversion table or bit trick that misses one
+        if dtype not in ("float16", "bfloat16"):
+            raise ValueError(f"values='every_bits' takes a 16-bit float dtype, not {dtype!r}")
+        size = int(np.prod(shape))
+        return (np.arange(size) % (1 << 16)).astype(np.uint16).view(NUMPY_DTYPES[dtype]).reshape(shape)
     pool, raw = special_pool(fmt) if kind == "special" else (double_rounding_pool(fmt), None)
     size = int(np.prod(shape))
     picks = np.arange(size) % len(pool)

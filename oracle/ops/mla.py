@@ -248,6 +248,8 @@ class ConcatAndCacheMla(OpSpec):
         cache_dtype = _fp8cases.cache_dtype(contract, fmt) if fmt else dtype
         if bad == "fp8_cache_dtype":
             cache_dtype = dtype
+        elif bad == "auto_cache_dtype":  # an fp8 cache (codes) written under "auto"
+            cache_dtype = "uint8"
         if p.get("large"):
             kv_cache, = _build.large_caches(arena, ("kv_cache",), ((num_blocks, block_size, width),),
                                             cache_dtype)
@@ -266,8 +268,8 @@ class ConcatAndCacheMla(OpSpec):
             k_pe = k_pe[: max(n - 1, 0)]
         elif bad == "index_dtype":
             slot_mapping = slot_mapping.to(torch.int16)
-        return Prepared(arena, (kv_c, k_pe, kv_cache, slot_mapping, _fp8cases.kv_cache_dtype(contract, p), scale),
-                        ("kv_cache",))
+        kv_cache_dtype = "fp9" if bad == "kv_cache_dtype" else _fp8cases.kv_cache_dtype(contract, p)
+        return Prepared(arena, (kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale), ("kv_cache",))
 
     def expected(self, prepared: Prepared, case: Case, contract: Contract, **override) -> dict:
         """Overrides: the policies, the fp8 ones of :func:`_fp8cases.resolve` (scale mode,
@@ -328,7 +330,7 @@ class ConcatAndCacheMla(OpSpec):
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "cache_width",
-                ) + FP8_BAD
+                "kv_cache_dtype", "auto_cache_dtype") + FP8_BAD
 
 
 def _plain(outcome) -> np.ndarray:

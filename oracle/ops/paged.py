@@ -105,6 +105,8 @@ class ReshapeAndCacheFlash(OpSpec):
             arrays = tuple(_build.values(rng, (n, heads, dim), dtype, p["values"]) for _ in range(2))
         key, value = _build.rows(arena, ("key", "value"), arrays, p["src"], rng)
         cache_dtype = _fp8cases.cache_dtype(contract, fmt) if fmt and bad != "cache_dtype" else dtype
+        if bad == "auto_cache_dtype":  # an fp8 cache (codes) written under "auto"
+            cache_dtype = "uint8"
         if p.get("large"):
             key_cache, value_cache = _build.large_caches(arena, ("key_cache", "value_cache"),
                                                          ((num_blocks, block_size, heads, dim),) * 2,
@@ -163,7 +165,7 @@ class ReshapeAndCacheFlash(OpSpec):
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "layout", "scale_dtype",
-                "index_dtype", "kv_cache_dtype", "cache_dtype")
+                "index_dtype", "kv_cache_dtype", "cache_dtype", "auto_cache_dtype")
 
 
 def _caches(arena: Arena, shape: tuple, dtype: str, variant: str, layout: str):
