@@ -68,8 +68,8 @@ def unit_scale_within_a_tolerance(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_d
 
 def test_a_scale_just_past_one_catches_a_unit_scale_test_with_a_tolerance():
     kernel = like("torch.concat_and_cache_mla", unit_scale_within_a_tolerance)
-    caught_only_by(kernel, "e4m3fn-scale_1.0009765625-random", "e4m3fn-scale_1.0-random")
-    assert outcome(kernel, "e4m3fn-scale_1.0009765625-random").cause["id"] == "scale_missing"
+    caught_only_by(kernel, "fp16-e4m3fn-scale_1.0009765625-random", "e4m3fn-scale_1.0-random")
+    assert outcome(kernel, "fp16-e4m3fn-scale_1.0009765625-random").cause["id"] == "scale_missing"
 
 
 def slab_copy_of_a_run(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):

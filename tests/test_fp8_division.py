@@ -235,7 +235,7 @@ def kernel(op, codes_fn, division, **build):
 
 
 def fp8_cases(op):
-    return [c for c in catalogue(op, "quick") if c.cls == "fp8"]
+    return [c for c in catalogue(op, "quick") if c.cls == "fp8" and c.p.get("fp8")]
 
 
 def near_ties(case) -> bool:

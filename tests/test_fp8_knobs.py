@@ -585,6 +585,33 @@ def test_ties_upward_takes_the_larger_signed_neighbour_at_every_midpoint_and_agr
     assert count == 0, listed
 
 
+@pytest.mark.parametrize("fmt", o.FORMAT_NAMES)
+def test_ties_toward_zero_takes_the_smaller_neighbour_at_every_midpoint_and_agrees_elsewhere(fmt):
+    """ties_toward_zero (round half down on the magnitude): every tie to the smaller magnitude."""
+    values = o.representable_magnitudes(fmt)
+    midpoints = (values[1:] + values[:-1]) / 2
+    x = o.near(o.boundary_magnitudes(fmt))
+    x = x[np.isfinite(x) & (np.abs(x) <= values[-1])]
+    magnitude = np.abs(x.astype(np.float64))
+    at_tie = np.isin(magnitude, midpoints)
+    lower = values[np.maximum(np.searchsorted(values, magnitude) - 1, 0)]
+    expected = np.where(at_tie, o.ml_codes(np.copysign(lower, x).astype(np.float32), fmt), o.ml_codes(x, fmt))
+    if o.FNUZ[fmt]:
+        expected = np.where(expected == 0x80, 0, expected)
+    actual = quantize(x, fmt, rounding="ties_toward_zero")
+    assert at_tie.sum() >= len(midpoints)
+    listed, count = o.mismatches(actual, expected, x)
+    assert count == 0, listed
+
+
+def test_ties_toward_zero_hand_vectors():
+    # 17 lies halfway between 16 (0x58) and 18 (0x59): both signs go to 16; 19 (18 | 20) to 18.
+    assert q1(17.0, "e4m3fn", rounding="ties_toward_zero") == 0x58
+    assert q1(-17.0, "e4m3fn", rounding="ties_toward_zero") == 0xD8
+    assert q1(19.0, "e4m3fn", rounding="ties_toward_zero") == 0x59
+    assert q1(17.5, "e4m3fn", rounding="ties_toward_zero") == 0x59  # not a tie: nearest
+
+
 def _toward_zero_16bit(x: np.ndarray, kind: str) -> np.ndarray:
     """An independent float32 -> 16-bit rounding toward zero: bfloat16 as the float32's top half
     (the low 16 bits cleared), float16 as numpy's nearest-even value stepped one ulp toward zero

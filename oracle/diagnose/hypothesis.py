@@ -73,6 +73,8 @@ CAUSES = {
     "stray_writes": "bytes outside the call's own entries are changed (a page cleared first, a tile's or vector's spill), while every entry is right",
     "scale_applied_unquantized": "an unquantized (auto) write scaled by the fp8 scale it must ignore",
     "byte_order_reversed": "words (16-, 32- or 64-bit) stored with their bytes in the other order",
+    "ties_toward_zero": "fp8 ties rounded toward zero (round half down) instead of to even",
+    "subnormals_mishandled": "fp8 subnormals encoded with a boundary or quantum one binade off (a hand-written conversion)",
     "equal_values_skipped": "writes skipped where the cache already compared equal to the new value (as a float, -0 as +0, or over part of a row)",
     "shared_exponent_off_by_one": "the shared (block) exponent is off by one",
     "block_scaling_rule": "another block-scaling rule (the exponent's rounding, where the per-tensor scale applies)",

@@ -194,7 +194,10 @@ def special_pool(fmt: str) -> tuple[np.ndarray, np.ndarray]:
     finite = _signed(np.concatenate([codes, ties, edges, powers * 0.985]))
     nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFC12345], np.uint32).view(_F32)
     specials = np.concatenate([finite, np.array([np.inf, -np.inf], _F32), nans])
-    raw = np.array([fmax, -fmax], _F32)
+    # sources as they are: float32's max, and values near the bottom of float32's range (a subnormal,
+    # the smallest normals), whose exponent field an exponent-field division wraps
+    tiny = np.array([0x00000001, 0x80000005, 0x00800000, 0x80C00000, 0x01000000], np.uint32).view(_F32)
+    raw = np.concatenate([np.array([fmax, -fmax], _F32), tiny])
     pool = np.concatenate([specials, raw])
     keep = np.zeros(pool.shape, bool)
     keep[-raw.size:] = True
@@ -277,7 +280,7 @@ def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> l
         if declared is None or _fp8.resolve_knobs(_fp8.get_format(fmt), name, {}) != declared:
             out.append(Hypothesis("fp8_conversion", f"preset {name!r} ({_short(preset.models)})",
                                   {"preset": name}))
-    out += _quotient_hypotheses(fmt, _above_one(p.get("scale", "1.0")))
+    out += _quotient_hypotheses(fmt, p.get("scale", "1.0"))
     covered = PRESETS[contract.fp8_preset].formats if contract.fp8_preset in PRESETS else ()
     asked = f"kv_cache_dtype {p['spelling']!r} asks for {fmt}" if p.get("spelling") else f"{fmt} is asked"
     out += [Hypothesis("wrong_fp8_format", f"{other} codes written where {asked}",
@@ -295,6 +298,15 @@ def _tail_hypotheses(width: int) -> list[Hypothesis]:
             for vector, whole in vector_tails(width)]
 
 
+def _power_of_two(choice: str) -> int:
+    """k where a case's scale is the number 2**k (0 for any other scale)."""
+    try:
+        mantissa, exponent = np.frexp(float(choice))
+    except ValueError:
+        return 0
+    return int(exponent - 1) if mantissa == 0.5 else 0
+
+
 def _above_one(choice: str) -> bool:
     """Whether a case's scale is a number above 1 (where a source clamped to the fp8 range before
     the division differs from a saturated quotient)."""
@@ -304,11 +316,15 @@ def _above_one(choice: str) -> bool:
         return False
 
 
-def _quotient_hypotheses(fmt: str, scale_above_one: bool) -> list[Hypothesis]:
+def _quotient_hypotheses(fmt: str, scale: str) -> list[Hypothesis]:
     """NaN quotients written as a number (a clamp through ``fmaxf``/``fminf``, which return the
-    operand that is not NaN, or ``nan_to_num``), an e5m2 quotient clamped at e4m3fn's 448, and
-    (under a scale above 1) the source clamped before the division."""
-    top = float(_fp8.code_values(fmt)[np.isfinite(_fp8.code_values(fmt))].max())
+    operand that is not NaN, or ``nan_to_num``), an e5m2 quotient clamped at e4m3fn's 448 and an
+    e4m3fn one at e4m3fnuz's 240, a hand-written conversion's subnormal boundary one binade off,
+    under a scale above 1 the source clamped before the division, and under a power-of-two scale
+    the division done on the exponent field."""
+    values = _fp8.code_values(fmt)
+    top = float(values[np.isfinite(values)].max())
+    smallest_normal = float(np.exp2(_fp8.get_format(fmt).binary.min_exponent))
     out = [Hypothesis("nan_mishandled", f"NaN written as {text} ({how})", {"scale": mode})
            for mode, text, how in ((f"clamp={top!r};nan={-top!r}", f"-max ({-top:g})",
                                     "the quotient clamped as fminf(fmaxf(q, -max), max), which drops NaN"),
@@ -322,7 +338,24 @@ def _quotient_hypotheses(fmt: str, scale_above_one: bool) -> list[Hypothesis]:
         out.append(Hypothesis("fp8_conversion", f"the saturation written as a one-sided clamp ({bound}, {top:g}) "
                               "before a conversion that does not saturate: the other side's overflow and inf "
                               "written as NaN or inf", {"scale": f"clamp_{side}={top!r}", "saturate": False, "inf": None}))
-    if scale_above_one:
+    out += [Hypothesis("subnormals_mishandled", f"quotients below the smallest normal ({smallest_normal:g}) {how}",
+                       {"scale": f"{step}={smallest_normal!r}"})
+            for step, how in (("halved_subnormal_quantum", "written as the code of twice their value: a "
+                               "subnormal branch that takes the minimum exponent as -bias, not 1 - bias"),
+                              ("top_subnormals_unhidden", "in the top binade encoded as normals of exponent "
+                               "field 0 (their implicit bit dropped): a normal/subnormal threshold one binade "
+                               "low"))]
+    if fmt == "e4m3fn":
+        out.append(Hypothesis("fp8_conversion", "quotients clamped to [-240, 240], e4m3fnuz's range (a max shared "
+                              "by both e4m3 flavours), before the e4m3fn conversion", {"scale": "clamp=240.0"}))
+    power = _power_of_two(scale)
+    if power:
+        out += [Hypothesis("fp8_conversion", f"the division by 2**{power} done by subtracting {power} from the "
+                           f"float32 exponent field, {how}", {"scale": f"{mode}={power}"})
+                for mode, how in (("exponent_field", "unguarded (zeros, subnormals, inf and NaN wrap)"),
+                                  ("exponent_field_guarded", "zeros, inf and NaN passed through (subnormals "
+                                   "and the smallest normals wrap)"))]
+    if _above_one(scale):
         out.append(Hypothesis("fp8_conversion", f"the source clamped to [-max, max] ({top:g}) before its division by "
                               "the scale, not the quotient (a saturation applied to x: wrong wherever the scale is "
                               "not 1)", {"scale": f"clamp_source={top!r}"}))
@@ -355,6 +388,10 @@ def _knob_hypotheses(declared: _fp8.Fp8Knobs, form: _fp8.Fp8Format, scaled: bool
     if declared.rounding != "ties_away":
         out.append(Hypothesis("ties_away", "fp8 ties rounded away from zero (round half up on the "
                               "magnitude) instead of to even", {"rounding": "ties_away"}))
+    if declared.rounding != "ties_toward_zero":
+        out.append(Hypothesis("ties_toward_zero", "fp8 ties rounded toward zero (round half down on the "
+                              "magnitude, an integer rounding (v + half - 1) >> shift) instead of to even",
+                              {"rounding": "ties_toward_zero"}))
     if declared.rounding != "ties_upward":
         out.append(Hypothesis("ties_upward", "fp8 ties rounded toward +inf (floor(q + 0.5) on the signed "
                               "quotient: positive ties away from zero, negative ones toward it) instead of to even",
@@ -574,7 +611,13 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     ``x / scale``, ";"-separated, in order: "nan=V" (NaN quotients replaced by V, as
     ``fminf``/``fmaxf`` clamps and ``nan_to_num`` do), "nan_signed=M" (NaN quotients replaced by M
     with the NaN's sign), "clamp=M" (clamped to [-M, M], NaN kept), "clamp_upper=M" and
-    "clamp_lower=M" (clamped on one side only); "tail_unscaled=V" (the last ``D % V`` elements of each row,
+    "clamp_lower=M" (clamped on one side only), "halved_subnormal_quantum=M" (quotients below the
+    smallest normal M doubled: a subnormal branch that takes the minimum exponent as ``-bias``, not
+    ``1 - bias``), "top_subnormals_unhidden=M" (quotients in ``[M/2, M)`` as ``2|q| - M``: a
+    normal/subnormal threshold one binade low, so the top subnormal binade is encoded as a normal
+    of exponent field 0, its implicit bit dropped); "exponent_field=K" (``2**K`` subtracted from
+    the float32 exponent field, no guard: zeros, subnormals, inf and NaN wrap) and
+    "exponent_field_guarded=K" (the same, zeros, inf and NaN passed through); "tail_unscaled=V" (the last ``D % V`` elements of each row,
     past its last whole V-element vector, left unscaled: a vector loop whose scalar tail forgot
     the scale); "sign_from_lt0" (``x / scale`` with -0 and negative NaN made positive first: a
     sign-magnitude conversion that takes the sign from ``x < 0``); "source_dtype_div" and
@@ -643,7 +686,13 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             main = width - width % int(mode.split("=")[1])
             quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
             quotient[..., main:] = widened[..., main:]
-        elif mode.startswith(("nan=", "clamp=", "nan_signed=", "clamp_upper=", "clamp_lower=")):
+        elif mode.startswith(("exponent_field=", "exponent_field_guarded=")):  # 2**k off the exponent bits
+            power = int(mode.split("=")[1])
+            quotient = (widened.view(np.int32) - np.int32(power << 23)).view(_F32)
+            if mode.startswith("exponent_field_guarded="):  # zeros, inf and NaN passed through
+                quotient = np.where((widened == 0) | ~np.isfinite(widened), widened, quotient)
+        elif mode.startswith(("nan=", "clamp=", "nan_signed=", "clamp_upper=", "clamp_lower=",
+                              "halved_subnormal_quantum=", "top_subnormals_unhidden=")):
             quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
             for step in mode.split(";"):  # in order, e.g. "clamp=448.0;nan=-448.0"
                 kind, value = step.split("=")
@@ -656,6 +705,11 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
                     quotient = np.where(quotient > bound, bound, quotient)
                 elif kind == "clamp_lower":
                     quotient = np.where(quotient < -bound, -bound, quotient)
+                elif kind == "halved_subnormal_quantum":  # below the smallest normal: the code of 2q
+                    quotient = np.where(np.abs(quotient) < bound, 2 * quotient, quotient)
+                elif kind == "top_subnormals_unhidden":  # [min/2, min) encoded as normals of exponent
+                    top = (np.abs(quotient) >= bound / 2) & (np.abs(quotient) < bound)  # field 0: mantissa only
+                    quotient = np.where(top, np.copysign(2 * np.abs(quotient) - bound, quotient), quotient)
                 else:
                     quotient = np.where(np.isnan(quotient), quotient, np.clip(quotient, -bound, bound))
         else:

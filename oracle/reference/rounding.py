@@ -34,7 +34,7 @@ class BinaryFormat:
         return 1 - self.bias
 
 
-ROUNDINGS = ("nearest_even", "ties_away", "toward_zero", "ties_upward")
+ROUNDINGS = ("nearest_even", "ties_away", "toward_zero", "ties_upward", "ties_toward_zero")
 
 
 def round_float32(bits: np.ndarray, fmt: BinaryFormat, rounding: str = "nearest_even"):
@@ -43,7 +43,9 @@ def round_float32(bits: np.ndarray, fmt: BinaryFormat, rounding: str = "nearest_
     ``rounding``: ``"nearest_even"`` (to nearest, ties to even), ``"ties_away"`` (to nearest,
     ties to the larger magnitude), ``"toward_zero"`` (the magnitude truncated to the code at or
     below it) or ``"ties_upward"`` (to nearest, ties toward +inf: ``floor(x + 0.5)`` on the signed
-    value, so a positive tie goes away from zero and a negative one toward it).
+    value, so a positive tie goes away from zero and a negative one toward it) or
+    ``"ties_toward_zero"`` (to nearest, ties to the smaller magnitude: round half down, as an
+    integer rounding ``(v + half - 1) >> shift`` does).
 
     Returns ``(sign, code, is_nan, is_inf, overflow)``: ``sign`` is 0/1 (uint32), ``code`` the
     rounded magnitude code (int64; meaningless where a mask is set), ``overflow`` marks finite
@@ -76,6 +78,8 @@ def round_float32(bits: np.ndarray, fmt: BinaryFormat, rounding: str = "nearest_
         kept += (remainder > half) | ((remainder == half) & ((kept & 1) == 1))
     elif rounding == "ties_away":
         kept += remainder >= half
+    elif rounding == "ties_toward_zero":
+        kept += remainder > half
     elif rounding == "ties_upward":
         kept += (remainder > half) | ((remainder == half) & (sign == 0))
     # A carry out of the mantissa lands in the exponent field by plain addition.
