@@ -1,6 +1,6 @@
 """Meta-tests of the diagnosis: a failure names the cause that holds, byte for byte, and only then.
 
-Every mutant's failures in the classes that catch it name its own bug; correct kernels never get a
+Every mutant fails every class that should catch it, and each such failure names its own bug; correct kernels never get a
 cause; a failure no hypothesis explains is described by its pattern; the cause reaches the JSON
 report and JUnit; and nothing is diagnosed for a passing case.
 """
@@ -31,15 +31,20 @@ def named(outcome) -> set:
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.short)
-def test_every_failure_in_the_catching_classes_names_the_mutants_own_cause(mutant):
+def test_every_expected_class_kills_the_mutant_and_every_failure_names_its_own_cause(mutant):
+    """The quick profile's cases of each class a mutant names: every class fails it, and every
+    failure names the mutant's own bug. (That each kill is real, on a case the kernel it mutates
+    passes under the same contract, is test_mutants.py's test_base_passes_every_case.)"""
     kernel = Kernel(mutant_contract(mutant), mutant.fn, "test")
-    failures = {}
+    failures, killed_by = {}, set()
     for case in catalogue(mutant.op, "quick"):
         if case.cls in mutant.catches:
             outcome = run_case(kernel, case)
             if outcome.status == FAIL:
                 failures[case.id] = outcome
-    assert failures, f"{mutant.name} is not killed by {mutant.catches}"
+                killed_by.add(case.cls)
+    missed = [c for c in mutant.catches if c not in killed_by]
+    assert not missed, f"{mutant.name} survived the quick profile's {missed} ({mutant.bug})"
     wrong = {cid: (o.cause or {}).get("id") for cid, o in failures.items() if mutant.cause not in named(o)}
     assert not wrong, f"{mutant.name} ({mutant.cause}): {wrong}"
 
@@ -201,7 +206,8 @@ def test_an_int64_index_read_as_int32_is_named():
     kernel = Kernel(Contract(op="store_cache", name="t.int32_words", backend="test", padding="negative",
                              strided_index=False), reads_int64_as_int32, "test")
     failed = [run_case(kernel, c) for c in catalogue("store_cache", "quick", kernel.contract)
-              if c.p.get("index", "int64") == "int64" and c.cls in ("dtypes", "sizes") and c.p.get("n", 1) > 1]
+              if c.p.get("index", "int64") == "int64" and c.cls in ("dtypes", "sizes") and c.p.get("n", 1) > 1
+              and c.p.get("slots") != "past_float"]  # 2**24 slots: the misread is the same, the diagnosis slow
     failed = [o for o in failed if o.status == FAIL]
     assert failed
     assert all(o.cause and o.cause["id"] == "index_dtype_misread" for o in failed), [o.message for o in failed]
