@@ -136,3 +136,16 @@ def zero_rows_taken_for_padding(key, value, key_cache, value_cache, key_scale_ca
 def test_a_token_row_of_signed_zeros_catches_a_writer_that_takes_it_for_padding():
     kernel = like("torch.reshape_and_cache_block", zero_rows_taken_for_padding)
     caught_only_by(kernel, "mxfp8_e4m3fn-zero_blocks", "mxfp8_e4m3fn-special")
+
+
+def sizes_its_offsets_from_the_largest_slot(key, value, key_cache, value_cache, slot_mapping, *rest):
+    """32- or 64-bit offsets chosen from the largest live slot: max() of an empty selection raises."""
+    wide = int(slot_mapping[slot_mapping >= 0].max()) * key_cache.stride(1) >= 1 << 31  # noqa: F841
+    return tn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, *rest)
+
+
+@pytest.mark.parametrize("case_id", ["int32-N0", "int32-pad_negative-N1"])
+def test_a_call_with_nothing_to_write_that_raises_is_named(case_id):
+    result = outcome(like("torch.reshape_and_cache_flash", sizes_its_offsets_from_the_largest_slot), case_id)
+    assert result.status == FAIL and result.cause["id"] == "empty_call_raised", result.message
+    assert ("empty call" if case_id.endswith("N0") else "all padding") in result.cause["text"]

@@ -11,6 +11,7 @@ import numpy as np
 from ..buffers import same_bytes
 from ..ops._repeat import calls_before
 from ..ops.base import shape_text
+from ..reference.slots import Padding
 from . import byte_order, generic, patterns, provenance, row_bounds, skipped_writes, stray_writes
 from .hypothesis import CAUSES, Hypothesis
 from .probes import probes, variants
@@ -172,7 +173,25 @@ def explain_returned(failed, case, *, rerun):
 def explain_raise(failed, case, contract, *, rerun, inside):
     """Name the cause of a kernel that raised: only probes can (nothing was compared), and they are
     judged by the case run again, so first whether the unchanged case passes on its own."""
-    return _passes_again(failed, case, rerun) or _probe(failed, case, contract, rerun, inside) or failed
+    return (_passes_again(failed, case, rerun) or _raised_on_nothing_to_write(failed, contract)
+            or _probe(failed, case, contract, rerun, inside) or failed)
+
+
+def _raised_on_nothing_to_write(failed, contract):
+    """``failed`` named empty_call_raised where the call had no entry to write: its index empty,
+    or every entry padding under the contract (which no probe can remove); else None."""
+    arena = failed.prepared.arena if failed.prepared is not None else None
+    indexes = [v for v in arena.views.values() if v.role == "index"] if arena is not None else []
+    if not indexes or failed.prepared.before is None:
+        return None
+    entries = arena.numpy_view(failed.prepared.before, indexes[0].name).reshape(-1)
+    if entries.size and not Padding.parse(contract.padding).skipped(entries.astype(np.int64), 1 << 62).all():
+        return None
+    what = "an empty call (N = 0)" if not entries.size else f"a call whose {entries.size} entries are all padding"
+    return named(failed, Hypothesis("empty_call_raised", f"the kernel raised on {what}, which writes nothing and "
+                                    "must succeed: a reduction over the index or the rows (max(), min(), an "
+                                    "argsort's first element, a reshape inferring a dimension) with no guard "
+                                    "for an empty selection"))
 
 
 def _passes_again(failed, case, rerun):

@@ -67,6 +67,7 @@ CAUSES = {
     "result_strides_ignored": "the returned tensor filled in its memory order, its own (permuted) strides ignored",
     "result_reused": "a returned tensor is overwritten by a later call (a static output buffer)",
     "nothing_written": "nothing was written",
+    "empty_call_raised": "the kernel raised on a call with nothing to write (N = 0, or every entry padding)",
     "row_overrun": "rows written past their end (whole vectors, no tail handling)",
     "row_tail_dropped": "each row's last bytes past its last whole vector are not written (no tail loop)",
     "row_tail_written": "the row past its written part is overwritten",
