@@ -149,3 +149,16 @@ def test_a_call_with_nothing_to_write_that_raises_is_named(case_id):
     result = outcome(like("torch.reshape_and_cache_flash", sizes_its_offsets_from_the_largest_slot), case_id)
     assert result.status == FAIL and result.cause["id"] == "empty_call_raised", result.message
     assert ("empty call" if case_id.endswith("N0") else "all padding") in result.cause["text"]
+
+
+def compacts_the_live_entries(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """The padding dropped from the index, the first m source rows kept: right only for tail padding."""
+    live = slot_mapping >= 0
+    count = int(live.sum())
+    tn.concat_and_cache_mla(kv_c[:count], k_pe[:count], kv_cache, slot_mapping[live], kv_cache_dtype, scale)
+
+
+def test_live_entries_compacted_with_the_first_source_rows_are_named():
+    result = outcome(like("torch.concat_and_cache_mla", compacts_the_live_entries), "int32-pad_negative")
+    assert result.status == FAIL and result.cause["id"] == "rows_misrouted", result.message
+    assert "compacted to the front" in result.cause["text"]

@@ -331,6 +331,13 @@ def padding_hypotheses(case, views: dict, prepared, contract) -> list[Hypothesis
                                       "end there, as if padding came only at its tail",
                                       inputs={index.name: lambda a, at=marked[0]: np.concatenate(
                                           [a[:at], np.full(a.size - at, pad, a.dtype)])}))
+                live = np.flatnonzero(~policy.skipped(entries, np.iinfo(np.int64).max))
+                if live.size and not np.array_equal(live, np.arange(live.size)):
+                    out.append(Hypothesis("rows_misrouted", f"the non-padding entries of {index.name} compacted to "
+                                          f"the front ({live.size} of {entries.size}) and the j-th of them written "
+                                          "with source row j, not its own position's (padding assumed to come only "
+                                          "at the batch's tail)", inputs={source.name: functools.partial(
+                                              _compacted, live) for source in _by_role(views, "source")}))
     out += _low_slots_skipped(views, prepared, contract, policy)
     if policy.kind == "reserved":
         return out
@@ -341,6 +348,13 @@ def padding_hypotheses(case, views: dict, prepared, contract) -> list[Hypothesis
                                   f"contract declares padding={contract.padding!r}",
                                   inputs={index.name: lambda a: np.where(a == 0, -1, a)},
                                   override={"padding": "negative"}))
+    return out
+
+
+def _compacted(live: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``rows`` as a kernel that compacts the live entries reads them: live entry j takes row j."""
+    out = rows.copy()
+    out[live] = rows[:live.size]
     return out
 
 
