@@ -162,3 +162,15 @@ def test_live_entries_compacted_with_the_first_source_rows_are_named():
     result = outcome(like("torch.concat_and_cache_mla", compacts_the_live_entries), "int32-pad_negative")
     assert result.status == FAIL and result.cause["id"] == "rows_misrouted", result.message
     assert "compacted to the front" in result.cause["text"]
+
+
+def accumulates_into_the_rows(kv_buffer, loc, nope, rope):
+    """The scatter written as an accumulation: old + new where a store was meant."""
+    kv_buffer[:, : nope.shape[1] + rope.shape[1]].index_put_(
+        (loc.long(),), torch.cat([nope, rope], dim=-1).to(kv_buffer.dtype), accumulate=True)
+
+
+@pytest.mark.parametrize("case_id", ["int32-N133", "u8-int32"])
+def test_rows_added_to_what_the_cache_held_are_named(case_id):
+    result = outcome(like("torch.set_mla_kv_buffer", accumulates_into_the_rows), case_id)
+    assert result.status == FAIL and result.cause["id"] == "accumulated_into_cache", result.message

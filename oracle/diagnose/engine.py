@@ -12,7 +12,7 @@ from ..buffers import same_bytes
 from ..ops._repeat import calls_before
 from ..ops.base import shape_text
 from ..reference.slots import Padding
-from . import byte_order, generic, patterns, provenance, row_bounds, skipped_writes, stray_writes
+from . import accumulated, byte_order, generic, patterns, provenance, row_bounds, skipped_writes, stray_writes
 from .hypothesis import CAUSES, Hypothesis
 from .probes import probes, variants
 from .replay import changed_bytes, holds, within_approx_division
@@ -119,7 +119,7 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
             or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis, after, regions)
             or _read_off(failed, spec, case, contract, diagnosis, after, regions)
             or _stray(failed, diagnosis, after, regions) or _skipped(failed, case, diagnosis, after, regions)
-            or _byte_order(failed, diagnosis, after, regions)
+            or _byte_order(failed, diagnosis, after, regions) or _accumulated(failed, diagnosis, after, regions)
             or _with_pattern(failed, diagnosis))
 
 
@@ -269,6 +269,13 @@ def _byte_order(failed, diagnosis: Diagnosis, after: dict, regions: dict):
     bytes of each word reversed (found from the memory); else None."""
     text = byte_order.byte_order_reversed(failed.prepared.arena, regions, after)
     return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("byte_order_reversed", text))
+
+
+def _accumulated(failed, diagnosis: Diagnosis, after: dict, regions: dict):
+    """``failed`` named accumulated_into_cache where every differing element is its old value plus
+    the reference's (found from the memory); else None."""
+    text = accumulated.accumulated(failed.prepared.arena, failed.prepared.before, regions, after)
+    return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("accumulated_into_cache", text))
 
 
 def _read_off_named(failed, diagnosis: Diagnosis, hypothesis: Hypothesis):

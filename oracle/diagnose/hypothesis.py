@@ -76,6 +76,7 @@ CAUSES = {
     "byte_order_reversed": "words (16-, 32- or 64-bit) stored with their bytes in the other order",
     "ties_toward_zero": "fp8 ties rounded toward zero (round half down) instead of to even",
     "subnormals_mishandled": "fp8 subnormals encoded with a boundary or quantum one binade off (a hand-written conversion)",
+    "accumulated_into_cache": "rows added to what the cache held (an accumulating scatter) instead of stored",
     "equal_values_skipped": "writes skipped where the cache already compared equal to the new value (as a float, -0 as +0, or over part of a row)",
     "shared_exponent_off_by_one": "the shared (block) exponent is off by one",
     "block_scaling_rule": "another block-scaling rule (the exponent's rounding, where the per-tensor scale applies)",
