@@ -174,3 +174,14 @@ def accumulates_into_the_rows(kv_buffer, loc, nope, rope):
 def test_rows_added_to_what_the_cache_held_are_named(case_id):
     result = outcome(like("torch.set_mla_kv_buffer", accumulates_into_the_rows), case_id)
     assert result.status == FAIL and result.cause["id"] == "accumulated_into_cache", result.message
+
+
+def one_pitch_for_k_and_v(k, v, k_cache, v_cache, loc):
+    """V's rows read at K's row stride, as one pitch computed for both sources."""
+    tn.store_cache(k, v.as_strided(v.shape, (k.stride(0),) + v.stride()[1:], v.storage_offset()), k_cache, v_cache, loc)
+
+
+def test_a_source_read_at_the_other_sources_row_stride_is_named():
+    result = outcome(like("torch.store_cache", one_pitch_for_k_and_v), "bf16-1x64x97-N7")
+    assert result.status == FAIL and result.cause["id"] == "source_stride_ignored", result.message
+    assert "k's row stride" in result.cause["text"]

@@ -193,10 +193,18 @@ def adjacency_hypotheses(views: dict) -> list[Hypothesis]:
 def swapped_source_hypotheses(views: dict) -> list[Hypothesis]:
     """One source written where another belongs (K into the V cache)."""
     sources = _by_role(views, "source")
-    return [Hypothesis("sources_swapped", f"{a.name} written in place of {b.name}",
-                       views={b.name: (a.shape, a.strides, a.offset, a.region)})
-            for a in sources for b in sources
-            if a is not b and a.shape == b.shape and a.dtype == b.dtype]
+    out = [Hypothesis("sources_swapped", f"{a.name} written in place of {b.name}",
+                      views={b.name: (a.shape, a.strides, a.offset, a.region)})
+           for a in sources for b in sources
+           if a is not b and a.shape == b.shape and a.dtype == b.dtype]
+    for a in sources:  # one source's row stride (one pitch computed for both) used for another's rows
+        for b in sources:
+            if a is not b and len(a.shape) == len(b.shape) > 1 and a.strides[0] != b.strides[0]:
+                out.append(Hypothesis("source_stride_ignored", f"{b.name}'s rows read {a.strides[0]} elements "
+                                      f"apart, {a.name}'s row stride (its own is {b.strides[0]}): one pitch "
+                                      "computed for both", views={b.name: (b.shape, (a.strides[0],) + b.strides[1:],
+                                                                           b.offset)}))
+    return out
 
 
 def cache_hypotheses(views: dict, written: tuple, paged_spec: bool = False) -> list[Hypothesis]:
