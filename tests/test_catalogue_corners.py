@@ -185,3 +185,17 @@ def test_a_source_read_at_the_other_sources_row_stride_is_named():
     result = outcome(like("torch.store_cache", one_pitch_for_k_and_v), "bf16-1x64x97-N7")
     assert result.status == FAIL and result.cause["id"] == "source_stride_ignored", result.message
     assert "k's row stride" in result.cause["text"]
+
+
+def tail_heads_by_head_0(out, x, scale, fmt):
+    """Heads quantized four at a time under their own scales, the H % 4 left over by scale[0]."""
+    if scale.numel() > 1:
+        scale = scale.clone()
+        scale[scale.numel() - scale.numel() % 4:] = scale[0]
+    tn.quantize_fp8(out, x, scale, fmt)
+
+
+def test_the_heads_past_the_last_whole_group_scaled_by_head_0_are_named():
+    result = outcome(like("torch.quantize_fp8", tail_heads_by_head_0), "e4m3fn-13x46-scale_head-random")
+    assert result.status == FAIL and result.cause["id"] == "scale_misindexed", result.message
+    assert "the last 1 head(s) (past the last whole group of 2 or 4)" in result.cause["text"]

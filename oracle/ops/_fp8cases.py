@@ -502,6 +502,14 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
             out.append(Hypothesis("scale_misindexed", f"the per-head scale read as scale[h % {tile}] (offsets local "
                                   f"to a tile, or a table, of {tile} heads)",
                                   inputs={name: functools.partial(_wrapped, tile) for name in per_head}))
+        groups = {}  # heads in groups, the rest in a scalar tail: by the rest's size
+        for tile in (t for t in SCALE_TILES if t < heads and heads % t):
+            groups.setdefault(heads % tile, []).append(tile)
+        for rest, tiles in groups.items():
+            out.append(Hypothesis("scale_misindexed", f"the last {rest} head(s) (past the last whole group of "
+                                  f"{' or '.join(map(str, tiles))}) scaled by head 0's scale: a tail loop taken from "
+                                  "the per-tensor path", inputs={name: functools.partial(_tail_heads_first, tiles[0])
+                                                                 for name in per_head}))
     if len(names) == 2:
         out += [Hypothesis("scale_missing", f"{name} not applied (stored as x, not x / {name}); "
                            f"{other} applied", inputs={name: _ones})
@@ -540,6 +548,13 @@ def _wrapped(tile: int, scale: np.ndarray) -> np.ndarray:
     """``scale`` as read at ``h % tile``."""
     flat = scale.reshape(-1)
     return flat[np.arange(flat.size) % tile].reshape(scale.shape)
+
+
+def _tail_heads_first(tile: int, scale: np.ndarray) -> np.ndarray:
+    """``scale`` with the heads past the last whole group of ``tile`` given head 0's value."""
+    flat = scale.reshape(-1).copy()
+    flat[flat.size - flat.size % tile:] = flat[0]
+    return flat.reshape(scale.shape)
 
 
 def _first_head(scale: np.ndarray) -> np.ndarray:
