@@ -166,6 +166,16 @@ def top_subnormals_as_normals(out, x, scale, fmt):
     _codes_of(out, torch.where(top, torch.copysign(2 * q.abs() - low, q), q), fmt, scale)
 
 
+def minimum_exponent_minus_bias(out, x, scale, fmt):
+    """Threshold and subnormal branch both built around -bias: the top subnormal binade encoded
+    with exponent field 0, the quotients below it as the code of twice their value."""
+    q, low = _quotients(x, scale), _smallest_normal(fmt)
+    magnitude = q.abs()
+    q = torch.where((magnitude >= low / 2) & (magnitude < low), torch.copysign(2 * magnitude - low, q),
+                    torch.where(magnitude < low / 2, 2 * q, q))
+    _codes_of(out, q, fmt, scale)
+
+
 def exponent_field_division(out, x, scale, fmt):
     """A power-of-two scale applied by subtracting its exponent from the float32 bits, unguarded."""
     flat = scale.reshape(-1)
@@ -189,6 +199,7 @@ def clamped_at_240(out, x, scale, fmt):
                                               (ties_toward_zero, "ties_toward_zero", "round half down"),
                                               (subnormal_quantum_halved, "subnormals_mishandled", "twice their value"),
                                               (top_subnormals_as_normals, "subnormals_mishandled", "implicit bit"),
+                                              (minimum_exponent_minus_bias, "subnormals_mishandled", "-bias, not 1 - bias"),
                                               (exponent_field_division, "fp8_conversion", "exponent field, unguarded"),
                                               (clamped_at_240, "fp8_conversion", "e4m3fnuz's range"),
                                               (zero_input_positive, "negative_zero_mishandled", "written as +0"),

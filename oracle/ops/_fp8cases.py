@@ -344,7 +344,11 @@ def _quotient_hypotheses(fmt: str, scale: str) -> list[Hypothesis]:
                                "subnormal branch that takes the minimum exponent as -bias, not 1 - bias"),
                               ("top_subnormals_unhidden", "in the top binade encoded as normals of exponent "
                                "field 0 (their implicit bit dropped): a normal/subnormal threshold one binade "
-                               "low"))]
+                               "low"),
+                              ("minimum_exponent_off", "in the top binade encoded as normals of exponent field "
+                               "0, and those below it as the code of twice their value: a conversion whose "
+                               "minimum exponent is -bias, not 1 - bias, in its threshold and its subnormal "
+                               "branch alike"))]
     if fmt == "e4m3fn":
         out.append(Hypothesis("fp8_conversion", "quotients clamped to [-240, 240], e4m3fnuz's range (a max shared "
                               "by both e4m3 flavours), before the e4m3fn conversion", {"scale": "clamp=240.0"}))
@@ -630,7 +634,9 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     smallest normal M doubled: a subnormal branch that takes the minimum exponent as ``-bias``, not
     ``1 - bias``), "top_subnormals_unhidden=M" (quotients in ``[M/2, M)`` as ``2|q| - M``: a
     normal/subnormal threshold one binade low, so the top subnormal binade is encoded as a normal
-    of exponent field 0, its implicit bit dropped); "exponent_field=K" (``2**K`` subtracted from
+    of exponent field 0, its implicit bit dropped), "minimum_exponent_off=M" (both: the threshold
+    and the subnormal branch built around ``-bias``, so ``[M/2, M)`` as above and the quotients
+    below it doubled); "exponent_field=K" (``2**K`` subtracted from
     the float32 exponent field, no guard: zeros, subnormals, inf and NaN wrap) and
     "exponent_field_guarded=K" (the same, zeros, inf and NaN passed through); "tail_unscaled=V" (the last ``D % V`` elements of each row,
     past its last whole V-element vector, left unscaled: a vector loop whose scalar tail forgot
@@ -707,7 +713,7 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             if mode.startswith("exponent_field_guarded="):  # zeros, inf and NaN passed through
                 quotient = np.where((widened == 0) | ~np.isfinite(widened), widened, quotient)
         elif mode.startswith(("nan=", "clamp=", "nan_signed=", "clamp_upper=", "clamp_lower=",
-                              "halved_subnormal_quantum=", "top_subnormals_unhidden=")):
+                              "halved_subnormal_quantum=", "top_subnormals_unhidden=", "minimum_exponent_off=")):
             quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
             for step in mode.split(";"):  # in order, e.g. "clamp=448.0;nan=-448.0"
                 kind, value = step.split("=")
@@ -722,9 +728,12 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
                     quotient = np.where(quotient < -bound, -bound, quotient)
                 elif kind == "halved_subnormal_quantum":  # below the smallest normal: the code of 2q
                     quotient = np.where(np.abs(quotient) < bound, 2 * quotient, quotient)
-                elif kind == "top_subnormals_unhidden":  # [min/2, min) encoded as normals of exponent
-                    top = (np.abs(quotient) >= bound / 2) & (np.abs(quotient) < bound)  # field 0: mantissa only
-                    quotient = np.where(top, np.copysign(2 * np.abs(quotient) - bound, quotient), quotient)
+                elif kind in ("top_subnormals_unhidden", "minimum_exponent_off"):  # [min/2, min) encoded as
+                    magnitude = np.abs(quotient)  # normals of exponent field 0: mantissa only
+                    top = (magnitude >= bound / 2) & (magnitude < bound)
+                    below = magnitude < bound / 2 if kind == "minimum_exponent_off" else np.zeros_like(top)
+                    quotient = np.where(top, np.copysign(2 * magnitude - bound, quotient),
+                                        np.where(below, 2 * quotient, quotient))
                 else:
                     quotient = np.where(np.isnan(quotient), quotient, np.clip(quotient, -bound, bound))
         else:
