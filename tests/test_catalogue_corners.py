@@ -102,7 +102,7 @@ def sorted_by_an_int32_key(k, v, k_cache, v_cache, loc):
 
 def test_odd_slots_past_two_to_the_24_in_an_int32_index_catch_a_key_built_in_int32():
     caught_only_by(like("torch.store_cache", sorted_by_an_int32_key), "u8-int32-1x1-past_float_slots-N7",
-                   "u8-1x1-past_float_slots-N7")
+                   "int32-N133")
 
 
 def copies_unless_named(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):

@@ -673,7 +673,8 @@ def index_offset_twice(k, v, k_cache, v_cache, loc):
 
 
 def test_an_index_offset_counted_twice_is_named():
-    picked = cases("store_cache", lambda c: c.cls in ("sizes", "strides") and 0 < c.p.get("n", 133) < 1000)
+    picked = cases("store_cache", lambda c: c.cls in ("sizes", "strides") and 0 < c.p.get("n", 133) < 1000
+                   and c.p.get("slots") != "past_float")  # 2**24 slots: the same misread, a slow diagnosis
     outcomes = [run_case(kernel("store_cache", index_offset_twice, duplicates="any"), c) for c in picked]
     failed = [o for o in outcomes if o.status == FAIL]
     assert len(failed) >= 5, [o.message[-300:] for o in outcomes]
