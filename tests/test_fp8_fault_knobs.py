@@ -24,7 +24,7 @@ from oracle.cases import Case, catalogue
 from oracle.contract import Contract
 from oracle.diagnose import CAUSES
 from oracle.mutants import base_contracts
-from oracle.ops import _fp8cases, get_spec
+from oracle.ops import _fp8cases, _fp8hypotheses, get_spec
 from oracle.reference.fp8 import Fp8Knobs, quantize
 from oracle.reference.presets import PRESETS
 from oracle.reference.rounding import FLOAT16, round_float32
@@ -449,7 +449,7 @@ def _nan_bytes(found: dict) -> list:
 
 def test_fp8_hypotheses_per_cause():
     p = {"fp8": "e4m3fn", "scale": "0.0123"}
-    found = _by_cause(_fp8cases.alternatives(p, _contract()))
+    found = _by_cause(_fp8hypotheses.alternatives(p, _contract()))
     assert set(found) == {"scale_missing", "scale_inverted", "fp8_conversion", "round_toward_zero", "ties_away",
                           "ties_upward", "ties_toward_zero", "subnormals_mishandled", "subnormals_flushed",
                           "subnormals_truncated", "negative_zero_mishandled",
@@ -470,27 +470,27 @@ def test_fp8_hypotheses_per_cause():
 
 
 def test_fp8_hypotheses_depend_on_format_scale_and_preset():
-    e5m2 = _by_cause(_fp8cases.alternatives({"fp8": "e5m2", "scale": "1.0"}, _contract()))
+    e5m2 = _by_cause(_fp8hypotheses.alternatives({"fp8": "e5m2", "scale": "1.0"}, _contract()))
     assert "scale_missing" not in e5m2 and "scale_inverted" not in e5m2
     assert {"scale_op": "mul_reciprocal"} not in [h.override for h in e5m2["fp8_conversion"]]
     nans = _nan_bytes(e5m2)  # NaN magnitudes 0x7D..0x7F
     assert nans[0] == "0x7F" and "0x7F|sign" not in nans and len(nans) == len(set(nans)) == 8
     assert {"0x7E|sign", "0x7D", "0xFE"} <= set(nans)
     assert {"scale": "clamp=448.0"} in [h.override for h in e5m2["fp8_conversion"]]  # e4m3fn's range
-    fnuz = _by_cause(_fp8cases.alternatives({"fp8": "e4m3fnuz", "scale": "head"}, _contract()))
+    fnuz = _by_cause(_fp8hypotheses.alternatives({"fp8": "e4m3fnuz", "scale": "head"}, _contract()))
     # one NaN and no -0: only a zero written with its sign bit (0x80, the NaN), and NaN as a number
     assert [h.override for h in fnuz["negative_zero_mishandled"]] == [{"negative_zero": "signed"}]
     assert _nan_bytes(fnuz) == [] and len(fnuz["nan_mishandled"]) == 4
     # an OCP-only preset describes no fnuz format: the only other format is e5m2
-    ocp = _by_cause(_fp8cases.alternatives({"fp8": "e4m3fn"}, _contract("cuda_satfinite", OCP)))
+    ocp = _by_cause(_fp8hypotheses.alternatives({"fp8": "e4m3fn"}, _contract("cuda_satfinite", OCP)))
     assert [h.override for h in ocp["wrong_fp8_format"]] == [{"format": "e5m2"}]
     assert _nan_bytes(ocp) == ["0x7F|sign", "0xFF"]
-    assert _fp8cases.alternatives({"dtype": "float16"}, _contract()) == []
+    assert _fp8hypotheses.alternatives({"dtype": "float16"}, _contract()) == []
 
 
 def test_scale_hypotheses():
     p = {"fp8": "e4m3fn", "scale": "head"}
-    hs = _fp8cases.scale_hypotheses(p, ("k_scale", "v_scale"), 8)
+    hs = _fp8hypotheses.scale_hypotheses(p, ("k_scale", "v_scale"), 8)
     # broadcast as scale[j % H], then read as scale[h % T] for tiles of 2 and 4 heads (of 8)
     assert [h.cause for h in hs] == ["scale_collapsed"] + ["scale_misindexed"] * 3 + [
         "scale_missing", "scale_missing", "scale_swapped", "scale_swapped"]
@@ -507,10 +507,10 @@ def test_scale_hypotheses():
     assert np.array_equal(hs[5].inputs["v_scale"](v), k)  # K's scale used for V
     with pytest.raises(ValueError):
         hs[5].inputs["v_scale"](np.ones(1, np.float32))
-    assert [h.cause for h in _fp8cases.scale_hypotheses(p, ("scale",), 8)] == ["scale_collapsed"] + ["scale_misindexed"] * 3
-    assert _fp8cases.scale_hypotheses(p, ("scale",), 1) == []
-    assert _fp8cases.scale_hypotheses({"fp8": "e4m3fn", "scale": "1.0"}, ("k_scale", "v_scale"), 8) == []
-    tensor = _fp8cases.scale_hypotheses({"fp8": "e4m3fn", "scale": "0.0123"}, ("k_scale", "v_scale"), 8)
+    assert [h.cause for h in _fp8hypotheses.scale_hypotheses(p, ("scale",), 8)] == ["scale_collapsed"] + ["scale_misindexed"] * 3
+    assert _fp8hypotheses.scale_hypotheses(p, ("scale",), 1) == []
+    assert _fp8hypotheses.scale_hypotheses({"fp8": "e4m3fn", "scale": "1.0"}, ("k_scale", "v_scale"), 8) == []
+    tensor = _fp8hypotheses.scale_hypotheses({"fp8": "e4m3fn", "scale": "0.0123"}, ("k_scale", "v_scale"), 8)
     assert [h.cause for h in tensor] == ["scale_missing", "scale_missing", "scale_swapped", "scale_swapped"]
 
 

@@ -29,7 +29,7 @@ from ..reference.slots import Collision, OneOfRows
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
 from ..diagnose.hypothesis import Hypothesis
-from . import _build, _dcp, _fp8cases
+from . import _build, _dcp, _fp8cases, _fp8hypotheses
 from ._mla_diagnosis import boundary_vector_read, compacted_sources, local_row_reserved, misplaced_rope
 from .base import Case, OpSpec, Prepared
 
@@ -306,10 +306,10 @@ class ConcatAndCacheMla(OpSpec):
         return {"kv_cache": out}
 
     def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
-        """The fp8 hypotheses (:func:`_fp8cases.alternatives`), and without duplicated slots:
+        """The fp8 hypotheses (:func:`_fp8hypotheses.alternatives`), and without duplicated slots:
         kv_c and k_pe swapped, and (scale not 1) one part unscaled."""
         p = self.p_with_defaults(case)
-        out = _fp8cases.alternatives(p, contract)
+        out = _fp8hypotheses.alternatives(p, contract)
         if not case.p.get("dups"):
             out.append(Hypothesis("parts_swapped", "kv_c and k_pe swapped (k_pe at offset 0, kv_c "
                                   "after it)", {"swapped": True}))

@@ -28,7 +28,7 @@ from .. import reference
 from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
 from ..diagnose.hypothesis import Hypothesis
-from . import _build, _fp8cases
+from . import _build, _fp8cases, _fp8hypotheses
 from .base import Case, OpSpec, Prepared
 
 BLOCK_SIZE = 16
@@ -156,12 +156,12 @@ class ReshapeAndCacheFlash(OpSpec):
         return {"key_cache": k, "value_cache": v}
 
     def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
-        """The fp8 hypotheses (:func:`_fp8cases.alternatives`) and the scale ones (k_scale and
+        """The fp8 hypotheses (:func:`_fp8hypotheses.alternatives`) and the scale ones (k_scale and
         v_scale collapsed to head 0, each used for the other)."""
         p = self.p_with_defaults(case)
-        out = _fp8cases.alternatives(p, contract, row_width=p["shape"][1])
-        return (out + _fp8cases.scale_hypotheses(p, ("k_scale", "v_scale"), p["shape"][0])
-                + _fp8cases.zero_head_hypotheses(p, ("key", "value")))
+        out = _fp8hypotheses.alternatives(p, contract, row_width=p["shape"][1])
+        return (out + _fp8hypotheses.scale_hypotheses(p, ("k_scale", "v_scale"), p["shape"][0])
+                + _fp8hypotheses.zero_head_hypotheses(p, ("key", "value")))
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "layout", "scale_dtype",

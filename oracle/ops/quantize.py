@@ -20,7 +20,7 @@ from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
 from ..diagnose.row_bounds import VECTOR_LENGTHS
 from ..diagnose.hypothesis import Hypothesis
-from . import _build, _fp8cases
+from . import _build, _fp8cases, _fp8hypotheses
 from .base import Case, OpSpec, Prepared
 
 
@@ -94,12 +94,12 @@ class QuantizeFp8(OpSpec):
             return {"out": reference.quantize(x, fmt, scale=scale, head_axis=-2, **fp8_args)}
 
     def alternatives(self, case: Case, contract: Contract) -> list[Hypothesis]:
-        """The fp8 hypotheses (:func:`_fp8cases.alternatives`) and a per-head scale collapsed to
+        """The fp8 hypotheses (:func:`_fp8hypotheses.alternatives`) and a per-head scale collapsed to
         head 0."""
         p = self.p_with_defaults(case)
-        return (_fp8cases.alternatives(p, contract, row_width=p["shape"][1])
-                + _fp8cases.scale_hypotheses(p, ("scale",), p["shape"][0])
-                + _fp8cases.zero_head_hypotheses(p, ("x",)))
+        return (_fp8hypotheses.alternatives(p, contract, row_width=p["shape"][1])
+                + _fp8hypotheses.scale_hypotheses(p, ("scale",), p["shape"][0])
+                + _fp8hypotheses.zero_head_hypotheses(p, ("x",)))
 
     def layout_alternatives(self, case: Case, contract: Contract, prepared: Prepared) -> list[Hypothesis]:
         """The flattened tensor's scalar remainder converted another way (:func:`_flat_tail_hypotheses`):
