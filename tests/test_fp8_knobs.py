@@ -543,65 +543,53 @@ def test_torch_2_13_preset_equals_torch(fmt, source):
 # The oracle: ml_dtypes rounds to nearest even; at an exact midpoint between two adjacent values
 # of the format, ties_away takes the larger magnitude instead, and everywhere else agrees.
 
+def _midpoint_inputs(fmt):
+    """Inputs near every boundary of ``fmt`` (overflow left out: saturate's business), whether each
+    lies exactly on a midpoint between two adjacent magnitudes (every midpoint is reached), and
+    the magnitudes below and above it."""
+    values = o.representable_magnitudes(fmt)
+    x = o.near(o.boundary_magnitudes(fmt))
+    x = x[np.isfinite(x) & (np.abs(x) <= values[-1])]
+    magnitude = np.abs(x.astype(np.float64))
+    at_tie = np.isin(magnitude, (values[1:] + values[:-1]) / 2)
+    assert at_tie.sum() >= len(values) - 1
+    at = np.searchsorted(values, magnitude)
+    return x, at_tie, values[np.maximum(at - 1, 0)], values[np.minimum(at, len(values) - 1)]
+
+
+def _ties_to(fmt, x, at_tie, chosen):
+    """ml_dtypes' codes of ``x``, but of ``chosen`` at the ties (fnuz: no -0, a negative value
+    rounding to zero is +0)."""
+    expected = np.where(at_tie, o.ml_codes(chosen.astype(np.float32), fmt), o.ml_codes(x, fmt))
+    return np.where(expected == 0x80, 0, expected) if o.FNUZ[fmt] else expected
+
+
+def _assert_rounds(fmt, rounding, x, expected):
+    listed, count = o.mismatches(quantize(x, fmt, rounding=rounding), expected, x)
+    assert count == 0, listed
+
+
 @pytest.mark.parametrize("fmt", o.FORMAT_NAMES)
 def test_ties_away_takes_the_larger_magnitude_at_every_midpoint_and_agrees_elsewhere(fmt):
-    values = o.representable_magnitudes(fmt)
-    midpoints = (values[1:] + values[:-1]) / 2
-    x = o.near(o.boundary_magnitudes(fmt))
-    x = x[np.isfinite(x) & (np.abs(x) <= values[-1])]  # overflow is saturate's business
-    magnitude = np.abs(x.astype(np.float64))
-    at_tie = np.isin(magnitude, midpoints)
-    upper = values[np.searchsorted(values, magnitude)]  # the larger neighbour of a midpoint
-    signed_upper = np.where(np.signbit(x), -upper, upper).astype(np.float32)
-    expected = np.where(at_tie, o.ml_codes(signed_upper, fmt), o.ml_codes(x, fmt))
-    if o.FNUZ[fmt]:  # no -0: a negative value rounding to zero is +0
-        expected = np.where(expected == 0x80, 0, expected)
-    actual = quantize(x, fmt, rounding="ties_away")
-    assert at_tie.sum() >= len(midpoints)
-    listed, count = o.mismatches(actual, expected, x)
-    assert count == 0, listed
+    x, at_tie, _, upper = _midpoint_inputs(fmt)
+    _assert_rounds(fmt, "ties_away", x, _ties_to(fmt, x, at_tie, np.where(np.signbit(x), -upper, upper)))
 
 
 @pytest.mark.parametrize("fmt", o.FORMAT_NAMES)
 def test_ties_upward_takes_the_larger_signed_neighbour_at_every_midpoint_and_agrees_elsewhere(fmt):
     """ties_upward (floor(x + 0.5)): a positive tie as ties_away, a negative one toward zero."""
-    values = o.representable_magnitudes(fmt)
-    midpoints = (values[1:] + values[:-1]) / 2
-    x = o.near(o.boundary_magnitudes(fmt))
-    x = x[np.isfinite(x) & (np.abs(x) <= values[-1])]
-    magnitude = np.abs(x.astype(np.float64))
-    at_tie = np.isin(magnitude, midpoints)
-    at = np.searchsorted(values, magnitude)
-    upper, lower = values[np.minimum(at, len(values) - 1)], values[np.maximum(at - 1, 0)]
-    chosen = np.where(np.signbit(x), -lower, upper).astype(np.float32)
-    expected = np.where(at_tie, o.ml_codes(chosen, fmt), o.ml_codes(x, fmt))
-    if o.FNUZ[fmt]:
-        expected = np.where(expected == 0x80, 0, expected)
-    else:  # a negative tie above zero rounds to -0
+    x, at_tie, lower, upper = _midpoint_inputs(fmt)
+    expected = _ties_to(fmt, x, at_tie, np.where(np.signbit(x), -lower, upper))
+    if not o.FNUZ[fmt]:  # a negative tie above zero rounds to -0
         expected = np.where(at_tie & np.signbit(x) & (lower == 0), 0x80, expected)
-    actual = quantize(x, fmt, rounding="ties_upward")
-    assert at_tie.sum() >= len(midpoints)
-    listed, count = o.mismatches(actual, expected, x)
-    assert count == 0, listed
+    _assert_rounds(fmt, "ties_upward", x, expected)
 
 
 @pytest.mark.parametrize("fmt", o.FORMAT_NAMES)
 def test_ties_toward_zero_takes_the_smaller_neighbour_at_every_midpoint_and_agrees_elsewhere(fmt):
     """ties_toward_zero (round half down on the magnitude): every tie to the smaller magnitude."""
-    values = o.representable_magnitudes(fmt)
-    midpoints = (values[1:] + values[:-1]) / 2
-    x = o.near(o.boundary_magnitudes(fmt))
-    x = x[np.isfinite(x) & (np.abs(x) <= values[-1])]
-    magnitude = np.abs(x.astype(np.float64))
-    at_tie = np.isin(magnitude, midpoints)
-    lower = values[np.maximum(np.searchsorted(values, magnitude) - 1, 0)]
-    expected = np.where(at_tie, o.ml_codes(np.copysign(lower, x).astype(np.float32), fmt), o.ml_codes(x, fmt))
-    if o.FNUZ[fmt]:
-        expected = np.where(expected == 0x80, 0, expected)
-    actual = quantize(x, fmt, rounding="ties_toward_zero")
-    assert at_tie.sum() >= len(midpoints)
-    listed, count = o.mismatches(actual, expected, x)
-    assert count == 0, listed
+    x, at_tie, lower, _ = _midpoint_inputs(fmt)
+    _assert_rounds(fmt, "ties_toward_zero", x, _ties_to(fmt, x, at_tie, np.copysign(lower, x)))
 
 
 def test_ties_toward_zero_hand_vectors():
