@@ -25,10 +25,11 @@ def _reversed_words(rows: np.ndarray, word: int) -> np.ndarray:
     return rows.reshape(rows.shape[0], -1, word)[:, :, ::-1].reshape(rows.shape)
 
 
-def byte_order_reversed(arena, expected: dict, after: dict) -> str | None:
+def byte_order_reversed(arena, before: dict, expected: dict, after: dict) -> str | None:
     """The cause's text where, in every written view, each row that differs from the reference's
     is the reference's row with the bytes of each aligned word of one size reversed (the same size
-    in every view); else None."""
+    in every view); else None. ``before`` (the memory before the call) is not needed: the argument
+    list is every memory read-off's."""
     for word in WORDS:
         found = []
         for name, view in arena.views.items():

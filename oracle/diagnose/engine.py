@@ -4,6 +4,7 @@ difference is described instead. Runs only after a failure, never on a passing c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,9 +119,7 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
     return ((_passes_again(failed, case, rerun) if repeat else None)
             or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis, after, regions)
             or _read_off(failed, spec, case, contract, diagnosis, after, regions)
-            or _stray(failed, diagnosis, after, regions) or _skipped(failed, case, diagnosis, after, regions)
-            or _byte_order(failed, diagnosis, after, regions) or _accumulated(failed, diagnosis, after, regions)
-            or _with_pattern(failed, diagnosis))
+            or _from_memory(failed, case, diagnosis, after, regions) or _with_pattern(failed, diagnosis))
 
 
 def _exact_scales(prepared) -> bool:
@@ -248,34 +247,21 @@ def _read_off(failed, spec, case, contract, diagnosis: Diagnosis, after: dict, r
     return None if cause is None else _read_off_named(failed, diagnosis, Hypothesis(*cause))
 
 
-def _stray(failed, diagnosis: Diagnosis, after: dict, regions: dict):
-    """``failed`` named stray_writes where every difference is in bytes the reference leaves as
-    they were (found from the memory, after every hypothesis and probe); else None."""
-    text = stray_writes.stray_writes(failed.prepared.arena, failed.prepared.before, regions, after)
-    return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("stray_writes", text))
-
-
-def _skipped(failed, case, diagnosis: Diagnosis, after: dict, regions: dict):
-    """``failed`` named equal_values_skipped where every differing element kept its bytes from
-    before the call and compares equal to the reference's (found from the memory); else None."""
-    text = skipped_writes.equal_values_skipped(
-        failed.prepared.arena, failed.prepared.before, regions, after,
-        fp8_codes=case.p.get("fp8") is not None, rewrite=case.p.get("repeat") == "rewrite")
-    return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("equal_values_skipped", text))
-
-
-def _byte_order(failed, diagnosis: Diagnosis, after: dict, regions: dict):
-    """``failed`` named byte_order_reversed where every differing row is the reference's with the
-    bytes of each word reversed (found from the memory); else None."""
-    text = byte_order.byte_order_reversed(failed.prepared.arena, regions, after)
-    return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("byte_order_reversed", text))
-
-
-def _accumulated(failed, diagnosis: Diagnosis, after: dict, regions: dict):
-    """``failed`` named accumulated_into_cache where every differing element is its old value plus
-    the reference's (found from the memory); else None."""
-    text = accumulated.accumulated(failed.prepared.arena, failed.prepared.before, regions, after)
-    return None if text is None else _read_off_named(failed, diagnosis, Hypothesis("accumulated_into_cache", text))
+def _from_memory(failed, case, diagnosis: Diagnosis, after: dict, regions: dict):
+    """``failed`` named by the first cause read off the memory itself (after every hypothesis and
+    probe; each module says what its shape of difference is): bytes written outside the call's own
+    (stray_writes), elements left as they were where they compared equal (equal_values_skipped),
+    words in the other byte order (byte_order_reversed), old + new (accumulated_into_cache); else
+    None."""
+    skipped = functools.partial(skipped_writes.equal_values_skipped, fp8_codes=case.p.get("fp8") is not None,
+                                rewrite=case.p.get("repeat") == "rewrite")
+    for cause, read in (("stray_writes", stray_writes.stray_writes), ("equal_values_skipped", skipped),
+                        ("byte_order_reversed", byte_order.byte_order_reversed),
+                        ("accumulated_into_cache", accumulated.accumulated)):
+        text = read(failed.prepared.arena, failed.prepared.before, regions, after)
+        if text is not None:
+            return _read_off_named(failed, diagnosis, Hypothesis(cause, text))
+    return None
 
 
 def _read_off_named(failed, diagnosis: Diagnosis, hypothesis: Hypothesis):
