@@ -15,7 +15,7 @@
 # still writes its report, marked interrupted, naming the cases in flight) and CASE_TIMEOUT (oracle
 # run --timeout).
 #
-# - tests: the GPU tests (Triton launch plans, deferred slot errors, CUDA and Triton kernels, the
+# - tests: the GPU tests (Triton launch plans, deferred slot and scale errors, CUDA and Triton kernels, the
 #   block-scaled writers compiled against the reference and their hardware fp8 conversion, the
 #   index checked once per step, the CUDA MLA writer's in-grid check) and
 #   benchmarks/host_cost.py (where a Triton call's host time goes);
@@ -41,7 +41,7 @@ stage_tests() {
   time timeout 420 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_triton_plans.py \
       tests/test_deferred_errors.py tests/test_cuda_kernels.py tests/test_cuda_backend.py tests/test_triton_kernels.py \
       tests/test_triton_block_kernels.py tests/test_triton_block_plans.py tests/test_checked_index_gpu.py \
-      tests/test_cuda_in_grid_check.py tests/test_check_reuse.py | tail -30
+      tests/test_cuda_in_grid_check.py tests/test_check_reuse.py tests/test_scale_checks.py | tail -30
   python3 benchmarks/host_cost.py --calls 2000 --json "$OUT/host-cost.json"
 }
 

@@ -272,6 +272,8 @@ def _bad_input(spec: OpSpec, profile: str, contract=None):
     for bad in ("negative_two", "sentinel_index"):  # entries a wrapping gather takes for legal ones,
         if bad in spec.bad_inputs():  # past a check that covers only a prefix of a long index
             yield {"bad": bad, "n": LARGE_N}
+    if "scale_nan" in spec.bad_inputs() and "head" in spec.fp8_scales:  # NaN in the last head's scale
+        yield {"bad": "scale_nan", "scale": "head"}
 
 
 GENERATORS = {"dtypes": _dtypes, "sizes": _sizes, "strides": _strides, "aliasing": _aliasing,

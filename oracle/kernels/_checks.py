@@ -59,6 +59,16 @@ def check_scale(name: str, scale, heads: int) -> None:
         raise ValueError(f"{name} has shape {tuple(scale.shape)}; expected [1] or [{heads}] (per head)")
 
 
+def check_scale_values(name: str, scale: torch.Tensor) -> None:
+    """Every element of ``scale`` finite and > 0, or a ValueError naming the first other one
+    (reads the values: on a GPU this synchronizes)."""
+    bad = ~(torch.isfinite(scale) & (scale > 0))
+    if bool(bad.any()):
+        where = int(bad.nonzero()[0, 0])
+        label = name if scale.numel() == 1 else f"{name}[{where}]"
+        raise ValueError(f"{label} = {float(scale.reshape(-1)[where])!r} must be finite and > 0")
+
+
 def check_paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                       v_scale) -> str | None:
     """Everything about a reshape_and_cache_flash call but the slot values; returns the fp8 format

@@ -27,7 +27,8 @@ Mailbox layout (int64 words): ``[0]`` error kind (0: none; :data:`SLOT`: a slot 
 entry (position in the index), ``[2]`` its value, ``[3]`` the number of slots, ``[4]`` the
 argument code (:data:`ARGUMENTS`), ``[5]`` the padding code (:data:`PADDINGS`), ``[6]`` the
 reserved slot of ``reserved:K``. For a scale: ``[1]`` the argument code (:data:`SCALE_ARGUMENTS`),
-``[2]`` the float32 bits of its value. A kernel writes the other words before word 0.
+``[2]`` the float32 bits of its value, ``[3]`` its element, ``[4]`` the scale's length (0 or 1:
+a per-tensor scale). A kernel writes the other words before word 0.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ WORDS = 8
 SLOT = 1  # error kind: an index entry outside the slots its padding policy allows
 SCALE = 2  # error kind: a per-tensor scale that is not a finite float32 > 0
 ARGUMENTS = ("loc", "slot_mapping")  # argument code -> the argument's name in the op's signature
-SCALE_ARGUMENTS = ("global_scale", "k_global_scale", "v_global_scale")  # scale code -> its name
+# scale code -> its name (the CUDA kernels use 3 and 4: kScaleArgumentK, kScaleArgumentV in kv_cuda.h)
+SCALE_ARGUMENTS = ("global_scale", "k_global_scale", "v_global_scale", "k_scale", "v_scale", "scale")
 PADDINGS = ("none", "negative", "reserved")  # padding code -> policy kind
 
 SYNC_ENV = "KV_ORACLE_SYNC_ERRORS"
@@ -115,6 +117,8 @@ def message(words) -> str:
     kind, row, value, num_slots, argument, padding, reserved = (int(w) for w in words[:7])
     if kind == SCALE:
         name = SCALE_ARGUMENTS[row] if 0 <= row < len(SCALE_ARGUMENTS) else f"scale {row}"
+        if argument > 1:  # words[3] and [4]: the element of a per-head scale
+            name = f"{name}[{num_slots}]"
         number = float(np.array([value & 0xFFFFFFFF], np.uint32).view(np.float32)[0])
         return (f"{name} = {number!r} must be a finite float32 > 0; found on the device, nothing of "
                 "that call was written")

@@ -16,7 +16,7 @@ import oracle
 from . import torch_block
 from ._nan_signs import with_signs_of
 from ._checks import (FLOAT_DTYPES, INDEX_DTYPES, check_concat_mla, check_paged_write, check_rows, check_scale,
-                      check_translate, check_translate_values, mla_rows, mla_sources)
+                      check_scale_values, check_translate, check_translate_values, mla_rows, mla_sources)
 
 
 
@@ -129,8 +129,8 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     num_slots = num_blocks * block_size
     num_tokens = slot_mapping.shape[0]
     fp8 = FP8_DTYPES[fmt] if fmt else None
-    if fp8 is not None and not (torch.isfinite(scale).all() and (scale > 0).all()):
-        raise ValueError(f"scale must be finite and > 0, got {float(scale.reshape(()))}")
+    if fp8 is not None:
+        check_scale_values("scale", scale)
     if num_tokens and int(slot_mapping.max()) >= num_slots:
         raise ValueError(f"slot_mapping holds slot {int(slot_mapping.max())}, out of range [0, {num_slots})")
     keep = slot_mapping >= 0
@@ -174,6 +174,9 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     Negative slots are skipped, as in vLLM; everything is checked before anything is written."""
     fmt = check_paged_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                             k_scale, v_scale)
+    if fmt is not None:
+        check_scale_values("k_scale", k_scale)
+        check_scale_values("v_scale", v_scale)
     num_blocks, block_size = key_cache.shape[:2]
     num_tokens = slot_mapping.shape[0]
     num_slots = num_blocks * block_size
@@ -199,6 +202,7 @@ def quantize_fp8(out, x, scale, fmt):
     if x.dim() != 3 or tuple(out.shape) != tuple(x.shape):
         raise ValueError(f"out has shape {tuple(out.shape)} and x {tuple(x.shape)}; expected one [N, H, D] shape")
     check_scale("scale", scale, x.shape[1])
+    check_scale_values("scale", scale)
     out.copy_(_to_fp8_codes(x, scale, fmt))
 
 

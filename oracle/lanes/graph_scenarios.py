@@ -283,7 +283,7 @@ def flash_setup(device, rng, *, fmt=None, dtype="bfloat16", layout="NHD", scale_
 
 
 def quantize_setup(device, rng, *, fmt="e4m3fn", scale_kind="head", heads=8, dim=128, n=64,
-                   values="special", dtype="float32", backend=None) -> Setup:
+                   values="special", dtype="float32", call_kw=None, backend=None) -> Setup:
     backend = backend or TRITON
     ops = backend.ops()
     regions = []
@@ -304,7 +304,7 @@ def quantize_setup(device, rng, *, fmt="e4m3fn", scale_kind="head", heads=8, dim
             return {"out": reference.quantize(s["x"], fmt, scale=s["scale"], head_axis=-2,
                                               preset=backend.preset)}
 
-    return Setup(lambda: ops.quantize_fp8(out, x, scale, fmt), refresh, expected,
+    return Setup(lambda: ops.quantize_fp8(out, x, scale, fmt, **(call_kw or {})), refresh, expected,
                  {"x": x, "out": out, "scale": scale}, ("out",), regions)
 
 

@@ -23,8 +23,8 @@ whose op the backend lacks is recorded as skipped.
 ``<backend>.<op>``; on sm_90+ launched with programmatic dependent launch, the writers' default
 there), ``unchecked`` (``validate=False``, ``<backend>.<op>.unchecked``: the path a decode graph
 captures), or ``plain`` (validated, ``pdl=False``: the launch without programmatic dependent
-launch). Ops without that keyword (``quantize_fp8`` has neither; ``translate_full_to_swa`` has no
-``pdl``) are recorded as skipped.
+launch). Ops without that keyword (``quantize_fp8`` and ``translate_full_to_swa`` have no ``pdl``)
+are recorded as skipped.
 
 fp8 scenarios run on sm_90 and newer only (preset ``triton_sm90`` for Triton; elsewhere they are
 recorded as skipped). Results go to ``DIR/gpu_check.json`` (with ``"backend"`` first when it is not

@@ -35,6 +35,7 @@ from ..diagnose.hypothesis import Hypothesis
 from ..reference import block_scaled as ref
 from ..reference.slots import Padding
 from . import _blockcases, _build
+from ._bad_scales import BAD_SCALES, spoil
 from .base import Case, OpSpec, Prepared
 
 BLOCK_SIZE = 16
@@ -54,7 +55,7 @@ class _BlockSpec(OpSpec):
 
     def p_with_defaults(self, case: Case) -> dict:
         p = super().p_with_defaults(case)
-        if p.get("bad") in ("global_scale", "odd_head") and "block" not in case.p:
+        if p.get("bad") in ("odd_head", *BAD_SCALES) and "block" not in case.p:  # NVFP4 has the per-tensor scales
             p["block"] = "nvfp4"
         return _blockcases.with_defaults(p, case.p)
 
@@ -145,8 +146,8 @@ class QuantizeBlock(_BlockSpec):
         p, n, heads, dim, fmt, bad = self._params(case)
         x_np = _blockcases.values(rng, p["values"], fmt, (n, heads, dim), p["dtype"])
         gs_np = _blockcases.global_scale(p.get("scale", "1.0"), x_np)
-        if bad == "global_scale":
-            gs_np = np.array([-1.0], np.float32)
+        if bad in BAD_SCALES:
+            gs_np, = spoil(bad, [gs_np])
         global_scale = arena.tensor("global_scale", gs_np, role="scale")
         (x,) = _build.rows(arena, ("x",), (x_np,), p["src"])
         width = dim // 2 if fmt == "nvfp4" else dim
@@ -200,7 +201,7 @@ class QuantizeBlock(_BlockSpec):
         return out
 
     def bad_inputs(self) -> tuple:
-        return ("x_dtype", "codes_dtype", "shape_mismatch", "fmt", "global_scale", "odd_head")
+        return ("x_dtype", "codes_dtype", "shape_mismatch", "fmt", "odd_head", *BAD_SCALES)
 
 
 class ReshapeAndCacheBlock(_BlockSpec):
@@ -230,8 +231,8 @@ class ReshapeAndCacheBlock(_BlockSpec):
         if p.get("dups"):  # rows of different magnitudes, so colliding rows differ in their scales too
             arrays = tuple(_blockcases.spread_magnitudes(a) for a in arrays)
         scales = [_blockcases.global_scale(p.get("scale", "1.0"), a, t) for t, a in enumerate(arrays)]
-        if bad == "global_scale":
-            scales[0] = np.array([np.inf], np.float32)
+        if bad in BAD_SCALES:
+            scales = spoil(bad, scales)
         k_gs = arena.tensor("k_global_scale", scales[0], role="scale")
         v_gs = arena.tensor("v_global_scale", scales[1], role="scale")
         key, value = _build.rows(arena, ("key", "value"), arrays, p["src"], rng)
@@ -345,8 +346,8 @@ class ReshapeAndCacheBlock(_BlockSpec):
         return out
 
     def bad_inputs(self) -> tuple:
-        return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "fmt", "global_scale",
-                "cache_dtype", "scale_cache_shape", "odd_head")
+        return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "fmt", "cache_dtype",
+                "scale_cache_shape", "odd_head", *BAD_SCALES)
 
 
 def _paged(arena: Arena, names: tuple, shapes: tuple, variant: str, layout: str, dtype: str) -> tuple:

@@ -30,6 +30,7 @@ from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
 from ..diagnose.hypothesis import Hypothesis
 from . import _build, _dcp, _fp8cases, _fp8hypotheses
+from ._bad_scales import BAD_SCALES, spoil
 from ._mla_diagnosis import boundary_vector_read, compacted_sources, local_row_reserved, misplaced_rope
 from .base import Case, OpSpec, Prepared
 
@@ -186,7 +187,7 @@ class SetMlaKvBuffer(OpSpec):
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "index_dtype", "narrow_buffer")
 
 
-FP8_BAD = ("scale_dtype", "fp8_cache_dtype")  # bad inputs only an fp8 call can have
+FP8_BAD = ("scale_dtype", "fp8_cache_dtype", *BAD_SCALES)  # bad inputs only an fp8 call can have
 
 
 class ConcatAndCacheMla(OpSpec):
@@ -237,12 +238,14 @@ class ConcatAndCacheMla(OpSpec):
         num_blocks = _build.LARGE_UNITS if p.get("large") else -(-_build.slot_count(p) // block_size)
         num_slots = num_blocks * block_size
         scale_values = _fp8cases.scale_values(p.get("scale", "1.0"), 1)
-        scale = arena.tensor("scale", scale_values, role="scale")
         if fmt:
             arrays = tuple(_fp8cases.values(rng, p["values"], fmt, (n, w), dtype, scale_values)
                            for w in (rank, rope_w))
         else:
             arrays = tuple(_build.values(rng, (n, w), dtype, p["values"]) for w in (rank, rope_w))
+        if bad in BAD_SCALES:
+            scale_values, = spoil(bad, [scale_values])
+        scale = arena.tensor("scale", scale_values, role="scale")
         kv_c, k_pe = _build.rows(arena, ("kv_c", "k_pe"), arrays, p["src"], rng)
         width = rank + rope_w + (1 if bad == "cache_width" else 0)
         cache_dtype = _fp8cases.cache_dtype(contract, fmt) if fmt else dtype

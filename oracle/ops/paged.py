@@ -29,6 +29,7 @@ from ..buffers import NUMPY_DTYPES, Arena
 from ..contract import Contract
 from ..diagnose.hypothesis import Hypothesis
 from . import _build, _fp8cases, _fp8hypotheses
+from ._bad_scales import BAD_SCALES, spoil
 from .base import Case, OpSpec, Prepared
 
 BLOCK_SIZE = 16
@@ -64,7 +65,7 @@ class ReshapeAndCacheFlash(OpSpec):
 
     def p_with_defaults(self, case: Case) -> dict:
         p = super().p_with_defaults(case)
-        if p.get("bad") in ("scale_dtype", "cache_dtype") and "fp8" not in case.p:
+        if p.get("bad") in ("scale_dtype", "cache_dtype", *BAD_SCALES) and "fp8" not in case.p:
             p["fp8"] = "e4m3fn"
         if p.get("fp8"):
             p.setdefault("scale", "1.0")
@@ -96,13 +97,15 @@ class ReshapeAndCacheFlash(OpSpec):
         num_slots = num_blocks * block_size
         choice = p.get("scale", "1.0")
         scales = [_fp8cases.scale_values(choice, heads, t) for t in (0, 1)]
-        k_scale = arena.tensor("k_scale", scales[0], role="scale")
-        v_scale = arena.tensor("v_scale", scales[1], role="scale")
         if fmt:
             arrays = tuple(_fp8cases.values(rng, p["values"], fmt, (n, heads, dim), dtype, s)
                            for s in scales)
         else:
             arrays = tuple(_build.values(rng, (n, heads, dim), dtype, p["values"]) for _ in range(2))
+        if bad in BAD_SCALES:
+            scales = spoil(bad, scales)
+        k_scale = arena.tensor("k_scale", scales[0], role="scale")
+        v_scale = arena.tensor("v_scale", scales[1], role="scale")
         key, value = _build.rows(arena, ("key", "value"), arrays, p["src"], rng)
         cache_dtype = _fp8cases.cache_dtype(contract, fmt) if fmt and bad != "cache_dtype" else dtype
         if bad == "auto_cache_dtype":  # an fp8 cache (codes) written under "auto"
@@ -165,7 +168,7 @@ class ReshapeAndCacheFlash(OpSpec):
 
     def bad_inputs(self) -> tuple:
         return ("dtype_mismatch", "shape_mismatch", "out_of_range", "layout", "scale_dtype",
-                "index_dtype", "kv_cache_dtype", "cache_dtype", "auto_cache_dtype")
+                "index_dtype", "kv_cache_dtype", "cache_dtype", "auto_cache_dtype", *BAD_SCALES)
 
 
 def _caches(arena: Arena, shape: tuple, dtype: str, variant: str, layout: str):

@@ -21,6 +21,7 @@ from ..contract import Contract
 from ..diagnose.row_bounds import VECTOR_LENGTHS
 from ..diagnose.hypothesis import Hypothesis
 from . import _build, _fp8cases, _fp8hypotheses
+from ._bad_scales import BAD_SCALES, spoil
 from .base import Case, OpSpec, Prepared
 
 
@@ -56,8 +57,10 @@ class QuantizeFp8(OpSpec):
         heads, dim = p["shape"]
         n, dtype, fmt, bad = p["n"], p["dtype"], p["fp8"], p.get("bad")
         scale_np = _fp8cases.scale_values(p["scale"], heads)
-        scale = arena.tensor("scale", scale_np, role="scale")
         x_np = _fp8cases.values(rng, p["values"], fmt, (n, heads, dim), dtype, scale_np)
+        if bad in BAD_SCALES:
+            scale_np, = spoil(bad, [scale_np])
+        scale = arena.tensor("scale", scale_np, role="scale")
         (x,) = _build.rows(arena, ("x",), (x_np,), p["src"])
         out_dtype = "float16" if bad == "out_dtype" else "uint8"
         (out,) = _build.caches(arena, ("out",), ((n, heads, dim),), out_dtype, p["cache"])
@@ -109,7 +112,7 @@ class QuantizeFp8(OpSpec):
         return _flat_tail_hypotheses(p, contract) + _address_head_hypotheses(p, prepared)
 
     def bad_inputs(self) -> tuple:
-        return ("x_dtype", "scale_dtype", "out_dtype", "shape_mismatch", "fmt")
+        return ("x_dtype", "scale_dtype", "out_dtype", "shape_mismatch", "fmt", *BAD_SCALES)
 
 
 def _address_head_hypotheses(p: dict, prepared: Prepared) -> list[Hypothesis]:

@@ -22,7 +22,9 @@ torch custom ops ``torch.ops.kv_oracle_cuda.*`` and, through :func:`register`, a
   pointer and stride allows (else the widest width that does).
 - ``reshape_and_cache_flash``: vLLM's paged K/V write on any cache view (NHD, HND, padded blocks):
   a bitwise copy for ``"auto"``, else fp8 e4m3fn / e5m2 codes of ``x / scale`` (IEEE float32
-  division, per-tensor or per-head scale) by ``cvt.rn.satfinite``; negative slots skipped.
+  division, per-tensor or per-head scale) by ``cvt.rn.satfinite``; negative slots skipped. A
+  validating fp8 call also checks every element of both scales on the device (finite and > 0),
+  after the slots and before any store: a bad scale writes nothing and is reported like a slot.
 
 A validating call on a long index that the writer's grid does not check itself reuses the verdict
 of an earlier call's check while torch sees that index tensor unchanged (its version counter:
@@ -195,11 +197,12 @@ CHECKS = ("devices, dtypes, shapes and strides checked on the host before anythi
           "on the device (a long index by a check grid whose verdict the writer reads after its PDL wait, or for "
           "set_mla_kv_buffer's direct path up to one pass by the writer's "
           "own grid at a grid barrier), never read on the host (not while a CUDA graph is captured: the replay then drops any "
-          "slot outside the cache, as the unchecked path does): a call with an illegal slot writes "
+          "slot outside the cache, as the unchecked path does), and fp8 scales (finite and > 0) beside them: a call "
+          "with an illegal slot or scale writes "
           "nothing and its error is raised by the next validating call or oracle.kernels.raise_deferred_errors() "
           "(errors='deferred'; at once with validate='sync' or KV_ORACLE_SYNC_ERRORS=1); a long index's check is "
           "reused while torch sees the index tensor unchanged (oracle.kernels.check_reuse)")
-UNCHECKED_NOTE = ("validate=False: no slot check (the caller vouches for the slots); metadata still checked, "
+UNCHECKED_NOTE = ("validate=False: no slot or scale check (the caller vouches for them); metadata still checked, "
                   "out-of-range slots skipped")
 LAYOUT = ("any source/cache row and head strides, only the last dim contiguous; int64 byte offsets; vector "
           "width = the widest of 16/8/4/2/1 bytes dividing every pointer and stride")

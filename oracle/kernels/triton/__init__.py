@@ -110,7 +110,7 @@ def register() -> None:
               notes=f"fused quantize + store, NHD/HND/padded views by strides, per-tensor or "
                     f"per-head scales; {copy}; -1 slots skipped; {fp8_note}")
     _register(ops.quantize_fp8, op="quantize_fp8", name=f"{backend}.quantize_fp8",
-              fp8_formats=fp8, **common, notes=fp8_note)
+              fp8_formats=fp8, **common, notes=f"the scale checked on the device (finite and > 0); {fp8_note}")
     # the block-scaled writers convert by integer arithmetic, exact on the interpreter and on any
     # GPU alike, so they declare every format wherever they run
     block = dict(backend=backend, device=device, validates=True, available=available,
@@ -138,9 +138,10 @@ def register() -> None:
                         notes=f"{UNCHECKED_NOTE}; {note}", **extra, **unchecked)
 
 
-UNCHECKED_NOTE = ("validate=False: the decode fast path, no slot check (the caller vouches for the "
-                  "slots); metadata still checked, out-of-range slots skipped")
+UNCHECKED_NOTE = ("validate=False: the decode fast path, no slot or scale check (the caller vouches for "
+                  "them); metadata still checked, out-of-range slots skipped")
 WRITERS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "reshape_and_cache_flash")
+VALIDATING = WRITERS + ("quantize_fp8",)  # the ops with a validate keyword: deferred errors, .unchecked twins
 
 
 PDL_NOTE = ("launched with programmatic dependent launch (sm_90+; pdl=False launches plainly): each program "
@@ -149,17 +150,17 @@ PDL_NOTE = ("launched with programmatic dependent launch (sm_90+; pdl=False laun
             "prefetches overlap the kernels before the check too, and it reads the verdict after its wait")
 
 
-DEFERRED_NOTE = ("slots checked on the device, never read on the host (not while a CUDA graph is captured: "
-                 "the replay then drops any slot outside the cache): a call with an illegal slot "
-                 "writes nothing and its error is raised by the next validating call or by "
+DEFERRED_NOTE = ("slots and fp8 scales checked on the device, never read on the host (not while a CUDA graph is "
+                 "captured: the replay then drops any slot outside the cache): a call with an illegal slot or "
+                 "scale writes nothing and its error is raised by the next validating call or by "
                  "oracle.kernels.raise_deferred_errors() (errors='deferred'; at once with validate='sync' "
                  "or KV_ORACLE_SYNC_ERRORS=1); a long index's check is reused while torch sees the index "
                  "tensor unchanged (oracle.kernels.check_reuse)")
 
 
 def _register(fn, pdl: bool = False, **fields) -> None:
-    """Register ``fn`` (a writer on a GPU with ``errors="deferred"``: see DEFERRED_NOTE); a writer
-    also as ``<name>.unchecked``, called with ``validate=False``: the
+    """Register ``fn`` (an op of VALIDATING on a GPU with ``errors="deferred"``: see DEFERRED_NOTE);
+    such an op also as ``<name>.unchecked``, called with ``validate=False``: the
     same contract with ``validates=False``, so every in-contract case runs on the fast path too
     and only the bad-input cases are left out; and, on a GPU, as ``<name>.checked_index``, called
     with its index checked by ``oracle.kernels.check_index`` first (the same contract). ``pdl``:
@@ -167,7 +168,7 @@ def _register(fn, pdl: bool = False, **fields) -> None:
     if pdl and fields["op"] in WRITERS:
         fields = dict(fields, notes=f"{PDL_NOTE}; {fields['notes']}")
     plain_notes = fields["notes"]
-    if fields["op"] in WRITERS and fields["device"] == "cuda":
+    if fields["op"] in VALIDATING and fields["device"] == "cuda":
         from .. import raise_deferred_errors
 
         fields = dict(fields, errors="deferred", raise_deferred=raise_deferred_errors,
@@ -176,7 +177,7 @@ def _register(fn, pdl: bool = False, **fields) -> None:
     if fields["op"] in WRITERS and fields["device"] == "cuda":
         oracle.register(CheckedIndexWriter(fn, fields["op"], fields["padding"]),
                         **dict(fields, name=fields["name"] + ".checked_index", notes=f"{CHECKED_NOTE}; {fields['notes']}"))
-    if fields["op"] in WRITERS:
+    if fields["op"] in VALIDATING:
         unchecked = dict(fields, name=fields["name"] + ".unchecked", validates=False,
                          notes=f"{UNCHECKED_NOTE}; {plain_notes}")
         oracle.register(functools.partial(fn, validate=False), **unchecked)

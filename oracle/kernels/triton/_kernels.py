@@ -107,6 +107,40 @@ def _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count
     return first >= n
 
 
+INF_BITS = 0x7F800000  # +inf as int32: a float32 > 0 and finite has bits in (0, INF_BITS)
+
+
+@triton.jit
+def _scales_are_legal(a_ptr, a_stride, a_count, a_code, b_ptr, b_stride, b_count, b_code, mailbox_ptr, report,
+                      BLOCK: tl.constexpr, SYS_FENCE: tl.constexpr):
+    """Whether every element of the call's two scales (``a_count`` float32 at ``a_stride``, and
+    ``b``'s; one scale passes itself twice) is finite and > 0. Where one is not, ``report`` (one
+    program) writes the first bad element of the scale with the lower argument code into the
+    mailbox (:mod:`oracle.kernels._deferred`: ``[1]`` the code, ``[2]`` the float32 bits, ``[3]``
+    the element, ``[4]`` the scale's length), so every launch of a call reports the same one.
+    ``BLOCK`` >= both counts."""
+    h = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + h * a_stride, mask=h < a_count, other=1.0).to(tl.int32, bitcast=True)
+    b = tl.load(b_ptr + h * b_stride, mask=h < b_count, other=1.0).to(tl.int32, bitcast=True)
+    # as int32, a negative float (-0 too) is < 0, +0 is 0, and NaN or +inf is >= INF_BITS
+    first_a = tl.min(tl.where((a <= 0) | (a >= INF_BITS), h, BLOCK), axis=0)
+    first_b = tl.min(tl.where((b <= 0) | (b >= INF_BITS), h, BLOCK), axis=0)
+    legal = (first_a == BLOCK) & (first_b == BLOCK)
+    if report & (legal == 0):
+        on_a = (first_a < BLOCK) & ((first_b == BLOCK) | (a_code <= b_code))
+        where = tl.where(on_a, first_a, first_b)
+        bits = tl.where(on_a, tl.sum(tl.where(h == first_a, a, 0), axis=0), tl.sum(tl.where(h == first_b, b, 0), axis=0))
+        tl.store(mailbox_ptr + 1, tl.where(on_a, a_code, b_code).to(tl.int64))
+        tl.store(mailbox_ptr + 2, bits.to(tl.int64) & 0xFFFFFFFF)
+        tl.store(mailbox_ptr + 3, where.to(tl.int64))
+        tl.store(mailbox_ptr + 4, tl.where(on_a, a_count, b_count).to(tl.int64))
+        if SYS_FENCE:  # the host may read word 0 without synchronizing: the words before it land first
+            tl.inline_asm_elementwise("fence.sc.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        tl.store(mailbox_ptr, 2 + tl.zeros([], tl.int64))
+    return legal
+
+
 @triton.jit
 def check_slots(idx_ptr, idx_stride, n, num_slots, chunk, verdict_ptr,
                 NEGATIVE_OK: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr, PDL: tl.constexpr,
@@ -192,16 +226,19 @@ def _fp8_codes(x, scale, FP8: tl.constexpr):
 @triton.jit
 def paged_write(src_ptr, src_s0, src_s1, src_s2,
                 dst_ptr, dst_block_stride, dst_token_stride, dst_s1, dst_s2,
-                idx_ptr, idx_stride, scale_ptr, scale_stride,
+                idx_ptr, idx_stride, scale_ptr, scale_stride, scale_count,
                 n, heads, dim, block_size, num_slots, pad_slot,
-                src2_ptr, dst2_ptr, scale2_ptr,
+                src2_ptr, dst2_ptr, scale2_ptr, scale2_stride, scale2_count, scale_code, scale2_code,
                 verdict_ptr, verdict_count, mailbox_ptr, arg_code, pad_code,
                 HAS_INDEX: tl.constexpr, HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
                 FLAT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr,
                 PF_R: tl.constexpr = 0, PF_SECTOR: tl.constexpr = 1, CHECK: tl.constexpr = 0,
-                NEGATIVE_OK: tl.constexpr = 0, CHECK_BLOCK: tl.constexpr = 64, SYS_FENCE: tl.constexpr = 0):
+                NEGATIVE_OK: tl.constexpr = 0, CHECK_BLOCK: tl.constexpr = 64, SYS_FENCE: tl.constexpr = 0,
+                SCALE_CHECK: tl.constexpr = 0):
     """Grid axis 2 is the side: programs ``(i, j, 1)`` write ``src2`` into ``dst2`` with
-    ``scale2`` (V next to K in one launch; the host passes both sides' shared strides).
+    ``scale2`` (V next to K in one launch; the host passes both sides' shared strides). A launch
+    of one side (grid axis 2 of 1) gets the other side's scale as ``scale2`` all the same, for
+    ``SCALE_CHECK``.
 
     ``FLAT``: the heads of a row are packed in both source and cache (head stride = dim x
     element stride) and one scale serves the row, so row element ``e`` sits at ``e`` x element
@@ -209,11 +246,15 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
 
     ``PDL`` (launched with programmatic dependent launch): see :func:`_pdl_prologue`. ``PF_R``
     (FLAT rows with unit element stride only): first ask the L2 for the tile's source rows, ``PF_R``
-    sectors each (:func:`_prefetch_l2`), before the PDL wait. ``CHECK``: see the module docstring."""
+    sectors each (:func:`_prefetch_l2`), before the PDL wait. ``CHECK``: see the module docstring.
+    ``SCALE_CHECK`` (a power of two >= both scale counts; 0: none): no program stores anything
+    unless every element of both scales is finite and > 0 (:func:`_scales_are_legal`)."""
+    first_program = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+    checked_a, checked_b = scale_ptr, scale2_ptr
     if tl.program_id(2) == 1:
         src_ptr = src2_ptr
         dst_ptr = dst2_ptr
-        scale_ptr = scale2_ptr
+        scale_ptr = scale2_ptr  # quantized with scale_stride: the sides of one launch share it
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     if PF_R != 0:
@@ -241,11 +282,16 @@ def paged_write(src_ptr, src_s0, src_s1, src_s2,
     dst_off = (block * dst_block_stride + token * dst_token_stride)[:, None] + dst_col[None, :]
     # the source load does not wait for the slot load: a row below n is readable whatever its slot
     x = tl.load(src_ptr + src_off, mask=row_mask[:, None] & e_mask[None, :])
+    legal = first_program | True
     if CHECK != 0:
-        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
-        keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
-                                     arg_code, pad_code, pad_slot, first, CHECK, NEGATIVE_OK, CHECK_BLOCK,
-                                     SYS_FENCE)
+        legal = _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
+                               arg_code, pad_code, pad_slot, first_program, CHECK, NEGATIVE_OK, CHECK_BLOCK,
+                               SYS_FENCE)
+        keep = keep & legal
+    if SCALE_CHECK != 0:  # reported only where every slot is legal: one report a call
+        keep = keep & _scales_are_legal(checked_a, scale_stride, scale_count, scale_code, checked_b,
+                                        scale2_stride, scale2_count, scale2_code, mailbox_ptr,
+                                        first_program & legal, SCALE_CHECK, SYS_FENCE)
     mask = keep[:, None] & e_mask[None, :]
     if FP8 != 0:
         if FLAT:
@@ -261,18 +307,19 @@ def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
               dst_ptr, dst_block_stride, dst_token_stride, dst_s1,
               idx_ptr, idx_stride, scale_ptr,
               n, width_a, width_b, block_size, num_slots, pad_slot,
-              verdict_ptr, verdict_count, mailbox_ptr, arg_code, pad_code,
+              verdict_ptr, verdict_count, mailbox_ptr, arg_code, pad_code, scale_code,
               HAS_PAD_SLOT: tl.constexpr, FP8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr,
               PF_A: tl.constexpr = 0, PF_B: tl.constexpr = 0, PF_SECTOR: tl.constexpr = 1,
               CHECK: tl.constexpr = 0, NEGATIVE_OK: tl.constexpr = 0, CHECK_BLOCK: tl.constexpr = 64,
-              SYS_FENCE: tl.constexpr = 0):
+              SYS_FENCE: tl.constexpr = 0, SCALE_CHECK: tl.constexpr = 0):
     """Columns ``[j * BLOCK_A, (j + 1) * BLOCK_A)`` of part a and ``[j * BLOCK_B, ...)`` of part
     b for program ``(i, j)``: each part in its own power-of-two tile, so no lane is spent on the
     padding of one tile over the whole ``a | b`` row, and both copies vectorize. ``PDL``: see
     :func:`_pdl_prologue`. ``PF_A``, ``PF_B`` (unit column strides only): first ask the L2 for the
     tile's source rows, that many sectors of each part (:func:`_prefetch_l2`), before the PDL wait.
-    ``CHECK``: see the module docstring."""
+    ``CHECK``: see the module docstring; ``SCALE_CHECK`` (1: the fp8 scale checked, 0: not): as
+    :func:`paged_write`'s."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < n
     if PF_A != 0:
@@ -293,11 +340,16 @@ def mla_write(a_ptr, a_s0, a_s1, b_ptr, b_s0, b_s1,
     xa = tl.load(a_ptr + rows64 * a_s0 + (ca * a_s1)[None, :], mask=row_mask[:, None] & (ca < width_a)[None, :])
     cb = j * BLOCK_B + tl.arange(0, BLOCK_B)
     xb = tl.load(b_ptr + rows64 * b_s0 + (cb * b_s1)[None, :], mask=row_mask[:, None] & (cb < width_b)[None, :])
+    first_program = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
+    legal = first_program | True
     if CHECK != 0:
-        first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0)
-        keep = keep & _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
-                                     arg_code, pad_code, pad_slot, first, CHECK, NEGATIVE_OK, CHECK_BLOCK,
-                                     SYS_FENCE)
+        legal = _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr,
+                               arg_code, pad_code, pad_slot, first_program, CHECK, NEGATIVE_OK, CHECK_BLOCK,
+                               SYS_FENCE)
+        keep = keep & legal
+    if SCALE_CHECK != 0:  # reported only where every slot is legal: one report a call
+        keep = keep & _scales_are_legal(scale_ptr, 0, 1, scale_code, scale_ptr, 0, 1, scale_code, mailbox_ptr,
+                                        first_program & legal, SCALE_CHECK, SYS_FENCE)
     mask_a = keep[:, None] & (ca < width_a)[None, :]
     mask_b = keep[:, None] & (cb < width_b)[None, :]
     if FP8 != 0:

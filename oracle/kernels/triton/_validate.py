@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _deferred
+from .._checks import check_scale_values
 from . import _plans, _runtime
 
 FUSED_CHECK_MAX = 256  # entries every program scans itself; above, a separate check grid
@@ -44,13 +45,16 @@ CHECK_EARLY = True
 class Check:
     """What one writer launch carries for the device check: ``args`` (verdict, verdict count,
     mailbox, argument code, padding code: appended to the writer's arguments), ``meta`` (its
-    constexprs), whether the writer must be launched with PDL, and whether to raise at once."""
+    constexprs), whether the writer must be launched with PDL, whether to raise at once, and
+    whether ``args`` hold the mailbox (``reports``: a validating call outside CUDA-graph capture,
+    whose kernels then also check the call's scales)."""
 
     args: tuple
     meta: dict
     pdl: bool = False
     sync: bool = False
     device_index: int = -1
+    reports: bool = False
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -121,7 +125,28 @@ def mailbox_only(placeholder: torch.Tensor, validate, device: torch.device, inte
     (a writer's per-tensor scale check)."""
     sync, box, device_index = _begin(validate, device, interpreting)
     return Check((placeholder, 0, box, 0, 0), dict(_meta(0, 0, 16, interpreting)), sync=sync,
-                 device_index=device_index)
+                 device_index=device_index, reports=True)
+
+
+def scale_check(placeholder: torch.Tensor, validate, device: torch.device, interpreting: bool,
+                capturing: bool) -> Check:
+    """The check of a call with scales but no slots (the quantizers): the mailbox, for the
+    kernels' scale check, unless ``validate`` is False or a CUDA graph is being captured."""
+    if validate is False or capturing:
+        return unchecked(placeholder)
+    return mailbox_only(placeholder, validate, device, interpreting)
+
+
+def empty_call_scales(validate, named_scales, capturing: bool) -> None:
+    """A validating call that launches nothing (nothing to write) still rejects a scale that is
+    not finite and > 0 (``named_scales``: (argument name, tensor) pairs): read on the host, the one
+    case where a scale is (such a call moves no data; not while a CUDA graph is being captured).
+    The read depends on data, not on the call's signature: the call is never replayed from a plan."""
+    if validate is False or capturing:
+        return
+    _plans.spoil()
+    for name, scale in named_scales:
+        check_scale_values(name, scale)
 
 
 def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, argument: str, validate,
@@ -139,10 +164,10 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
     if verdict is not None and n > FUSED_CHECK_MAX:  # a short index is scanned by every program all the same
         words = verdict.shape[0]
         return Check((verdict, words, box, code, pad_code), _meta(2, negative, max(16, _pow2(words)), interpreting),
-                     sync=sync, device_index=device_index)
+                     sync=sync, device_index=device_index, reports=True)
     if n <= FUSED_CHECK_MAX:  # one step covers the index
         meta = _meta(1, negative, max(16, _pow2(n)), interpreting)
-        return Check((index, 0, box, code, pad_code), meta, sync=sync, device_index=device_index)
+        return Check((index, 0, box, code, pad_code), meta, sync=sync, device_index=device_index, reports=True)
     meta = dict(_meta(2, negative, 16, interpreting))
     chunks, chunk, steps = _split(n)
     verdict = _verdict_buffer(device, interpreting)
@@ -151,7 +176,8 @@ def plan(kernels, launch, index: torch.Tensor, n: int, num_slots: int, padding, 
            NEGATIVE_OK=negative, BLOCK=CHECK_SCAN, STEPS=steps,
            PDL=bool(pdl and overlap), TRIGGER=(2 if CHECK_EARLY else 1) if overlap else 0)
     meta["CHECK_BLOCK"] = max(16, _pow2(chunks))
-    return Check((verdict, chunks, box, code, pad_code), meta, pdl=overlap, sync=sync, device_index=device_index)
+    return Check((verdict, chunks, box, code, pad_code), meta, pdl=overlap, sync=sync, device_index=device_index,
+                 reports=True)
 
 
 def copy_and_check(index: torch.Tensor, num_slots: int, negative_ok: bool) -> tuple:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import torch
 
 from .._checks import FLOAT_DTYPES, INDEX_DTYPES
@@ -103,19 +102,13 @@ def _uint8(name: str, t, shape: tuple) -> None:
 
 
 def _global_scale(name: str, gs) -> None:
-    """A float32 tensor [1] (its value: :func:`_global_scale_value`)."""
+    """A float32 tensor [1] (its value is checked by the kernel, or by
+    :func:`._validate.empty_call_scales`)."""
     _tensor(name, gs)
     if gs.dtype != torch.float32:
         raise TypeError(f"{name} has dtype {gs.dtype}; expected torch.float32")
     if tuple(gs.shape) != (1,):
         raise ValueError(f"{name} has shape {tuple(gs.shape)}; expected [1]")
-
-
-def _global_scale_value(name: str, gs: torch.Tensor) -> None:
-    """The value finite and > 0 (read: synchronizes on a GPU)."""
-    value = float(gs.reshape(()))
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{name} = {value!r}; the NVFP4 global scale must be finite and > 0")
 
 
 def _dim(name: str, d: int, per_byte: int, fmt: str) -> None:
@@ -207,22 +200,6 @@ def hardware_fp8(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def _scale_only_check(validate, device, placeholder) -> _validate.Check:
-    """No slots to check (quantize_block), but the mailbox for the per-tensor scale's check."""
-    if validate is False:
-        return _validate.unchecked(placeholder)
-    return _validate.mailbox_only(placeholder, validate, device, _runtime.interpreting())
-
-
-def _empty_call_scales(validate, names_and_scales) -> None:
-    """A call that launches nothing still rejects a bad per-tensor scale: read on the host (the
-    one case where it is: such a call moves no data)."""
-    _plans.spoil()  # the check reads a value (data, not signature): never replay this call
-    if validate is not False:
-        for name, gs in names_and_scales:
-            _global_scale_value(name, gs)
-
-
 # --- the ops -----------------------------------------------------------------------------------
 
 @_plans.planned(_host.plans_enabled)
@@ -246,15 +223,16 @@ def quantize_block(codes, scales, x, fmt, global_scale=None, *, validate=True, p
         tensors.append(global_scale)
     device = _host.device_of(*tensors)
     if n * heads * dim == 0:
-        _empty_call_scales(validate, (("global_scale", global_scale),) if nvfp4 else ())
+        _validate.empty_call_scales(validate, (("global_scale", global_scale),) if nvfp4 else (),
+                                    _host.capturing(x))
         return
-    check = _scale_only_check(validate, device, codes)
+    check = _validate.scale_check(codes, validate, device, _runtime.interpreting(), _host.capturing(x))
     code = _deferred.SCALE_ARGUMENTS.index("global_scale")
     # a [N, H, *] output is a cache of N blocks of one token: slot i = token i
     side = (x, (codes, codes.stride(0), 0, codes.stride(1)), (scales, scales.stride(0), 0, scales.stride(1)),
             global_scale if nvfp4 else None)
     _launch([side], None, n, fmt_code, block, 1, n, False, 0, device, check,
-            (code,) if nvfp4 and validate is not False else None, _host.launch_pdl(pdl, device))
+            (code,) if nvfp4 and check.reports else None, _host.launch_pdl(pdl, device))
     _validate.finish(check)
 
 
@@ -328,8 +306,9 @@ def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache,
     nvfp4 = fmt_code == 3
     num_slots = num_blocks * block_size
     if n * heads * dim == 0:
-        _empty_call_scales(validate, (("k_global_scale", k_global_scale), ("v_global_scale", v_global_scale))
-                           if nvfp4 else ())
+        _validate.empty_call_scales(validate, (("k_global_scale", k_global_scale),
+                                               ("v_global_scale", v_global_scale)) if nvfp4 else (),
+                                    _host.capturing(key))
         return
     pdl = _host.launch_pdl(pdl, device)
     check = _host.begin_check("slot_mapping", slot_mapping, n, num_slots, _host.parse_padding("negative"),
@@ -340,5 +319,5 @@ def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache,
                                         (value, value_cache, value_scale_cache, v_global_scale))]
     scale_codes = tuple(_deferred.SCALE_ARGUMENTS.index(name) for name in ("k_global_scale", "v_global_scale"))
     _launch(sides, slot_mapping, n, fmt_code, block, block_size, num_slots, swizzled, _cdiv(nb, 4), device, check,
-            scale_codes if nvfp4 and validate is not False else None, pdl)
+            scale_codes if nvfp4 and check.reports else None, pdl)
     _validate.finish(check)

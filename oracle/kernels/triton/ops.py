@@ -16,8 +16,8 @@ writes nothing, and its error is raised by the next validating call, by
 is being captured the check is left out, so a replayed decode step costs what it cost before the
 check existed (the kernels still drop any slot outside the cache). ``validate=False`` skips it,
 the fast path for callers that vouch for their slots (serving engines in decode; registered as ``triton.<op>.unchecked`` with ``validates=False``).
-concat_and_cache_mla's scale value (finite, > 0) is read, and so checked, under
-``validate="sync"`` only. The writers launch with programmatic dependent launch wherever the GPU
+An fp8 call's scales are checked on the device the same way (finite and > 0, or nothing is
+written and the error is deferred). The writers launch with programmatic dependent launch wherever the GPU
 has it (sm_90+; keyword ``pdl``: None, the default, decides by the device, False launches
 plainly): the kernel may start while the previous one on the stream finishes and waits for it
 (``griddepcontrol.wait``) before any load or store, so launch latency and L2 prefetches (hints)
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _deferred
 from ..check_reuse import reusing
 from .._checks import (FLOAT_DTYPES, FP8_FORMATS, KV_CACHE_DTYPES, check_concat_mla, check_paged_write,
                        check_rows, check_scale, check_translate, check_translate_values, mla_rows, mla_sources)
@@ -49,11 +50,15 @@ from .block_ops import quantize_block, reshape_and_cache_block  # noqa: F401  (t
 
 
 def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: _host.Padding, fp8: int = 0,
-                scale=None, device=None, second=None, pdl: bool = False, check: _validate.Check | None = None):
+                scale=None, device=None, second=None, pdl: bool = False, check: _validate.Check | None = None,
+                scale_codes: tuple = (0, 0), other_scale=None):
     """Launch ``paged_write`` for rows ``src`` ``[N, H, D]`` into a cache addressed by
     ``cache5 = (tensor, block_stride, token_stride, head_stride, dim_stride)``; ``second``, a
     ``(src, cache, scale)`` with the same shapes and strides, rides along as side 1 of the same
-    launch. ``check``: the call's device slot check (:func:`_host.begin_check`; none by default)."""
+    launch. ``check``: the call's device slot check (:func:`_host.begin_check`; none by default).
+    Where ``check`` reports to the mailbox, an fp8 launch also checks its scale and the other
+    side's (``second``'s, or ``other_scale`` for a launch of one side of a K/V call), whose
+    argument codes (``_deferred.SCALE_ARGUMENTS``) are ``scale_codes``."""
     (_, heads, dim), (s0, s1, s2) = _host.rows3("source", src)
     cache, block_stride, token_stride, c_h, c_d = cache5
     if n == 0 or heads * dim == 0:
@@ -62,20 +67,31 @@ def _paged_rows(src, cache5, index, n, block_size, num_slots, padding: _host.Pad
     pdl = pdl or check.pdl
     flat = (heads == 1 or (s1 == dim * s2 and c_h == dim * c_d)) and (scale is None or scale.numel() == 1)
     t = tiles.tile(n, heads * dim, "paged_write_fp8" if fp8 else "paged_write")
-    scale_t = scale if scale is not None else cache
-    scale_stride = 0 if scale is None or scale.numel() == 1 else scale.stride(0)
     index_t = index if index is not None else cache
-    src2, cache2, scale2 = second if second is not None else (src, cache, scale_t)
+    src2, cache2, scale2 = second if second is not None else (src, cache, other_scale)
+    scale_t, scale_stride, scale_count = _scale_args(scale, cache)
+    scale2_t, scale2_stride, scale2_count = _scale_args(scale2, scale_t) if scale2 is not None else \
+        (scale_t, scale_stride, scale_count)
+    scale_check = tiles.next_pow2(max(scale_count, scale2_count)) if fp8 and check.reports else 0
     grid = (tiles.cdiv(n, t.block_n), tiles.cdiv(heads * dim, t.block_r), 1 if second is None else 2)
     _runtime.launch(_runtime.kernels().paged_write, grid, device,
                     src, s0, s1, s2, cache, block_stride, token_stride, c_h, c_d,
-                    index_t, index.stride(0) if index is not None else 0, scale_t, scale_stride,
+                    index_t, index.stride(0) if index is not None else 0, scale_t, scale_stride, scale_count,
                     n, heads, dim, block_size, num_slots,
                     padding.reserved if padding.reserved is not None else 0,
-                    src2, cache2, scale2 if scale2 is not None else scale_t, *check.args,
+                    src2, cache2, scale2_t, scale2_stride, scale2_count, *scale_codes, *check.args,
                     HAS_INDEX=index is not None, HAS_PAD_SLOT=padding.reserved is not None, FP8=fp8, FLAT=flat,
-                    BLOCK_N=t.block_n, BLOCK_R=t.block_r, PDL=pdl, num_warps=t.num_warps, **check.meta,
+                    BLOCK_N=t.block_n, BLOCK_R=t.block_r, PDL=pdl, num_warps=t.num_warps, SCALE_CHECK=scale_check,
+                    **check.meta,
                     **tiles.prefetch_counts(pdl, src.element_size(), (("PF_R", t.block_r, heads * dim, flat and s2 == 1),)))
+
+
+def _scale_args(scale, placeholder) -> tuple:
+    """(pointer, stride, count) of a scale [1] or [H] for the kernels; ``placeholder`` (count 1)
+    where there is none."""
+    if scale is None:
+        return placeholder, 0, 1
+    return scale, 0 if scale.numel() == 1 else scale.stride(0), scale.numel()
 
 
 # --- the ops -------------------------------------------------------------------------------
@@ -143,7 +159,10 @@ def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="no
 
 
 def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: _host.Padding, fp8, scale, device, pdl=False,
-              table="mla_write", check: _validate.Check | None = None):
+              table="mla_write", check: _validate.Check | None = None, scale_code: int = 0):
+    """Launch ``mla_write``: rows ``a | b`` into ``cache4 = (tensor, block stride, token stride,
+    element stride)``; an fp8 launch whose ``check`` reports to the mailbox also checks ``scale``
+    (argument code ``scale_code``)."""
     cache, block_stride, token_stride, elem_stride = cache4
     check = check or _validate.unchecked(cache)
     pdl = pdl or check.pdl
@@ -157,9 +176,10 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: _host.Padding,
                     cache, block_stride, token_stride, elem_stride,
                     index, index.stride(0), scale if scale is not None else cache,
                     n, width_a, width_b, block_size, num_slots,
-                    pad.reserved if pad.reserved is not None else 0, *check.args,
+                    pad.reserved if pad.reserved is not None else 0, *check.args, scale_code,
                     HAS_PAD_SLOT=pad.reserved is not None, FP8=fp8, BLOCK_N=t.block_n, BLOCK_A=t.block_a,
-                    BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps, **check.meta,
+                    BLOCK_B=t.block_b, PDL=pdl, num_warps=t.num_warps, SCALE_CHECK=1 if fp8 and check.reports else 0,
+                    **check.meta,
                     **tiles.prefetch_counts(pdl, a.element_size(), (("PF_A", t.block_a, width_a, a1 == 1),
                                                                ("PF_B", t.block_b, width_b, b1 == 1))))
 
@@ -180,11 +200,10 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     num_tokens = slot_mapping.shape[0]
     tensors = (kv_c, k_pe, kv_cache, slot_mapping) + ((scale,) if fmt else ())
     device = _host.device_of(*tensors)
-    if fmt and validate == "sync" and not _host.capturing(scale):  # reads the scale: synchronizes
-        if not (torch.isfinite(scale).all() and (scale > 0).all()):
-            raise ValueError(f"scale must be finite and > 0, got {float(scale.reshape(()))}")
     code = _host.kernel_format(fmt, allow_interpreter_fp8) if fmt else 0
-    if num_tokens == 0 or width == 0:
+    if num_tokens == 0 or width == 0:  # nothing launched to check the scale
+        if fmt:
+            _validate.empty_call_scales(validate, (("scale", scale),), _host.capturing(kv_cache))
         return
     pdl = _host.launch_pdl(pdl, device)
     check = _host.begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, kv_cache, pdl,
@@ -192,7 +211,8 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     s0, s1, s2 = kv_cache.stride()
     if code:
         _mla_rows(kv_c, k_pe, (kv_cache, s0, s1, s2), slot_mapping, num_tokens, block_size,
-                  num_slots, pad, code, scale, device, pdl, table="concat_mla", check=check)
+                  num_slots, pad, code, scale, device, pdl, table="concat_mla", check=check,
+                  scale_code=_deferred.SCALE_ARGUMENTS.index("scale"))
     else:
         _mla_rows(_host.as_bits(kv_c), _host.as_bits(k_pe), (_host.as_bits(kv_cache), s0, s1, s2), slot_mapping,
                   num_tokens, block_size, num_slots, pad, 0, None, device, pdl, table="concat_mla", check=check)
@@ -223,32 +243,40 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     pdl = _host.launch_pdl(pdl, device)
     check = _host.begin_check("slot_mapping", slot_mapping, num_tokens, num_slots, pad, validate, device, key_cache, pdl,
                               checked)
+    if code and num_tokens * heads * key_cache.shape[3] == 0:  # nothing launched to check the scales
+        _validate.empty_call_scales(validate, (("k_scale", k_scale), ("v_scale", v_scale)),
+                                    _host.capturing(key_cache))
     c0, c1, c2, c3 = key_cache.stride()
+    scale_codes = tuple(_deferred.SCALE_ARGUMENTS.index(name) for name in ("k_scale", "v_scale"))
     if _host.one_launch(((key, value),) + (((k_scale, v_scale),) if code else ()),
                         ((key_cache, value_cache),)):  # the usual case
         if code:
             _paged_rows(key, (key_cache, c0, c1, c2, c3), slot_mapping, num_tokens, block_size,
                         num_slots, pad, code, k_scale, device, second=(value, value_cache, v_scale), pdl=pdl,
-                        check=check)
+                        check=check, scale_codes=scale_codes)
         else:
             _paged_rows(_host.as_bits(key), (_host.as_bits(key_cache), c0, c1, c2, c3), slot_mapping, num_tokens,
                         block_size, num_slots, pad, device=device,
                         second=(_host.as_bits(value), _host.as_bits(value_cache), None), pdl=pdl, check=check)
     else:
-        for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+        for src, cache, scale, other, codes in ((key, key_cache, k_scale, v_scale, scale_codes),
+                                                (value, value_cache, v_scale, k_scale, scale_codes[::-1])):
             c0, c1, c2, c3 = cache.stride()
-            if code:
+            if code:  # each launch checks both scales: neither side is written if one is bad
                 _paged_rows(src, (cache, c0, c1, c2, c3), slot_mapping, num_tokens, block_size,
-                            num_slots, pad, code, scale, device, pdl=pdl, check=check)
+                            num_slots, pad, code, scale, device, pdl=pdl, check=check, scale_codes=codes,
+                            other_scale=other)
             else:
                 _paged_rows(_host.as_bits(src), (_host.as_bits(cache), c0, c1, c2, c3), slot_mapping, num_tokens,
                             block_size, num_slots, pad, device=device, pdl=pdl, check=check)
     _validate.finish(check)
 
 
-def quantize_fp8(out, x, scale, fmt, *, allow_interpreter_fp8=False):
+def quantize_fp8(out, x, scale, fmt, *, allow_interpreter_fp8=False, validate=True):
     """``out = fp8(x / scale)`` as uint8 codes; x ``[N, H, D]`` (any strides), scale [1] or [H];
-    the quotient by IEEE division in float32, then Triton's conversion."""
+    the quotient by IEEE division in float32, then Triton's conversion. ``validate`` (True,
+    "sync" or False) as the writers': a scale that is not finite and > 0 is found on the device,
+    nothing is written, and the error is deferred (:mod:`oracle.kernels._deferred`)."""
     if fmt not in FP8_FORMATS:
         raise ValueError(f"fmt={fmt!r} is not one of {sorted(FP8_FORMATS)}")
     if x.dtype not in FLOAT_DTYPES:
@@ -260,9 +288,16 @@ def quantize_fp8(out, x, scale, fmt, *, allow_interpreter_fp8=False):
     check_scale("scale", scale, x.shape[1])
     device = _host.device_of(out, x, scale)
     code = _host.kernel_format(fmt, allow_interpreter_fp8)
-    n = x.shape[0]
+    n, heads, dim = x.shape
+    if n * heads * dim == 0:  # nothing launched to check the scale
+        _validate.empty_call_scales(validate, (("scale", scale),), _host.capturing(x))
+        return
+    check = _validate.scale_check(out, validate, device, _runtime.interpreting(), _host.capturing(x))
     o0, o1, o2 = out.stride()
-    _paged_rows(x, (out, o0, 0, o1, o2), None, n, 1, n, _host.parse_padding("none"), code, scale, device)
+    code_of_scale = _deferred.SCALE_ARGUMENTS.index("scale")
+    _paged_rows(x, (out, o0, 0, o1, o2), None, n, 1, n, _host.parse_padding("none"), code, scale, device,
+                check=check, scale_codes=(code_of_scale, code_of_scale))
+    _validate.finish(check)
 
 
 def translate_full_to_swa(mapping, loc, *, validate=True):

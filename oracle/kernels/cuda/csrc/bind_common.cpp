@@ -288,6 +288,7 @@ Side make_side(const Tensor& src, int64_t src_row, const RowShape& sr, const Ten
   s.heads = sr.heads;
   s.head_chunks = sr.head_elems;  // in elements until the width is chosen
   s.head_shift = -1;
+  s.scale_count = 0;
   s.scale = nullptr;
   s.scale_stride = 0;
   return s;

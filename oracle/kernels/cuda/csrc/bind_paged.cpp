@@ -127,6 +127,7 @@ PagedPlan plan_paged(const Tensor& key, const Tensor& value, const Tensor& key_c
     if (fp8) {
       d.scale = scale->data_ptr<float>();
       d.scale_stride = per_head ? scale->stride(0) : 0;
+      d.scale_count = static_cast<int32_t>(scale->numel());
     }
     head_elems[s] = sr.head_elems;
     if (sr.heads * sr.head_elems == 0) ++empty_sides;

@@ -78,10 +78,14 @@ struct Side {
   int64_t heads;             // heads per row (>= 1)
   int64_t head_chunks;       // chunks per head (a chunk: the launch's vector width / element group)
   int32_t head_shift;        // log2(head_chunks) when it is a power of two, else -1
-  int32_t pad_;
+  int32_t scale_count;       // fp8 only: the scale's elements (1 or the heads), all checked by a validating call
   const float* scale;        // fp8 only: [1] or [heads] float32 on the device
   int64_t scale_stride;      // elements between heads' scales (0: one scale for the tensor)
 };
+
+// The argument codes of K's and V's scales in a mailbox report (oracle.kernels._deferred.SCALE_ARGUMENTS).
+constexpr int kScaleArgumentK = 3;
+constexpr int kScaleArgumentV = 4;
 
 struct PagedArgs {
   Side side[2];

@@ -43,6 +43,52 @@ __device__ __forceinline__ void prefetch_item(const PagedArgs& a, int64_t item, 
   if (lane == 0 && s == 0) prefetch_slot<IdxT>(a.index, row, a.index_stride);
 }
 
+// Whether every element of every side's scale is a finite float32 > 0 (an fp8 write of a
+// validating call: the scales are checked beside the slots, as the reference rejects a NaN, inf,
+// zero or negative scale). Warp-uniform: every lane of the warp calls it, after the slot verdict
+// found every slot legal. Where an element is not, thread 0 of block 0 reports the first one
+// (K's before V's) in the mailbox: kind 2, [1] the argument code, [2] the float32 bits, [3] the
+// element, [4] the scale's length (oracle.kernels._deferred).
+__device__ __noinline__ bool scales_are_legal(const PagedArgs& a, volatile int64_t* mailbox) {
+  const int lane = threadIdx.x & 31;
+  for (int s = 0; s < a.sides; ++s) {
+    const Side& d = a.side[s];
+    int64_t bad = kNoEntry;
+    uint32_t bits = 0;
+    for (int64_t h = lane; h < d.scale_count; h += 32) {
+      const float v = __ldg(d.scale + h * d.scale_stride);
+      if (!(v > 0.0f && v <= 3.402823466e38f)) {  // NaN fails both comparisons
+        bad = h;
+        bits = __float_as_uint(v);
+        break;
+      }
+    }
+    int64_t first = bad;
+    for (int o = 16; o > 0; o >>= 1) first = min(first, static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, first, o)));
+    if (first == kNoEntry) continue;
+    const unsigned holder = __ffs(__ballot_sync(0xffffffffu, bad == first)) - 1;
+    bits = __shfl_sync(0xffffffffu, bits, holder);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      mailbox[1] = s == 0 ? kScaleArgumentK : kScaleArgumentV;
+      mailbox[2] = bits;
+      mailbox[3] = first;
+      mailbox[4] = d.scale_count;
+      __threadfence_system();  // the host may read word 0 without synchronizing
+      mailbox[0] = 2;
+    }
+    return false;
+  }
+  return true;
+}
+
+// The verdict-only build's scale check (scales_are_legal), right after its slot verdict: true for
+// the other builds (the full one checks before its loop) and for copies.
+template <typename Chunk, int Check>
+__device__ __forceinline__ bool scales_checked(const PagedArgs& a) {
+  if constexpr (Chunk::kScaled && Check == kCheckVerdict) return scales_are_legal(a, a.check.mailbox);
+  return true;
+}
+
 // Check: the build's CheckCode (slot_check.cuh; check_code picks it per launch).
 template <typename IdxT, typename Chunk, bool Dense, int Check>
 __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_constant__ PagedArgs a, int prefetch) {
@@ -92,6 +138,9 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
     pdl_prologue(a.pdl);
     if (a.check.mode == 1 || (a.check.mode == 2 && !a.check.late)) load_early();
     if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
+    if constexpr (Chunk::kScaled) {
+      if (a.check.mode != 0 && !scales_are_legal(a, a.check.mailbox)) return;
+    }
   } else if constexpr (Check == kCheckVerdict) {
     prefetch_verdict(a.check);
     pdl_prologue(a.pdl);
@@ -120,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
         } else {
           load_dense(src, chunks, base, r);
         }
-        if (!verdict_gate<IdxT>(judged, a)) return;
+        if (!judged && !(verdict_gate<IdxT>(judged, a) && scales_checked<Chunk, Check>(a))) return;
         if (!keep) break;  // uniform across the warp
         unsigned char* dst = row_of(a, d, slot);
 #pragma unroll
@@ -131,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
     } else {
       // The verdict before the loads here: read after them, it cost this path up to 24 registers a
       // thread (ptxas: 96 against 72 for the 16-byte fp8 build, two blocks an SM instead of three).
-      if (!verdict_gate<IdxT>(judged, a)) return;
+      if (!judged && !(verdict_gate<IdxT>(judged, a) && scales_checked<Chunk, Check>(a))) return;
       unsigned char* dst = nullptr;
       for (int64_t base = 0; base < chunks; base += 32 * kRowUnroll) {
         In r[kRowUnroll];
