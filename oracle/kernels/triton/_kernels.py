@@ -107,7 +107,7 @@ def _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count
     return first >= n
 
 
-INF_BITS = 0x7F800000  # +inf as int32: a float32 > 0 and finite has bits in (0, INF_BITS)
+INF_BITS = tl.constexpr(0x7F800000)  # +inf as int32: a float32 > 0 and finite has bits in (0, INF_BITS)
 
 
 @triton.jit

@@ -49,7 +49,7 @@ __device__ __forceinline__ void prefetch_item(const PagedArgs& a, int64_t item, 
 // found every slot legal. Where an element is not, thread 0 of block 0 reports the first one
 // (K's before V's) in the mailbox: kind 2, [1] the argument code, [2] the float32 bits, [3] the
 // element, [4] the scale's length (oracle.kernels._deferred).
-__device__ __noinline__ bool scales_are_legal(const PagedArgs& a, volatile int64_t* mailbox) {
+static __device__ __noinline__ bool scales_are_legal(const PagedArgs& a, volatile int64_t* mailbox) {
   const int lane = threadIdx.x & 31;
   for (int s = 0; s < a.sides; ++s) {
     const Side& d = a.side[s];
