@@ -43,20 +43,39 @@ __device__ __forceinline__ void prefetch_item(const PagedArgs& a, int64_t item, 
   if (lane == 0 && s == 0) prefetch_slot<IdxT>(a.index, row, a.index_stride);
 }
 
+// Element `lane` of each side's scale (1 past its length or its sides): the first elements a lane
+// checks (scales_are_legal), loaded right after the PDL wait, so the check's memory round trip
+// overlaps the slot verdict's and the first rows' instead of following them.
+struct ScaleProbe {
+  float first[2];
+};
+
+__device__ __forceinline__ ScaleProbe probe_scales(const PagedArgs& a) {
+  const int lane = threadIdx.x & 31;
+  ScaleProbe p;
+#pragma unroll
+  for (int s = 0; s < 2; ++s)
+    p.first[s] = s < a.sides && lane < a.side[s].scale_count ? __ldg(a.side[s].scale + lane * a.side[s].scale_stride)
+                                                              : 1.0f;
+  return p;
+}
+
 // Whether every element of every side's scale is a finite float32 > 0 (an fp8 write of a
 // validating call: the scales are checked beside the slots, as the reference rejects a NaN, inf,
-// zero or negative scale). Warp-uniform: every lane of the warp calls it, after the slot verdict
-// found every slot legal. Where an element is not, thread 0 of block 0 reports the first one
-// (K's before V's) in the mailbox: kind 2, [1] the argument code, [2] the float32 bits, [3] the
-// element, [4] the scale's length (oracle.kernels._deferred).
-static __device__ __noinline__ bool scales_are_legal(const PagedArgs& a, volatile int64_t* mailbox) {
+// zero or negative scale). `k_first`, `v_first`: the lane's ScaleProbe. Warp-uniform: every lane
+// of the warp calls it, after the slot verdict found every slot legal. Where an element is not,
+// thread 0 of block 0 reports the first one (K's before V's) in the mailbox: kind 2, [1] the
+// argument code, [2] the float32 bits, [3] the element, [4] the scale's length
+// (oracle.kernels._deferred).
+static __device__ __noinline__ bool scales_are_legal(const PagedArgs& a, float k_first, float v_first,
+                                                     volatile int64_t* mailbox) {
   const int lane = threadIdx.x & 31;
   for (int s = 0; s < a.sides; ++s) {
     const Side& d = a.side[s];
     int64_t bad = kNoEntry;
     uint32_t bits = 0;
     for (int64_t h = lane; h < d.scale_count; h += 32) {
-      const float v = __ldg(d.scale + h * d.scale_stride);
+      const float v = h == lane ? (s == 0 ? k_first : v_first) : __ldg(d.scale + h * d.scale_stride);
       if (!(v > 0.0f && v <= 3.402823466e38f)) {  // NaN fails both comparisons
         bad = h;
         bits = __float_as_uint(v);
@@ -81,12 +100,17 @@ static __device__ __noinline__ bool scales_are_legal(const PagedArgs& a, volatil
   return true;
 }
 
-// The verdict-only build's scale check (scales_are_legal), right after its slot verdict: true for
-// the other builds (the full one checks before its loop) and for copies.
-template <typename Chunk, int Check>
-__device__ __forceinline__ bool scales_checked(const PagedArgs& a) {
-  if constexpr (Chunk::kScaled && Check == kCheckVerdict) return scales_are_legal(a, a.check.mailbox);
-  return true;
+// The verdict-only build's gate (verdict_gate) with its scale check: the lane's first scale
+// elements are loaded just before the verdict, so the two memory round trips overlap, and judged
+// after it (scales_are_legal). Copies and the other builds (the full one checks before its loop)
+// take the slot verdict alone.
+template <typename IdxT, typename Chunk, int Check>
+__device__ __forceinline__ bool gate_with_scales(bool& judged, const PagedArgs& a) {
+  if constexpr (Chunk::kScaled && Check == kCheckVerdict) {
+    const ScaleProbe p = probe_scales(a);
+    return verdict_gate<IdxT>(judged, a) && scales_are_legal(a, p.first[0], p.first[1], a.check.mailbox);
+  }
+  return verdict_gate<IdxT>(judged, a);
 }
 
 // Check: the build's CheckCode (slot_check.cuh; check_code picks it per launch).
@@ -137,9 +161,15 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
     if (a.check.mode == 2 && a.check.late) load_early();
     pdl_prologue(a.pdl);
     if (a.check.mode == 1 || (a.check.mode == 2 && !a.check.late)) load_early();
-    if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
     if constexpr (Chunk::kScaled) {
-      if (a.check.mode != 0 && !scales_are_legal(a, a.check.mailbox)) return;
+      if (a.check.mode != 0) {  // the scales' loads beside the slot check's
+        const ScaleProbe p = probe_scales(a);
+        if (!call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots) ||
+            !scales_are_legal(a, p.first[0], p.first[1], a.check.mailbox))
+          return;
+      }
+    } else {
+      if (a.check.mode != 0 && !call_is_legal<IdxT>(a.check, a.index, a.index_stride, a.n, a.num_slots)) return;
     }
   } else if constexpr (Check == kCheckVerdict) {
     prefetch_verdict(a.check);
@@ -169,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
         } else {
           load_dense(src, chunks, base, r);
         }
-        if (!judged && !(verdict_gate<IdxT>(judged, a) && scales_checked<Chunk, Check>(a))) return;
+        if (!judged && !gate_with_scales<IdxT, Chunk, Check>(judged, a)) return;
         if (!keep) break;  // uniform across the warp
         unsigned char* dst = row_of(a, d, slot);
 #pragma unroll
@@ -180,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
     } else {
       // The verdict before the loads here: read after them, it cost this path up to 24 registers a
       // thread (ptxas: 96 against 72 for the 16-byte fp8 build, two blocks an SM instead of three).
-      if (!judged && !(verdict_gate<IdxT>(judged, a) && scales_checked<Chunk, Check>(a))) return;
+      if (!judged && !gate_with_scales<IdxT, Chunk, Check>(judged, a)) return;
       unsigned char* dst = nullptr;
       for (int64_t base = 0; base < chunks; base += 32 * kRowUnroll) {
         In r[kRowUnroll];
