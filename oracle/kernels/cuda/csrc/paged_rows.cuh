@@ -60,6 +60,18 @@ __device__ __forceinline__ ScaleProbe probe_scales(const PagedArgs& a) {
   return p;
 }
 
+// Ask the L2 for every side's scale before the PDL wait (first warp of each block; prefetch_l2),
+// as prefetch_verdict does for the verdict: the scale check's loads then find it there, where a
+// scale of inputs rotated past the L2 would otherwise cost a DRAM round trip before the first store.
+__device__ __forceinline__ void prefetch_scales(const PagedArgs& a) {
+  if (threadIdx.x >= 32) return;
+  for (int s = 0; s < a.sides; ++s) {
+    const Side& d = a.side[s];
+    const int64_t span = (d.scale_count - 1) * (d.scale_stride ? d.scale_stride : 1) + 1;
+    prefetch_l2(reinterpret_cast<const unsigned char*>(d.scale), span * 4, static_cast<int>(threadIdx.x));
+  }
+}
+
 // Whether every element of every side's scale is a finite float32 > 0 (an fp8 write of a
 // validating call: the scales are checked beside the slots, as the reference rejects a NaN, inf,
 // zero or negative scale). `k_first`, `v_first`: the lane's ScaleProbe. Warp-uniform: every lane
@@ -156,6 +168,9 @@ __global__ void __launch_bounds__(kThreads) paged_rows_kernel(const __grid_const
       }
     }
   };
+  if constexpr (Chunk::kScaled && Check != kCheckNone) {
+    if (a.check.mode != 0) prefetch_scales(a);
+  }
   if constexpr (Check == kCheckFull) {
     prefetch_verdict(a.check);
     if (a.check.mode == 2 && a.check.late) load_early();
