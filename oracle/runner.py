@@ -253,7 +253,7 @@ def _drain_deferred(contract) -> None:
 
 def _judge_rejection(kernel: Kernel, case: Case, prepared: Prepared) -> Outcome:
     deferred = " (deferred to the synchronization)" if kernel.contract.errors == "deferred" else ""
-    what = case.p.get("bad") or "out_of_range"
+    what = get_spec(case.op).bad_input_text(case)
     if case.p.get("repeat") == "bad":
         what += (" written in place into the index of a call the kernel had accepted: a check "
                  "kept from the first call, or skipped on the second")

@@ -18,9 +18,15 @@ import pytest
 import torch
 
 import oracle.kernels
+from oracle.cases import catalogue
+from oracle.contract import Contract
 from oracle.kernels import _deferred
+from oracle.kernels import torch_native as tn
 from oracle.kernels.torch_native import quantize_fp8 as torch_quantize_fp8
 from oracle.kernels.torch_native import reshape_and_cache_flash as torch_paged
+from oracle.ops._bad_scales import BAD_SCALES
+from oracle.registry import Kernel
+from oracle.runner import FAIL, PASS, run_case
 
 from test_triton_kernels import run as run_interpreted
 
@@ -183,3 +189,53 @@ def test_gpu_paged_writers_reject_bad_scales_without_synchronizing(n, per_head):
                 with pytest.raises(oracle.kernels.DeferredSlotError, match=rf"^{label} = {value!r} must be"):
                     oracle.kernels.raise_deferred_errors()
                 assert all(bool(c.eq(77).all()) for c in caches), (kernel.name, where, value)
+
+
+# --- what the suite says about a kernel whose scale check is partial ----------------------------
+
+def _partial_check(name: str, passes):
+    """A paged fp8 writer that validates its scales with ``passes`` (a partial test, as real
+    kernels write it) and otherwise writes as the torch baseline does."""
+    def writer(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+        for scale in (k_scale, v_scale):
+            if not passes(scale):
+                raise ValueError(f"bad scale {scale}")
+        block_size = key_cache.shape[1]
+        keep = slot_mapping >= 0
+        slots = slot_mapping[keep].long()
+        for src, cache, scale in ((key, key_cache, k_scale), (value, value_cache, v_scale)):
+            rows = src[: slot_mapping.shape[0]][keep]
+            cache[slots // block_size, slots % block_size] = tn._to_fp8_codes(rows, scale, "e4m3fn")
+    writer.__name__ = name
+    return writer
+
+
+PARTIAL_CHECKS = {  # the check, and the bad inputs it lets through
+    "le_zero": (lambda s: not bool((s <= 0).any()), {"scale_nan", "scale_inf"}),
+    "isfinite": (lambda s: bool(torch.isfinite(s).all()), {"scale_zero", "scale_negative"}),
+    "head_zero_only": (lambda s: bool(torch.isfinite(s[0]) and s[0] > 0), {"scale_nan"}),
+}
+
+
+@pytest.mark.parametrize("check", sorted(PARTIAL_CHECKS))
+def test_a_partial_scale_check_is_caught_and_the_verdict_says_what_it_let_through(check):
+    """Each partial test of the scale lets some of the four values through; the catalogue's bad
+    scale cases catch exactly those, and the verdict names the value, where it sits and the check
+    that lets it through."""
+    passes, through = PARTIAL_CHECKS[check]
+    contract = Contract(op="reshape_and_cache_flash", name=f"partial.{check}", backend="test", validates=True,
+                        padding="negative", fp8_formats=("e4m3fn",), fp8_preset=tn._torch_fp8_preset())
+    kernel = Kernel(contract, _partial_check(check, passes), "test")
+    bad_cases = [c for c in catalogue("reshape_and_cache_flash", "quick") if c.p.get("bad") in BAD_SCALES]
+    failed = set()
+    for case in bad_cases:
+        outcome = run_case(kernel, case)
+        if outcome.status == FAIL:
+            failed.add(case.p["bad"])
+            assert outcome.cause["id"] == "validation_missing", outcome.message
+            where = "the last head of " if case.p.get("scale") == "head" else ""
+            argument = "k_scale" if case.p["bad"] in ("scale_nan", "scale_zero") else "v_scale"
+            assert f"in {where}{argument}; a test of" in outcome.message, outcome.message
+        else:
+            assert outcome.status == PASS, outcome.message
+    assert failed == through

@@ -1,7 +1,8 @@
 """A wrong SWA translation is named by what it returned: the wrong dtype or shape
 (returned_layout), -1 read through pointer arithmetic (padding_policy), the mapping read from its
 storage's start (storage_offset_ignored), the last entries left unwritten (rows_dropped), the
-mapping read once per page (mapping_assumed_paged). Every
+mapping read once per page (mapping_assumed_paged) or with loc's dtype (mapping_dtype_misread), the
+right results in another order (results_permuted). Every
 failure of each such kernel in the quick catalogue names its cause; the baseline passes the same
 cases."""
 
@@ -69,6 +70,29 @@ def read_once_per_page(mapping, loc):
     return torch.where(flat >= 0, first + flat % 16, first).to(mapping.dtype)
 
 
+def mapping_words_of_loc_dtype(mapping, loc):
+    """One template parameter for both tensors: the mapping's words read as loc's type (an int64
+    mapping under an int32 loc gives halves of its entries), -1 handled explicitly."""
+    tn.translate_full_to_swa(mapping, loc.reshape(-1)[:0])  # the checks
+    words = mapping.contiguous().view(loc.dtype)
+    flat = loc.reshape(-1).long()
+    if bool((flat >= words.numel()).any()):
+        raise RuntimeError("illegal memory access reading the mapping")
+    return torch.where(flat < 0, -1, words[flat.clamp(min=0)]).to(mapping.dtype).reshape(loc.shape)
+
+
+def sorted_gather_put_back_wrong(mapping, loc):
+    """A locality fast path: translate loc in sorted order, then put the values back with the
+    sort's permutation applied again (values[order]) where its inverse was meant."""
+    out = tn.translate_full_to_swa(mapping, loc)
+    flat = loc.reshape(-1)
+    if flat.numel() < 64:
+        return out
+    order = torch.argsort(flat)
+    values = tn.translate_full_to_swa(mapping, flat[order])
+    return values[order].reshape(loc.shape)
+
+
 def into_a_kept_buffer(mapping, loc):
     """The result written into a buffer kept per shape and dtype and returned itself (a static
     output, as a CUDA-graph-friendly kernel keeps): the next call overwrites it."""
@@ -83,7 +107,9 @@ def into_a_kept_buffer(mapping, loc):
                                        (mapping_from_storage_start, "storage_offset_ignored"),
                                        (last_entry_unwritten, "rows_dropped"),
                                        (read_once_per_page, "mapping_assumed_paged"),
-                                       (count_from_first_dim, "rows_dropped")])
+                                       (count_from_first_dim, "rows_dropped"),
+                                       (mapping_words_of_loc_dtype, "mapping_dtype_misread"),
+                                       (sorted_gather_put_back_wrong, "results_permuted")])
 def test_every_failure_names_the_translation_bug(fn, cause):
     contract = Contract(op=OP, name="swa." + fn.__name__, backend="test", padding="negative")
     wrong, right = Kernel(contract, fn, "test"), Kernel(contract, tn.translate_full_to_swa, "test")

@@ -51,6 +51,8 @@ CAUSES = {
     "sources_swapped": "one source is written into another's cache",
     "index_assumed_consecutive": "the index is taken as a consecutive run because its ends are",
     "mapping_assumed_paged": "the SWA mapping read once per page (its first slot's entry plus the offset)",
+    "mapping_dtype_misread": "the SWA mapping's words read as another integer type (loc's)",
+    "results_permuted": "the right results returned in another order",
     "rows_misrouted": "rows the reference writes at one slot are written at another (an entry paired with the wrong slot or source row)",
     "rows_dropped": "the last rows are not written (a loop bound short of the index's length)",
     "slot_table_collision": "distinct slots that collide in a duplicate-resolution table (slot modulo its size) are not written",

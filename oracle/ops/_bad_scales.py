@@ -15,6 +15,11 @@ import numpy as np
 
 BAD_SCALES = {"scale_nan": np.nan, "scale_inf": np.inf, "scale_zero": 0.0, "scale_negative": -1.0}
 FIRST_ARGUMENT = ("scale_nan", "scale_zero")  # the rest go into the last scale argument
+# what lets each value through, for the verdict on a kernel that accepts it
+LETS_THROUGH = {"scale_nan": "a test of `scale <= 0` alone (false for NaN) lets it through",
+                "scale_inf": "a test of `isnan` or `scale > 0` alone lets it through",
+                "scale_zero": "a test of `isfinite` or `scale >= 0` alone lets it through",
+                "scale_negative": "a test of `isfinite` or `scale != 0` alone lets it through"}
 
 
 def spoil(bad: str, scales: list) -> list:
@@ -24,3 +29,11 @@ def spoil(bad: str, scales: list) -> list:
     target = out[0] if bad in FIRST_ARGUMENT else out[-1]
     target.reshape(-1)[-1] = np.float32(BAD_SCALES[bad])
     return out
+
+
+def describe(bad: str, arguments: tuple, per_head: bool) -> str:
+    """Where :func:`spoil` put the bad input ``bad`` among the scale ``arguments`` (signature
+    order), and which partial check lets it through."""
+    name = arguments[0] if bad in FIRST_ARGUMENT else arguments[-1]
+    where = f"the last head of {name}" if per_head else name
+    return f"{BAD_SCALES[bad]} in {where}; {LETS_THROUGH[bad]}"

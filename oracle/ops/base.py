@@ -14,6 +14,7 @@ import numpy as np
 
 from ..buffers import Arena, SHORT_NAMES
 from ..contract import Contract
+from ._bad_scales import BAD_SCALES, describe
 from ._fp8cases import PER_HEAD_SCALES
 
 PARAM_ORDER = ("dtype", "fp8", "spelling", "block", "index", "shape", "layout", "scale_layout", "src", "index_layout", "cache",
@@ -148,6 +149,7 @@ class OpSpec:
     fp8_mixed_scales: bool = False  # two scales: the "fp8" class also gives them different kinds
     fp8_tail_shape: tuple = ()  # a shape whose rows are no multiple of 16 elements, for fp8 cases too
     block_formats: tuple = ()  # block-scaled formats of the "block_scaled" case class
+    scale_arguments: tuple = ()  # the scale arguments, in signature order (where a bad scale value goes)
     large_case = None  # params (dict) of the "large" case (caches past 2**31 elements), or None
     paged = False  # caches [blocks, block_size, ...]: slot s is token s % block_size of block s // block_size
 
@@ -229,3 +231,11 @@ class OpSpec:
     def bad_inputs(self) -> tuple:
         """Names of the bad-input variants ``build`` knows how to make."""
         return ()
+
+    def bad_input_text(self, case: Case) -> str:
+        """What the bad input of ``case`` is, for a verdict: its name, and for a bad scale value where
+        it sits and which partial check lets it through (:mod:`._bad_scales`)."""
+        bad = case.p.get("bad") or "out_of_range"
+        if bad in BAD_SCALES and self.scale_arguments:
+            return f"{bad}: {describe(bad, self.scale_arguments, case.p.get('scale') in PER_HEAD_SCALES)}"
+        return bad

@@ -139,6 +139,7 @@ class QuantizeBlock(_BlockSpec):
     signature = "quantize_block(codes, scales, x, fmt, global_scale)"
     index_dtypes = ()
     sources = ("x",)
+    scale_arguments = ("global_scale",)  # NVFP4's
     aliasing = ("offset",)
     scaled_sources = (("x", "global_scale"),)
 
@@ -215,6 +216,7 @@ class ReshapeAndCacheBlock(_BlockSpec):
     after_shapes = (((8, 96), (8, 128)),)
     after_shape_params = {"scale_layout": "swizzled"}
     sources = ("key", "value")
+    scale_arguments = ("k_global_scale", "v_global_scale")  # NVFP4's
     aliasing = ("aliased", "offset", "unequal")
     layouts = ("NHD", "HND")
     large_case = {"n": 7}

@@ -204,6 +204,7 @@ class ConcatAndCacheMla(OpSpec):
               (512, 64, 1), (97, 31, 5), (32, 64))  # (32, 64): rope wider than the latent rank
     large_n_shape = (128, 64)
     sources = ("kv_c", "k_pe")
+    scale_arguments = ("scale",)
     large_case = {"fp8": "e4m3fn", "n": 7}  # fp8 blocks past 2**31 elements
     empty_rope_shapes = (EMPTY_ROPE,)
     float_slots_shape = (1, 1)

@@ -56,6 +56,7 @@ class ReshapeAndCacheFlash(OpSpec):
     large_n_shape = (2, 64)
     wide_cache_shape = (1, 16, 5)  # blocks of 5 over WIDE_SLOTS slots of 16 elements
     sources = ("key", "value")
+    scale_arguments = ("k_scale", "v_scale")
     source_layouts = ("fused", "interleaved")  # interleaved: heads apart, as qkv.view(N, H, 3, D)[:, :, j]
     aliasing = ("aliased", "halves", "offset", "padded", "unequal")
     layouts = ("NHD", "HND")

@@ -36,6 +36,7 @@ class QuantizeFp8(OpSpec):
     default_shape = (8, 128)  # (heads, head_dim)
     shapes = ((1, 64), (8, 128), (32, 128), (8, 256), (1, 46), (13, 46), (8, 96), (1, 97))
     sources = ("x",)
+    scale_arguments = ("scale",)
     # padded: a row stride no multiple of H * D or of D; interleaved: heads apart (the per-head
     # scale case runs there: a head computed from an element's offset is wrong)
     source_layouts = ("fused", "padded", "interleaved")

@@ -166,7 +166,8 @@ class TranslateFullToSwa(OpSpec):
                             f"(loc[{index}] = {int(loc[i])}); {differ.size} of {flat.size} entries differ")
             matched = (next((h for h, alt in self._misreads(prepared) if alt.shape == got.shape
                              and np.array_equal(alt, got)), None) or _filled_in_memory_order(returned, flat)
-                       or _tail_dropped(differ, flat.size) or _first_dim_only(differ, want.shape))
+                       or _tail_dropped(differ, flat.size) or _first_dim_only(differ, want.shape)
+                       or _permuted(got, flat, loc))
         if matched is None and problems and not differ.size:  # the right values, in the wrong tensor
             matched = _layout_cause(problems)
         return expected, "\n".join(problems) or None, matched
@@ -209,6 +210,7 @@ class TranslateFullToSwa(OpSpec):
                                   "order (wrong for a partly filled page, or one mapped out of order)"), paged)
                 yield (Hypothesis("mapping_assumed_paged", f"{read}, 0 where that first entry is 0, as if every "
                                   "page were mapped whole and in order"), np.where(valid & (first == 0), 0, paged))
+        yield from _read_as_loc_dtype(prepared.numpy("mapping"), prepared.numpy("loc").reshape(-1))
         readdressed = [h for h in index_hypotheses(arena) if h.cause in ("index_stride_ignored", "index_offset_ignored")]
         for hypothesis in (stale_hypotheses(prepared) + run_hypotheses(prepared) + readdressed
                            + offset_hypotheses(arena, ())):
@@ -287,3 +289,47 @@ def _tail_dropped(differ: np.ndarray, n: int) -> Hypothesis | None:
         if k < n and differ.size == k and int(differ[0]) == n - k:  # and the entries before it right
             return Hypothesis("rows_dropped", f"the last {k} entries of the result not written ({why})")
     return None
+
+
+def _read_as_loc_dtype(mapping: np.ndarray, loc: np.ndarray):
+    """A kernel templated on one index type for both tensors reads the mapping's words as loc's
+    type: an int64 mapping under an int32 loc gives the low or high half of entry ``slot // 2``,
+    an int32 mapping under an int64 loc the pairs of entries (the result in the mapping's dtype:
+    their low word). (hypothesis, result) with -1 read through those words, and kept as -1."""
+    if mapping.dtype.itemsize == loc.dtype.itemsize or mapping.nbytes % loc.dtype.itemsize:
+        return
+    words = np.ascontiguousarray(mapping).view(loc.dtype)
+    if not np.all((loc >= -1) & (loc < len(words))):  # past the table: such a kernel faults
+        return
+    read = f"the {mapping.dtype} mapping's words read as {loc.dtype} (loc's dtype): entry slot of {len(words)} such words"
+    values = words[loc].astype(mapping.dtype).astype(np.int64)  # -1: the last word, as plain indexing reads it
+    yield Hypothesis("mapping_dtype_misread", read), values
+    yield Hypothesis("mapping_dtype_misread", f"{read}, -1 kept as -1"), np.where(loc < 0, SENTINEL, values)
+
+
+def _permuted(got: np.ndarray, want: np.ndarray, loc: np.ndarray) -> Hypothesis | None:
+    """The right results in another order: the same multiset, other places. Named more closely
+    where it is the translation of sorted loc put back with the sort's permutation applied again
+    (``values[order]``) where its inverse was meant (``out[order] = values``)."""
+    if np.array_equal(np.sort(got), np.sort(want)):
+        if _sort_applied_twice(got, want, loc):
+            return Hypothesis("results_permuted", f"the translation of loc sorted ({loc.size} entries) put back "
+                              "with the sort's permutation applied again (values[order]) where its inverse was "
+                              "meant (out[order] = values)")
+        return Hypothesis("results_permuted", f"the right translations, {np.count_nonzero(got != want)} of them in "
+                          "other places (a permutation not undone, or undone wrongly)")
+    return None
+
+
+def _sort_applied_twice(got: np.ndarray, want: np.ndarray, loc: np.ndarray) -> bool:
+    """Whether ``got[i] = values[order[i]]`` with ``values = want[order]`` for some sorting
+    permutation ``order`` of ``loc``: the sort's tie order is the kernel's own, so output ``i``
+    may hold the value at any rank of the original entries that tie with the ``i``-th smallest."""
+    order = np.argsort(loc, kind="stable")
+    ranked, sorted_values = loc[order], want[order]
+    bounds = np.flatnonzero(np.diff(ranked)) + 1
+    for start, end in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [loc.size]))):
+        allowed = sorted_values[order[start:end]]  # ranks order[start:end]: the tie group's entries
+        if not np.all(np.isin(got[start:end], allowed)):
+            return False
+    return True
