@@ -340,6 +340,23 @@ def cuda_canonical_nan(k, v, k_cache, v_cache, loc):
     tn.store_cache(canonical(k), canonical(v), k_cache, v_cache, loc)
 
 
+def cleared_then_added(k, v, k_cache, v_cache, loc):
+    """The rows cleared, then the sources added in (index_fill_ and index_add_, a "deterministic
+    scatter"): 0 + x, so -0 becomes +0 and NaNs come out of the float unit quieted."""
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        cache.index_fill_(0, loc.long(), 0)
+        cache.index_add_(0, loc.long(), src[: loc.shape[0]].contiguous())
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
+def test_a_copy_by_float_addition_is_named(dtype):
+    """The raw-bit values (NaNs and -0 among them) catch it, and it is named by the sum."""
+    case = Case.make("store_cache", "dtypes", dtype=dtype, values="bits")
+    outcome = run_case(kernel("store_cache", cleared_then_added, dtypes=ALL), case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "copied_through_arithmetic", outcome.message
+    assert "-0 written as +0" in outcome.cause["text"]
+
+
 @pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
 def test_cudas_canonical_nan_in_a_copy_is_named(dtype):
     case = Case.make("store_cache", "dtypes", dtype=dtype, values="bits")

@@ -20,7 +20,8 @@ from .row_bounds import (head_tile_hypotheses, overrun_hypotheses, row_tile_hypo
                          width_hypotheses, word_spill_hypotheses)
 from .slot_arithmetic import float_slot_hypotheses
 from .slot_tables import winner_table_hypotheses
-from .source_values import flushed_source_hypotheses, nan_bits_hypotheses, narrowed_source_hypotheses
+from .source_values import (arithmetic_copy_hypotheses, flushed_source_hypotheses, nan_bits_hypotheses,
+                            narrowed_source_hypotheses)
 
 
 def _by_role(views: dict, role: str) -> list[ViewSpec]:
@@ -444,7 +445,7 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
     return (stale_hypotheses(prepared) + run_hypotheses(prepared)
             + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
             + source_hypotheses(views) + offset_hypotheses(prepared.arena, prepared.caches)
-            + adjacency_hypotheses(views) + nan_bits_hypotheses(case, views)
+            + adjacency_hypotheses(views) + nan_bits_hypotheses(case, views) + arithmetic_copy_hypotheses(case, views)
             + narrowed_source_hypotheses(case, views) + flushed_source_hypotheses(case, views)
             + swapped_source_hypotheses(views)
             + cache_hypotheses(views, prepared.caches, getattr(spec, "paged", False))

@@ -42,6 +42,7 @@ CAUSES = {
     "subnormals_flushed": "fp8 subnormal results are flushed to zero",
     "subnormals_truncated": "fp8 subnormal results are rounded toward zero (normal ones to nearest)",
     "nan_bits_changed": "NaN inputs are not copied bit for bit (quieted or made a canonical NaN)",
+    "copied_through_arithmetic": "a copy done with float arithmetic (0 + x): -0 becomes +0 and NaN bits change",
     "nan_mishandled": "NaN is written with another byte or sign",
     "negative_zero_mishandled": "-0 is written as +0",
     "wrong_fp8_format": "another fp8 format is written",

@@ -1,6 +1,7 @@
 """Hypotheses about the values a kernel moves: float sources whose NaN bit patterns are not moved
-bit for bit, that are narrowed to float16 or bfloat16 and back, or whose subnormals are flushed to
-zero on the way through (float arithmetic where the kernel should move bits).
+bit for bit, that are added to zero (-0 lost too), narrowed to float16 or bfloat16 and back, or
+whose subnormals are flushed to zero on the way through (float arithmetic where the kernel should
+move bits).
 
 Derived from the case's views alone, as the hypotheses of :mod:`.generic` are, which lists these
 among its own.
@@ -57,6 +58,32 @@ def _nan_bits(array: np.ndarray, mode: str) -> np.ndarray:
            "canonical_signed": (bits & kind(sign)) | canonical, "cuda": np.full_like(bits, sign - 1),
            "all_ones": np.full_like(bits, (sign << 1) - 1)}[mode]
     return np.where(nan, out, bits).astype(kind).view(array.dtype).reshape(array.shape)
+
+
+def arithmetic_copy_hypotheses(case, views: dict) -> list[Hypothesis]:
+    """A copy done with float arithmetic, ``0 + x`` (an ``index_add_`` into rows cleared first, a
+    masked sum or blend): every -0 of the sources written as +0, and every NaN quieted, made the
+    canonical quiet NaN, or given every bit set (a float16 or bfloat16 sum done in float32 and
+    converted back). Cases of special values or raw bits, and random ones (which may draw -0)."""
+    if case.p.get("fp8") or case.p.get("block"):
+        return []
+    sources = [v for v in _sources(views) if v.dtype in ("float32", "float16", "bfloat16")]
+    if not sources:
+        return []
+    how = {"quieted": "quieted", "canonical": "made the canonical quiet NaN", "all_ones": "given every bit set"}
+    return [Hypothesis("copied_through_arithmetic", f"the rows copied by float arithmetic (0 + x: an index_add_ "
+                       f"into cleared rows, a masked sum): -0 written as +0 and NaN inputs {text}",
+                       inputs={v.name: (lambda a, mode=mode: _plus_zero(a, mode)) for v in sources})
+            for mode, text in how.items()]
+
+
+def _plus_zero(array: np.ndarray, nan: str) -> np.ndarray:
+    kind, _, _ = _FLOAT_BITS[array.dtype]
+    bits = np.ascontiguousarray(array).view(kind)
+    negative_zero = kind(1 << (8 * bits.itemsize - 1))
+    with_nans = np.ascontiguousarray(_nan_bits(array, nan)).view(kind)
+    out = np.where(bits == negative_zero, kind(0), with_nans)
+    return out.astype(kind).view(array.dtype).reshape(array.shape)
 
 
 # How a conversion to a narrower float writes NaN, where numpy's (sign and the payload's top bits
