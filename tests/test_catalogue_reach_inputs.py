@@ -246,6 +246,18 @@ def per_token_first_quantize(out, x, scale, fmt):
     tn.quantize_fp8(out, x, scale, fmt)
 
 
+def head_major_rows_quantize(out, x, scale, fmt):
+    """Rows flattened head-major ([H, N], as an HND write walks them) with their scales built
+    token-major: ``scale.repeat(N)`` where ``repeat_interleave`` was meant, so token n of head h
+    is divided by ``scale[(h * N + n) % H]``."""
+    n, heads, _ = x.shape
+    if scale.numel() == 1:
+        tn.quantize_fp8(out, x, scale, fmt)
+        return
+    rows = (torch.arange(heads)[None, :] * n + torch.arange(n)[:, None]) % scale.numel()
+    out.copy_(tn._fp8_codes(x, scale.reshape(-1)[rows][..., None], fmt))
+
+
 def head_from_offset_quantize(out, x, scale, fmt):
     """The head of each element computed from its offset in the row, ``(h * stride_h + d) // D % H``:
     right only where a row's heads are adjacent."""
@@ -295,6 +307,7 @@ def quantize_case(pick) -> str:
     (scale_table_of_16_quantize, lambda p: p.get("scale") == "head" and p.get("shape") == (32, 128), "scale_misindexed"),
     (per_token_first_quantize, lambda p: p.get("scale") == "head" and p.get("n") == 32, "scale_misindexed"),
     (head_from_offset_quantize, lambda p: p.get("scale") == "head" and p.get("src") == "interleaved", None),
+    (head_major_rows_quantize, lambda p: p.get("scale") == "head" and p.get("n") == 32, "scale_misindexed"),
     (exponent_shift_quantize, lambda p: p.get("scale") == "4.0", None),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_per_head_and_power_of_two_scales_reach_kernels_that_shortcut_them(fn, pick, cause):
@@ -305,6 +318,8 @@ def test_per_head_and_power_of_two_scales_reach_kernels_that_shortcut_them(fn, p
         assert "scale[h % 16]" in outcome.message, outcome.message
     if fn is per_token_first_quantize:
         assert "along the token axis" in outcome.message, outcome.message
+    if fn is head_major_rows_quantize:
+        assert "head-major rows" in outcome.message, outcome.message
 
 
 # --- a head of zeros alone, rope wider than nope, a block size from the strides --------------------

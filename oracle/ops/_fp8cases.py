@@ -272,7 +272,8 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     with no scale: "divided" (``x / scale``: for an unquantized write, which must ignore the
     scale), "inverted" (``x * scale``), "token_axis" (token n divided by ``scale[n]``),
     "zero_input_positive" (``x / scale`` with a ±0 input made +0), "clamp_source=M" (x clamped to
-    [-M, M], NaN kept, then divided), "repeated" (a per-head scale broadcast over each ``[H * D]``
+    [-M, M], NaN kept, then divided), "head_major" (token n of head h by ``scale[(h * N + n) %
+    S]``: a per-head scale repeated over head-major rows), "repeated" (a per-head scale broadcast over each ``[H * D]``
     row as ``scale[j % H]``: ``repeat`` where ``repeat_interleave`` was meant); steps on
     ``x / scale``, ";"-separated, in order: "nan=V" (NaN quotients replaced by V, as
     ``fminf``/``fmaxf`` clamps and ``nan_to_num`` do), "nan_signed=M" (NaN quotients replaced by M
@@ -324,6 +325,11 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             heads, dim = widened.shape[head_axis], widened.shape[-1]
             per_element = flat[np.arange(heads * dim) % flat.size].reshape(heads, dim)
             quotient = widened / per_element
+        elif mode == "head_major":  # [H, N] rows flattened head-major: row h * N + n by scale[(h * N + n) % S]
+            flat = np.asarray(scale, _F32).reshape(-1)
+            tokens, heads = widened.shape[0], widened.shape[head_axis]
+            rows = (np.arange(heads)[None, :] * tokens + np.arange(tokens)[:, None]) % flat.size
+            quotient = widened / flat[rows].reshape(rows.shape + (1,) * (widened.ndim - 2))
         elif mode == "sign_from_lt0":  # sign-magnitude: -0 and negative NaN carry no sign (x < 0 is false)
             unsigned = np.where(np.isnan(widened) | (widened == 0), np.abs(widened), widened)
             quotient = unsigned / broadcast_scale(scale, widened.ndim, head_axis)

@@ -291,6 +291,11 @@ def scale_hypotheses(p: dict, names: tuple, heads: int) -> list[Hypothesis]:
                               {"scale": "repeated"}))
         per_head = [name for name in names if choice in ("head", UNIT_FIRST_HEAD)
                     or name == names[choice == "k_tensor_v_head"]]
+        if p.get("n", 0) > 1:
+            out.append(Hypothesis("scale_misindexed", "the per-head scale repeated over head-major rows, token n of "
+                                  "head h scaled by scale[(h * N + n) % H] (an HND write that flattens [H, N] rows, "
+                                  "its row scales built token-major: repeat where repeat_interleave was meant)",
+                                  {"scale": "head_major"}))
         if 1 < p.get("n", 0) <= heads:  # scale[n] exists for every token only where N <= H
             out.append(Hypothesis("scale_misindexed", "the per-head scale applied along the token axis, token n "
                                   "scaled by scale[n] (broadcast as [N, 1, 1], or its kind told from its length "
