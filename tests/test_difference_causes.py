@@ -3,7 +3,8 @@
 A kernel that clears memory outside its entries (``stray_writes``), a block-scaled writer that
 leaves each head's partial last block to no path (``partial_block_mishandled``), and one whose
 element multiplier overflows for the blocks of the smallest scales (``block_multiplier_range``)
-are each caught and named; the torch baselines pass the same cases.
+are each caught and named; the torch baselines pass the same cases. Writes that land in a copy of
+a cache view that is not contiguous name the views left as they were.
 """
 
 from dataclasses import replace
@@ -120,3 +121,26 @@ def test_each_head_copied_short_by_a_unit_is_named_with_the_unit():
     outcome = outcome_of(heads_counted_in_half_words, "reshape_and_cache_flash", "fp32-int64")
     assert outcome.status == FAIL and outcome.cause["id"] == "row_tail_dropped", outcome.message
     assert "first 64 of its 128 elements" in outcome.cause["text"] and "2-byte ones" in outcome.cause["text"]
+
+
+def written_through_a_reshape(key, value, key_cache, value_cache, slot_mapping, *rest):
+    """Each cache flattened to its slots with reshape, then indexed: reshape returns a copy of a
+    view that is not contiguous (an HND, padded or aliased cache), and the writes land there."""
+    staged = [torch.empty_like(c).copy_(c) for c in (key_cache, value_cache)]
+    tn.reshape_and_cache_flash(key, value, *staged, slot_mapping, *rest)  # the rows as they should be
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    for cache, want in zip((key_cache, value_cache), staged):
+        flat = cache.reshape(-1, *cache.shape[2:])
+        flat[slots] = want.reshape(-1, *want.shape[2:])[slots]
+
+
+@pytest.mark.parametrize("case_id, cause, words", [
+    ("padded_cache", "nothing_written", "key_cache and value_cache are views that are not contiguous"),
+    ("unequal_cache", "cache_layout_ignored", "value_cache left exactly as it was: the writes went into a copy"),
+])
+def test_writes_that_land_in_a_copy_of_a_view_are_named_with_the_view(case_id, cause, words):
+    outcome = outcome_of(written_through_a_reshape, "reshape_and_cache_flash", case_id)
+    assert outcome.status == FAIL and outcome.cause["id"] == cause, outcome.message
+    assert words in outcome.cause["text"], outcome.cause["text"]
+    assert outcome_of(written_through_a_reshape, "reshape_and_cache_flash", "bf16-int64").status == PASS

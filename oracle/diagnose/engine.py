@@ -115,9 +115,9 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
                                         "fp8_division='approx' if the kernel uses it)"))
     if all(same_bytes(after[r], prepared.before[r]) for r in after):  # after the hypotheses: a
         # kernel that skips slot 0 writes nothing when slot 0 is all there is
-        return named(failed, Hypothesis("nothing_written", "nothing was written"))
+        return named(failed, _nothing_written(prepared))
     return ((_passes_again(failed, case, rerun) if repeat else None)
-            or _probe(failed, case, contract, rerun, inside) or _misplaced(failed, diagnosis, after, regions)
+            or _probe(failed, case, contract, rerun, inside, after) or _misplaced(failed, diagnosis, after, regions)
             or _read_off(failed, spec, case, contract, diagnosis, after, regions)
             or _from_memory(failed, case, diagnosis, after, regions) or _with_pattern(failed, diagnosis))
 
@@ -212,14 +212,56 @@ def _passes_elsewhere(failed, case, rerun):
                                     "addresses (a memo of a mapping, a scale or a check keyed on data_ptr)"))
 
 
-def _probe(failed, case, contract, rerun, inside):
+def _probe(failed, case, contract, rerun, inside, after=None):
     for hypothesis, change in probes(case, contract, failed.prepared):
         if rerun(case, change):
             return named(failed, hypothesis)
     for hypothesis, variant in variants(case):
         if inside(variant) and rerun(variant, _unchanged):
+            if hypothesis.cause == "cache_layout_ignored" and after is not None:
+                hypothesis = _with_unwritten_caches(hypothesis, failed.prepared, after)
             return named(failed, hypothesis)
     return None
+
+
+def _with_unwritten_caches(hypothesis, prepared, after: dict):
+    """``hypothesis`` (a cache layout the kernel mishandles) with the caches it left exactly as
+    they were, where some: their writes went into a copy (``reshape`` or ``contiguous()`` of a view
+    that is not contiguous returns one) or somewhere else entirely."""
+    arena = prepared.arena
+    def view_bytes(snapshot, name):  # bits, not values: NaN poison compares unequal as floats
+        return np.ascontiguousarray(arena.numpy_view(snapshot, name)).view(np.uint8)
+
+    untouched = [name for name in prepared.caches
+                 if np.array_equal(view_bytes(after, name), view_bytes(prepared.before, name))]
+    if not untouched:
+        return hypothesis
+    return Hypothesis(hypothesis.cause, f"{hypothesis.text}; {' and '.join(untouched)} left exactly as "
+                      f"{'they were' if len(untouched) > 1 else 'it was'}: {COPY_WRITES}")
+
+
+# where the writes of a call that changes nothing of a cache view went, most often
+COPY_WRITES = ("the writes went into a copy (reshape or contiguous() of a view that is not contiguous "
+               "returns one) or elsewhere")
+
+
+def _nothing_written(prepared) -> Hypothesis:
+    """nothing_written, with the likely reason where a cache view is not contiguous."""
+    views = prepared.arena.views
+    strided = [name for name in prepared.caches if not _contiguous(views[name])]
+    if not strided:
+        return Hypothesis("nothing_written", "nothing was written")
+    return Hypothesis("nothing_written", f"nothing was written; {' and '.join(strided)} "
+                      f"{'are views that are' if len(strided) > 1 else 'is a view that is'} not contiguous, and a write "
+                      "through reshape() or contiguous() of such a view lands in a copy")
+
+
+def _contiguous(view) -> bool:
+    expected, stride = [], 1
+    for size in reversed(view.shape):
+        expected.append(stride)
+        stride *= size
+    return all(size <= 1 or s == e for size, s, e in zip(view.shape, view.strides, reversed(expected)))
 
 
 def _not_reproducible(failed):

@@ -372,7 +372,8 @@ LOW_SLOT_PAGES = (2, 4, 8, 16, 32, 64, 128, 256)  # how many low slots a reserve
 
 def _low_slots_skipped(views: dict, prepared, contract, policy) -> list[Hypothesis]:
     """Every slot below P skipped, for each P of :data:`LOW_SLOT_PAGES` whose upper half holds an
-    entry: a whole reserved page (or block) taken for the one reserved slot, or a padding test
+    entry and past which an entry writes (else it would write nothing at all, which is named
+    as that): a whole reserved page (or block) taken for the one reserved slot, or a padding test
     ``slot < P``."""
     out = []
     for index in _by_role(views, "index"):
@@ -380,7 +381,7 @@ def _low_slots_skipped(views: dict, prepared, contract, policy) -> list[Hypothes
         if entries.ndim != 1:
             continue
         for page in LOW_SLOT_PAGES:
-            if not ((entries >= page // 2) & (entries < page) & (entries > 0)).any():
+            if not ((entries >= page // 2) & (entries < page) & (entries > 0)).any() or not (entries >= page).any():
                 continue
             text = (f"slots 0-{page - 1} skipped, a whole page of {page} taken as reserved, not only slot "
                     f"{policy.reserved}" if policy.kind == "reserved" else
