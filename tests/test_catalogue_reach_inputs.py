@@ -258,6 +258,17 @@ def head_major_rows_quantize(out, x, scale, fmt):
     out.copy_(tn._fp8_codes(x, scale.reshape(-1)[rows][..., None], fmt))
 
 
+def chunk_local_head_quantize(out, x, scale, fmt):
+    """x split into flat chunks of 2048 elements (one per thread block), each element's head taken
+    from its offset inside its chunk: right only where 2048 is a multiple of H * D."""
+    n, heads, dim = x.shape
+    if scale.numel() == 1:
+        tn.quantize_fp8(out, x, scale, fmt)
+        return
+    local = torch.arange(n * heads * dim).reshape(n, heads, dim) % 2048
+    out.copy_(tn._fp8_codes(x, scale.reshape(-1)[(local // dim) % heads], fmt))
+
+
 def head_from_offset_quantize(out, x, scale, fmt):
     """The head of each element computed from its offset in the row, ``(h * stride_h + d) // D % H``:
     right only where a row's heads are adjacent."""
@@ -308,6 +319,7 @@ def quantize_case(pick) -> str:
     (per_token_first_quantize, lambda p: p.get("scale") == "head" and p.get("n") == 32, "scale_misindexed"),
     (head_from_offset_quantize, lambda p: p.get("scale") == "head" and p.get("src") == "interleaved", None),
     (head_major_rows_quantize, lambda p: p.get("scale") == "head" and p.get("n") == 32, "scale_misindexed"),
+    (chunk_local_head_quantize, lambda p: p.get("scale") == "head" and p.get("shape") == (13, 46), "scale_misindexed"),
     (exponent_shift_quantize, lambda p: p.get("scale") == "4.0", None),
 ], ids=lambda x: getattr(x, "__name__", ""))
 def test_per_head_and_power_of_two_scales_reach_kernels_that_shortcut_them(fn, pick, cause):
@@ -318,6 +330,8 @@ def test_per_head_and_power_of_two_scales_reach_kernels_that_shortcut_them(fn, p
         assert "scale[h % 16]" in outcome.message, outcome.message
     if fn is per_token_first_quantize:
         assert "along the token axis" in outcome.message, outcome.message
+    if fn is chunk_local_head_quantize:
+        assert "2048-element chunk" in outcome.message, outcome.message
     if fn is head_major_rows_quantize:
         assert "head-major rows" in outcome.message, outcome.message
 

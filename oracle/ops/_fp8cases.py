@@ -350,6 +350,11 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             flat = np.asarray(scale, _F32).reshape(-1)
             offset = (np.arange(tokens)[:, None] * stride + np.arange(heads)[None, :] * head_stride)
             quotient = widened / flat[(offset // dim) % heads % flat.size][..., None]
+        elif mode.startswith("chunk_head="):  # flat chunks of C elements: the head of the offset in its chunk
+            chunk, (tokens, heads, dim) = int(mode.split("=")[1]), widened.shape[-3:]
+            flat = np.asarray(scale, _F32).reshape(-1)
+            local = np.arange(tokens * heads * dim).reshape(tokens, heads, dim) % chunk
+            quotient = widened / flat[(local // dim) % heads % flat.size]
         elif mode.startswith("vector_head="):  # each V-element vector of the flat [H * D] row: its first head's scale
             vector, (heads, dim) = int(mode.split("=")[1]), widened.shape[head_axis:][:2]
             flat = np.asarray(scale, _F32).reshape(-1)

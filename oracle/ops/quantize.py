@@ -110,7 +110,8 @@ class QuantizeFp8(OpSpec):
         whether a way changes anything depends on the remainder's values, so these are offered
         for the built case, after the others."""
         p = self.p_with_defaults(case)
-        return _flat_tail_hypotheses(p, contract) + _address_head_hypotheses(p, prepared)
+        return (_flat_tail_hypotheses(p, contract) + _address_head_hypotheses(p, prepared)
+                + _chunk_head_hypotheses(p))
 
     def bad_inputs(self) -> tuple:
         return ("x_dtype", "scale_dtype", "out_dtype", "shape_mismatch", "fmt", *BAD_SCALES)
@@ -128,6 +129,22 @@ def _address_head_hypotheses(p: dict, prepared: Prepared) -> list[Hypothesis]:
     return [Hypothesis("scale_misindexed", f"the per-head scale indexed by (offset // {dim}) % {heads}, from each "
                        f"element's offset in x ({apart} elements apart): the head it would have in "
                        "dense rows, not its own", {"scale": f"address_head={row_stride},{head_stride}"})]
+
+
+CHUNKS = (1024, 2048, 4096, 8192)  # elements of the flat chunks a kernel may split x into
+
+
+def _chunk_head_hypotheses(p: dict) -> list[Hypothesis]:
+    """A per-head scale indexed by the head of an element's offset inside its flat chunk of C
+    elements, ``(local // D) % H`` (work split into chunks, each indexed from its own start):
+    right while C is a multiple of ``H * D``."""
+    heads, dim = p["shape"]
+    if p.get("scale") != "head" or heads < 2:
+        return []
+    return [Hypothesis("scale_misindexed", f"the per-head scale indexed by ({chunk}-element chunk offset // {dim}) "
+                       f"% {heads}: x split into flat chunks of {chunk} elements, each element's head taken from its "
+                       "offset inside its chunk, not in x", {"scale": f"chunk_head={chunk}"})
+            for chunk in CHUNKS if p["n"] * heads * dim > chunk and chunk % (heads * dim)]
 
 
 def _flat_tail_hypotheses(p: dict, contract: Contract) -> list[Hypothesis]:
