@@ -234,6 +234,7 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
     if "nvfp4" in spec.block_formats:
         yield {"repeat": "inplace", "block": "nvfp4"}
     if "out_of_range" in spec.bad_inputs():
+        yield {"repeat": "interior"}  # an index with the first call's length and ends, reversed between
         yield {"repeat": "bad"}
         yield {"repeat": "bad", "n": 1}
     # after a call of another variant (oracle.ops._repeat.calls_before): state kept per process
@@ -241,6 +242,9 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
     if spec.fp8:
         yield {"fp8": "e4m3fn", "after": "fp8=e5m2"}
         yield {"fp8": "e5m2", "after": "fp8=e4m3fn"}
+    if "head" in spec.fp8_scales:  # a launch plan keyed without the scale's kind, made for either
+        yield {"fp8": "e4m3fn", "scale": "head", "after": "scale=0.0123"}
+        yield {"fp8": "e4m3fn", "scale": "0.0123", "after": "scale=head"}
     formats = spec.block_formats
     for fmt, other in zip(formats, formats[1:] + formats[:1]) if len(formats) > 1 else ():
         yield {"block": fmt, "after": f"block={other}"}

@@ -139,7 +139,8 @@ def earlier_state(failed, previous, case, *, second: bool):
                if k != "after" and previous.p.get(k) != case.p.get(k))  # what calls_before changed
     was, now = ((shape_text(v) if isinstance(v, tuple) else v) for v in (previous.p.get(key), case.p.get(key)))
     what = {"fp8": "fp8 format", "block": "block format", "dtype": "source dtype", "src": "source layout (its strides)",
-            "layout": "cache layout", "shape": "row shape", "index": "index dtype"}.get(key, key)
+            "layout": "cache layout", "shape": "row shape", "index": "index dtype",
+            "scale": "scale's kind (per tensor or per head)"}.get(key, key)
     cause = failed.cause or {}
     wrote_previous = cause.get("id") == "wrong_fp8_format" and str(cause.get("text", "")).startswith(f"{was} codes")
     if second and not wrote_previous and failed.cause is not None:

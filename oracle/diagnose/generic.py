@@ -435,9 +435,20 @@ def stale_hypotheses(prepared) -> list[Hypothesis]:
         groups.append(tuple(stale))
     return [Hypothesis("stale_state", f"the second call read the first call's {' and '.join(names)}, "
                        "redrawn in place since (same address, same size): state kept between calls, "
-                       "as a memo keyed on a tensor's address, shape or first use",
+                       f"as a memo keyed on a tensor's address, shape or first use{_same_ends(prepared, names, stale)}",
                        inputs={name: lambda a, old=stale[name]: old for name in names})
             for names in dict.fromkeys(groups)]
+
+
+def _same_ends(prepared, names: tuple, stale: dict) -> str:
+    """What an index among ``names`` kept of the first call's where only its interior changed."""
+    for name in names:
+        if prepared.arena.views[name].role == "index":
+            old, new = stale[name].reshape(-1), prepared.numpy(name).reshape(-1)
+            if old.size > 2 and old[0] == new[0] and old[-1] == new[-1]:
+                return (f"; {name} has the first call's length and first and last entries, so a memo keyed "
+                        "on those (a fingerprint of the index) takes it for the same index")
+    return ""
 
 
 def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:

@@ -24,6 +24,12 @@ by ``after`` (``fp8=e5m2``: the same case in e5m2), and its own variant again, e
 first call passing and a later one failing is what an earlier call left behind
 (:func:`oracle.diagnose.engine.explain` names it ``earlier_call_state``).
 
+**Interior** (``repeat="interior"``): the second call's inputs redrawn as in place, but its index
+is the first call's with the entries between its first and last in reverse order: the same
+length, the same ends, the same slots. A kernel that memoizes the slot decomposition of an index
+under a cheap fingerprint (its length and its ends, as "every layer of a step shares the index,
+and steps differ at their ends") writes the second call's rows at the first call's slots.
+
 **Rewrite** (``repeat="rewrite"``): the second call writes the same slots again, with what the
 first call wrote changed only in places. A kernel that skips a write where the cache already holds
 what it would write (a dirty check that saves bandwidth when a step is replayed, or a prefix cache
@@ -104,6 +110,20 @@ def redraw_in_place(spec: OpSpec, case: Case, prepared: Prepared, contract: Cont
     for view in arena.views.values():
         if view.role == "scale" and view.dtype == "float32":
             arena.torch_view(view).mul_(SCALE_FACTOR)
+    if case.p.get("repeat") == "interior":
+        _interior_reversed(prepared)
+
+
+def _interior_reversed(prepared: Prepared) -> None:
+    """Every index of a ``repeat="interior"`` case's second call: the first call's entries with
+    those between the first and the last in reverse order (the same length, ends and slots)."""
+    arena = prepared.arena
+    for view in arena.views.values():
+        if view.role == "index":
+            entries = arena.numpy_view(prepared.earlier, view.name).copy()
+            flat = entries.reshape(-1)
+            flat[1:-1] = flat[1:-1][::-1].copy()
+            arena.torch_view(view).copy_(torch.from_numpy(entries).to(arena.torch_view(view).device))
 
 
 def calls_before(case: Case) -> tuple[Case, Case] | None:
