@@ -126,7 +126,7 @@ def test_the_pattern_names_stray_and_missing_rows():
 def test_the_cause_reaches_the_json_report_and_junit(tmp_path):
     done = oracle("run", "--kernel", "collapsed.reshape_and_cache_flash", "-n", "0",
                   "--report", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"),
-                  "--", "-k", "scale_head", env={"ORACLE_PLUGINS": "collapsed:register"})
+                  "--", "-k", "scale_head and not bad", env={"ORACLE_PLUGINS": "collapsed:register"})
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     data = json.loads((tmp_path / "r.json").read_text())
     failed = [c for c in data["cases"] if c["status"] == "fail"]

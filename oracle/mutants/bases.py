@@ -126,6 +126,7 @@ def check_quantize(out, x, scale, fmt) -> None:
         raise ValueError(f"out has shape {tuple(out.shape)} and x {tuple(x.shape)}; "
                          "expected one [N, H, D] shape")
     checks.check_scale("scale", scale, x.shape[1])
+    checks.check_scale_values("scale", scale)
 
 
 def quantize_fp8_satfinite(out, x, scale, fmt):
