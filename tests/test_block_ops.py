@@ -2,12 +2,13 @@
 plug-in judged under what it declares (oracle.contract, oracle.cases, oracle.ops.block_scaled)."""
 
 import pytest
+import torch
 
 from oracle.cases import catalogue
 from oracle.contract import Contract, gaps
 from oracle.kernels import torch_block
 from oracle.ops import get_spec
-from oracle.registry import Registry
+from oracle.registry import Kernel, Registry
 from oracle.runner import FAIL, NOT_SUPPORTED, PASS, UNDECLARED, run_case
 
 
@@ -93,6 +94,24 @@ def test_a_writer_whose_nan_blocks_differ_fails_and_says_why():
     outcome = run_case(kernel, case)
     assert outcome.status == FAIL
     assert outcome.cause["id"] == "block_nonfinite" and "nan_scale" in outcome.cause["text"]
+
+
+def _negative_nan_with_its_sign(codes, scales, x, fmt, global_scale=None):
+    """NVFP4 with the e2m1 encoder's sign ORed into a NaN's code: a negative NaN as 15 (-6)."""
+    torch_block.quantize_block(codes, scales, x, fmt, global_scale)
+    negative_nan = (x.isnan() & x.signbit()).reshape(x.shape[0], x.shape[1], -1, 2)
+    low, high = negative_nan[..., 0], negative_nan[..., 1]
+    codes.copy_(codes | (low.to(torch.uint8) * 0x08) | (high.to(torch.uint8) * 0x80))
+
+
+def test_an_nvfp4_negative_nan_written_with_its_sign_is_named():
+    contract = Contract(op="quantize_block", name="vendor.signed_nan", backend="test", validates=True,
+                        block_formats=("nvfp4",))
+    case = next(c for c in catalogue("quantize_block", "quick", contract) if c.id == "nvfp4-nonfinite")
+    outcome = run_case(Kernel(contract, _negative_nan_with_its_sign, "test"), case)
+    assert outcome.status == FAIL
+    assert outcome.cause["id"] == "block_nonfinite" and "'signed_max'" in outcome.cause["text"], outcome.message
+    assert run_case(Kernel(contract, torch_block.quantize_block, "test"), case).status == PASS
 
 
 def _padding_scales_into_slot_zero(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,

@@ -287,6 +287,7 @@ def test_e2m1_codes_of_nan(dtype):
     assert np.isnan(nans).all()
     assert nvfp4.e2m1_codes(nans).tolist() == [7] * 6 == [o.e2m1_code(float(v)) for v in nans]
     assert nvfp4.e2m1_codes(nans, nan_element="zero").tolist() == [0] * 6
+    assert nvfp4.e2m1_codes(nans, nan_element="signed_max").tolist() == [7] * 3 + [15] * 3  # the sign ORed in
 
 
 def test_every_fp4_code_decodes_as_ml_dtypes_does():

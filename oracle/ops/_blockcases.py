@@ -148,7 +148,8 @@ MX_ALTERNATIVES = (
 )
 NVFP4_ALTERNATIVES = (
     ("block_scaling_rule", "global_scale_at", nvfp4.GLOBAL_SCALE_AT, "the per-tensor scale is applied at {!r}"),
-    ("block_nonfinite", "nan_element", nvfp4.NAN_ELEMENTS, "NaN elements are written as {!r}"),
+    ("block_nonfinite", "nan_element", nvfp4.NAN_ELEMENTS, "NaN elements are written as {!r} (max: code 7, "
+     "+6; zero: code 0; signed_max: 7 with the NaN's sign bit, a negative NaN as 15, -6)"),
     ("block_nonfinite", "nonfinite", nvfp4.NONFINITE_BLOCKS, "a block holding NaN is scaled by {!r}"),
     ("element_rounding", "element_rounding", nvfp4.ELEMENT_ROUNDINGS, "the e2m1 codes are rounded {}"),
     ("block_nonfinite", "zero_guard", nvfp4.ZERO_GUARDS, "the element multiplier is 0 where the {} scale is"),

@@ -24,7 +24,9 @@ Where implementations differ, :class:`Nvfp4Knobs` says how:
 - ``nibble_order``: ``"low_first"`` (element ``2j`` in the low nibble of byte ``j``, what PTX's
   ``cvt.rn.satfinite.e2m1x2.f32 d, a, b`` gives with ``a`` the odd element) or ``"high_first"``.
 - ``nan_element``: the code of a NaN element (e2m1 has no NaN): ``"max"`` (7, +6: the
-  satfinite conversion) or ``"zero"`` (0).
+  satfinite conversion) or ``"zero"`` (0); ``"signed_max"`` (a fault: 7 with the NaN's sign
+  bit, so a negative NaN is 15, -6: an encoder that maps NaN to the largest magnitude and then
+  ORs in the sign as for any value).
 - ``nonfinite``: ``"ignore_nan"`` (amax over the non-NaN elements, as CUDA's ``fmaxf`` does),
   ``"nan_scale"`` (a block holding NaN gets the e4m3fn NaN scale byte 0x7F) or
   ``"all_nan_scale"`` (only a block whose elements are all NaN gets 0x7F: vLLM's and
@@ -73,7 +75,7 @@ SCALE_NAN = 0x7F
 SIXTH = np.float32(1) / np.float32(6)  # fl32(1/6) = 0.1666666716...
 GLOBAL_SCALE_AT = ("block_scale", "input")
 NIBBLE_ORDERS = ("low_first", "high_first")
-NAN_ELEMENTS = ("max", "zero")
+NAN_ELEMENTS = ("max", "zero", "signed_max")
 NONFINITE_BLOCKS = ("ignore_nan", "nan_scale", "all_nan_scale")
 ZERO_GUARDS = ("stored", "unrounded")
 ELEMENT_SCALES = ("stored", "unrounded")
@@ -168,7 +170,7 @@ def e2m1_codes(q, *, nan_element: str = "max", rounding: str = "nearest_even",
     not above; a fault of :data:`TIE_FLIPS`, one tie the other way), saturating to +-6 (infinities
     too); -0 and negative values that round to 0 are code 8 (``negative_zero="positive"``, a
     fault: code 0, the sign applied only to a nonzero magnitude); NaN is code 7
-    (``nan_element="max"``) or 0 (``"zero"``)."""
+    (``nan_element="max"``) or 0 (``"zero"``), or 7 with its sign bit (``"signed_max"``, a fault)."""
     v.require_choice("nan_element", nan_element, NAN_ELEMENTS)
     v.require_choice("negative_zero", negative_zero, NEGATIVE_ZEROS)
     v.require_choice("rounding", rounding, ELEMENT_ROUNDINGS + TIE_FLIPS)
@@ -188,7 +190,8 @@ def e2m1_codes(q, *, nan_element: str = "max", rounding: str = "nearest_even",
     signed = np.signbit(q) & ((code > 0) if negative_zero == "positive" else True)
     code = np.where(signed, code | 8, code)
     nan = np.isnan(q)
-    code = np.where(nan, 7 if nan_element == "max" else 0, code)
+    nan_code = {"max": 7, "zero": 0}.get(nan_element)
+    code = np.where(nan, np.where(np.signbit(q), 15, 7) if nan_code is None else nan_code, code)
     return code.astype(np.uint8)
 
 
