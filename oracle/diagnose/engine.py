@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..buffers import same_bytes
+from ..buffers import contiguous_strides, same_bytes
 from ..ops._repeat import calls_before
 from ..ops.base import shape_text
 from ..reference.slots import Padding
@@ -258,11 +258,7 @@ def _nothing_written(prepared) -> Hypothesis:
 
 
 def _contiguous(view) -> bool:
-    expected, stride = [], 1
-    for size in reversed(view.shape):
-        expected.append(stride)
-        stride *= size
-    return all(size <= 1 or s == e for size, s, e in zip(view.shape, view.strides, reversed(expected)))
+    return all(size <= 1 or s == e for size, s, e in zip(view.shape, view.strides, contiguous_strides(view.shape)))
 
 
 def _not_reproducible(failed):

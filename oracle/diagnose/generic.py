@@ -420,12 +420,16 @@ def stale_hypotheses(prepared) -> list[Hypothesis]:
     if prepared.earlier is None:
         return []
     arena = prepared.arena
-    stale = {}
+    stale, kept_ends = {}, {}
     for view in arena.views.values():
         if view.role in STALE_ROLES:
-            old = arena.numpy_view(prepared.earlier, view.name).copy()
-            if old.tobytes() != prepared.numpy(view.name).tobytes():
+            old, now = arena.numpy_view(prepared.earlier, view.name).copy(), prepared.numpy(view.name)
+            if old.tobytes() != now.tobytes():
                 stale[view.name] = old
+                if view.role == "index" and old.size > 2 and old.flat[0] == now.flat[0] and old.flat[-1] == now.flat[-1]:
+                    kept_ends[view.name] = (f"; {view.name} has the first call's length and first and last entries, "
+                                            "so a memo keyed on those (a fingerprint of the index) takes it for the "
+                                            "same index")
     groups = [(name,) for name in stale]
     for role in STALE_ROLES:  # e.g. K's and V's scales memoized together
         names = tuple(name for name in stale if arena.views[name].role == role)
@@ -435,20 +439,10 @@ def stale_hypotheses(prepared) -> list[Hypothesis]:
         groups.append(tuple(stale))
     return [Hypothesis("stale_state", f"the second call read the first call's {' and '.join(names)}, "
                        "redrawn in place since (same address, same size): state kept between calls, "
-                       f"as a memo keyed on a tensor's address, shape or first use{_same_ends(prepared, names, stale)}",
+                       "as a memo keyed on a tensor's address, shape or first use"
+                       + next((kept_ends[name] for name in names if name in kept_ends), ""),
                        inputs={name: lambda a, old=stale[name]: old for name in names})
             for names in dict.fromkeys(groups)]
-
-
-def _same_ends(prepared, names: tuple, stale: dict) -> str:
-    """What an index among ``names`` kept of the first call's where only its interior changed."""
-    for name in names:
-        if prepared.arena.views[name].role == "index":
-            old, new = stale[name].reshape(-1), prepared.numpy(name).reshape(-1)
-            if old.size > 2 and old[0] == new[0] and old[-1] == new[-1]:
-                return (f"; {name} has the first call's length and first and last entries, so a memo keyed "
-                        "on those (a fingerprint of the index) takes it for the same index")
-    return ""
 
 
 def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:

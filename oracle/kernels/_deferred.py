@@ -116,10 +116,11 @@ def message(words) -> str:
     """The error a mailbox holds, in the reference's words (oracle.reference.slots)."""
     kind, row, value, num_slots, argument, padding, reserved = (int(w) for w in words[:7])
     if kind == SCALE:
-        name = SCALE_ARGUMENTS[row] if 0 <= row < len(SCALE_ARGUMENTS) else f"scale {row}"
-        if argument > 1:  # words[3] and [4]: the element of a per-head scale
-            name = f"{name}[{num_slots}]"
-        number = float(np.array([value & 0xFFFFFFFF], np.uint32).view(np.float32)[0])
+        code, bits, element, length = row, value, num_slots, argument  # a scale's words
+        name = SCALE_ARGUMENTS[code] if 0 <= code < len(SCALE_ARGUMENTS) else f"scale {code}"
+        if length > 1:  # a per-head scale: name its element
+            name = f"{name}[{element}]"
+        number = float(np.array([bits & 0xFFFFFFFF], np.uint32).view(np.float32)[0])
         return (f"{name} = {number!r} must be a finite float32 > 0; found on the device, nothing of "
                 "that call was written")
     name = ARGUMENTS[argument] if 0 <= argument < len(ARGUMENTS) else f"argument {argument}"

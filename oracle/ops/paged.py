@@ -164,7 +164,7 @@ class ReshapeAndCacheFlash(OpSpec):
         v_scale collapsed to head 0, each used for the other)."""
         p = self.p_with_defaults(case)
         out = _fp8hypotheses.alternatives(p, contract, row_width=p["shape"][1])
-        return (out + _fp8hypotheses.scale_hypotheses(p, ("k_scale", "v_scale"), p["shape"][0])
+        return (out + _fp8hypotheses.scale_hypotheses(p, self.scale_arguments, p["shape"][0])
                 + _fp8hypotheses.zero_head_hypotheses(p, ("key", "value")))
 
     def bad_inputs(self) -> tuple:

@@ -102,7 +102,7 @@ class QuantizeFp8(OpSpec):
         head 0."""
         p = self.p_with_defaults(case)
         return (_fp8hypotheses.alternatives(p, contract, row_width=p["shape"][1])
-                + _fp8hypotheses.scale_hypotheses(p, ("scale",), p["shape"][0])
+                + _fp8hypotheses.scale_hypotheses(p, self.scale_arguments, p["shape"][0])
                 + _fp8hypotheses.zero_head_hypotheses(p, ("x",)))
 
     def layout_alternatives(self, case: Case, contract: Contract, prepared: Prepared) -> list[Hypothesis]:

@@ -120,21 +120,16 @@ def _begin(validate, device: torch.device, interpreting: bool) -> tuple:
     return sync, box, device_index
 
 
-def mailbox_only(placeholder: torch.Tensor, validate, device: torch.device, interpreting: bool) -> Check:
-    """A validating call with no slots to check (``CHECK = 0``) that still reports to the mailbox
-    (a writer's per-tensor scale check)."""
+def scale_check(placeholder: torch.Tensor, validate, device: torch.device, interpreting: bool,
+                capturing: bool) -> Check:
+    """The check of a call with scales but no slots (the quantizers): no slot check (``CHECK =
+    0``), but the mailbox for the kernels' scale check, unless ``validate`` is False or a CUDA
+    graph is being captured."""
+    if validate is False or capturing:
+        return unchecked(placeholder)
     sync, box, device_index = _begin(validate, device, interpreting)
     return Check((placeholder, 0, box, 0, 0), dict(_meta(0, 0, 16, interpreting)), sync=sync,
                  device_index=device_index, reports=True)
-
-
-def scale_check(placeholder: torch.Tensor, validate, device: torch.device, interpreting: bool,
-                capturing: bool) -> Check:
-    """The check of a call with scales but no slots (the quantizers): the mailbox, for the
-    kernels' scale check, unless ``validate`` is False or a CUDA graph is being captured."""
-    if validate is False or capturing:
-        return unchecked(placeholder)
-    return mailbox_only(placeholder, validate, device, interpreting)
 
 
 def empty_call_scales(validate, named_scales, capturing: bool) -> None:
