@@ -3,9 +3,11 @@
 Every 16-bit source pattern under fp8 (a conversion table one entry short), a scale just past 1
 (a unit-scale fast path with a tolerance), a prefill's run of slots across block boundaries in
 HND (a slab copy), odd slots past 2**24 in an int32 index (a sort key built in the index's dtype),
-unquantized calls on an fp8 cache and unknown kv_cache_dtype names (taken for a plain copy), and a
-block-scaled token whose whole row is signed zeros (taken for padding). Each kernel fails its case
-and passes the ordinary one, and the torch baseline passes both.
+unquantized calls on an fp8 cache and unknown kv_cache_dtype names (taken for a plain copy), a
+block-scaled token whose whole row is signed zeros (taken for padding), an index with the first
+call's length and ends (a memo keyed on them) and a per-head scale after a per-tensor one (a plan
+keyed without the scale's kind). Each kernel fails its case and passes the ordinary one, and the
+torch baseline passes both.
 """
 
 from dataclasses import replace
@@ -199,3 +201,52 @@ def test_the_heads_past_the_last_whole_group_scaled_by_head_0_are_named():
     result = outcome(like("torch.quantize_fp8", tail_heads_by_head_0), "e4m3fn-13x46-scale_head-random")
     assert result.status == FAIL and result.cause["id"] == "scale_misindexed", result.message
     assert "the last 1 head(s) (past the last whole group of 2 or 4)" in result.cause["text"]
+
+
+# --- state kept between calls: an index fingerprint, a plan keyed without the scale's kind --------
+
+def fingerprinted_store_cache():
+    """store_cache that memoizes each index's slots under (length, first entry, last entry), as
+    if every index with those were the same one: right on the first call of each fingerprint."""
+    memo = {}
+
+    def fingerprinted(k, v, k_cache, v_cache, loc):
+        key = (loc.shape[0], int(loc[0]), int(loc[-1])) if loc.shape[0] else None
+        slots = memo.setdefault(key, loc.clone())
+        tn.store_cache(k, v, k_cache, v_cache, slots)
+    return fingerprinted
+
+
+def test_an_index_memoized_by_its_length_and_ends_is_caught_by_the_interior_repeat_and_named():
+    kernel = like("torch.store_cache", fingerprinted_store_cache())
+    result = outcome(kernel, "repeat_interior")
+    assert result.status == FAIL and result.cause["id"] == "stale_state", result.message
+    assert "first call's length and first and last entries" in result.cause["text"]
+    assert outcome(BASELINES["torch.store_cache"], "repeat_interior").status == PASS
+
+
+def plan_keyed_without_the_scale_kind():
+    """reshape_and_cache_flash with a launch plan per (dtypes, shape) that records whether the
+    scales are per head, so a per-head call after a per-tensor one uses head 0's scale."""
+    plans = {}
+
+    def planned(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+        plan = plans.setdefault((kv_cache_dtype, key.dtype, tuple(key.shape[1:])), k_scale.numel() > 1)
+        if not plan:
+            k_scale, v_scale = k_scale.reshape(-1)[:1], v_scale.reshape(-1)[:1]
+        tn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
+                                   v_scale)
+    return planned
+
+
+def test_a_plan_keyed_without_the_scale_kind_is_caught_by_the_after_case():
+    kernel = like("torch.reshape_and_cache_flash", plan_keyed_without_the_scale_kind())
+    result = outcome(kernel, "e4m3fn-scale_0.0123-after_scale_head")
+    # the second call's own diagnosis is kept (the variant may be wrong alone), and the verdict
+    # says which call it was and what passed before it
+    assert result.status == FAIL and result.cause["id"] == "scale_collapsed", result.message
+    assert result.message.startswith("the second of the case's three calls (e4m3fn-scale_head) failed, right "
+                                     "after a call of e4m3fn-scale_0.0123 that passed"), result.message
+    fresh = like("torch.reshape_and_cache_flash", plan_keyed_without_the_scale_kind())
+    assert outcome(fresh, "e4m3fn-scale_head-after_scale_0.0123").status == PASS  # its plan made per head
+    assert outcome(BASELINES["torch.reshape_and_cache_flash"], "e4m3fn-scale_0.0123-after_scale_head").status == PASS
