@@ -3,8 +3,10 @@
 They are derived from the case's views alone (their roles, shapes, strides and offsets), so every
 op gets them without describing them: an index read as if contiguous or from its storage's start,
 sources read as if packed, one cache addressed with the other's strides, caches assumed dense, the
-index read past its end, slot 0 skipped; and those of :mod:`.row_bounds` (how far along its rows
-a kernel reads and writes) and :mod:`.source_values` (NaN bits, narrowed or flushed sources).
+index read past its end; and those of :mod:`.row_bounds` (how far along its rows a kernel reads
+and writes), :mod:`.source_values` (NaN bits, narrowed or flushed sources), :mod:`.padding`
+(another padding policy, slot 0 skipped) and :mod:`.stale_inputs` (a second call reading the
+first call's inputs).
 """
 
 from __future__ import annotations
@@ -14,18 +16,15 @@ import functools
 import numpy as np
 
 from ..buffers import ViewSpec, contiguous_strides
-from ..reference.slots import Padding
-from .hypothesis import ANY_DUPLICATES, Hypothesis
+from .hypothesis import ANY_DUPLICATES, Hypothesis, by_role
+from .padding import padding_hypotheses
 from .row_bounds import (head_tile_hypotheses, overrun_hypotheses, row_tile_hypotheses, tail_hypotheses,
                          width_hypotheses, word_spill_hypotheses)
 from .slot_arithmetic import float_slot_hypotheses
 from .slot_tables import winner_table_hypotheses
+from .stale_inputs import stale_hypotheses
 from .source_values import (arithmetic_copy_hypotheses, flushed_source_hypotheses, nan_bits_hypotheses,
                             narrowed_source_hypotheses)
-
-
-def _by_role(views: dict, role: str) -> list[ViewSpec]:
-    return [v for v in views.values() if v.role == role]
 
 
 TILES = (2, 4, 8, 16, 32, 64, 128, 256)  # rows per program of a grid sized n // tile
@@ -49,7 +48,7 @@ def dropped_counts(n: int) -> list[tuple[int, str]]:
 def index_hypotheses(arena) -> list[Hypothesis]:
     out = []
     views = arena.views
-    for index in _by_role(views, "index"):
+    for index in by_role(views, "index"):
         if index.strides != contiguous_strides(index.shape):
             out.append(Hypothesis("index_stride_ignored", f"{index.name} read as if contiguous "
                                   f"(its stride {index.strides[-1]} ignored)",
@@ -113,7 +112,7 @@ def _as_int32_words(entries: np.ndarray) -> np.ndarray:
 
 
 def source_hypotheses(views: dict) -> list[Hypothesis]:
-    strided = [v for v in _by_role(views, "source") if v.strides != contiguous_strides(v.shape)]
+    strided = [v for v in by_role(views, "source") if v.strides != contiguous_strides(v.shape)]
     if not strided:
         return []
     names = ", ".join(v.name for v in strided)
@@ -181,7 +180,7 @@ def adjacency_hypotheses(views: dict) -> list[Hypothesis]:
     """A source read right after the one before it in their shared row (a fused-row fast path that
     assumes the layout instead of reading the source's own pointer), where something lies between."""
     out = []
-    sources = sorted(_by_role(views, "source"), key=lambda v: (v.region, v.offset))
+    sources = sorted(by_role(views, "source"), key=lambda v: (v.region, v.offset))
     for a, b in zip(sources, sources[1:]):
         right_after = a.offset + int(np.prod(a.shape[1:])) * a.itemsize
         if a.region == b.region and a.shape and a.shape[0] == b.shape[0] and b.offset != right_after:
@@ -193,7 +192,7 @@ def adjacency_hypotheses(views: dict) -> list[Hypothesis]:
 
 def swapped_source_hypotheses(views: dict) -> list[Hypothesis]:
     """One source written where another belongs (K into the V cache)."""
-    sources = _by_role(views, "source")
+    sources = by_role(views, "source")
     out = [Hypothesis("sources_swapped", f"{a.name} written in place of {b.name}",
                       views={b.name: (a.shape, a.strides, a.offset, a.region)})
            for a in sources for b in sources
@@ -274,7 +273,7 @@ def _block_size_hypothesis(views: dict, paged: list, wrong: int, cause: str, tex
         # bounds-checks its block index), and a kernel that writes them fails the guards
         blocks = paged[0].shape[0]
         inputs = {ix.name: (lambda a, limit=blocks * wrong: np.where(a >= limit, -1, a))
-                  for ix in _by_role(views, "index")}
+                  for ix in by_role(views, "index")}
         dropped = f"; slots past block {blocks - 1} so addressed were dropped"
     return Hypothesis(cause, text + dropped,
                       views={c.name: ((blocks, wrong) + c.shape[2:], c.strides, c.offset) for c in paged},
@@ -301,7 +300,7 @@ def _shift_mask_mismatch(views: dict, paged: list, block_size: int, wrong: int) 
                        (False, f"the block as slot >> {shift} (blocks of {wrong}) but the token as slot % {block_size}")):
         out.append(Hypothesis("block_size_power_of_two", f"a shift and a mask that disagree: {text}, where the "
                               f"cache's blocks hold {block_size}",
-                              inputs={ix.name: functools.partial(landing, mask=mask) for ix in _by_role(views, "index")},
+                              inputs={ix.name: functools.partial(landing, mask=mask) for ix in by_role(views, "index")},
                               override={"duplicates": "any"}))
     return out
 
@@ -309,8 +308,8 @@ def _shift_mask_mismatch(views: dict, paged: list, block_size: int, wrong: int) 
 def index_past_end_hypotheses(views: dict, prepared) -> list[Hypothesis]:
     """The index read up to the sources' row count, where the sources have more rows."""
     out = []
-    sources = _by_role(views, "source")
-    for index in _by_role(views, "index"):
+    sources = by_role(views, "source")
+    for index in by_role(views, "index"):
         rows = max((s.shape[0] for s in sources if s.shape), default=0)
         if index.shape and rows > index.shape[0]:
             out.append(Hypothesis("rows_past_index", f"{index.name} read past its end, to the sources' "
@@ -320,84 +319,11 @@ def index_past_end_hypotheses(views: dict, prepared) -> list[Hypothesis]:
     return out
 
 
-def padding_hypotheses(case, views: dict, prepared, contract) -> list[Hypothesis]:
-    """Another padding policy than the declared one (a case with padding entries: each padding
-    slot written repeats, so any whole colliding row is allowed); slot 0 skipped though the
-    contract reserves nothing."""
-    out = [Hypothesis("padding_policy", f"padding={other!r} instead of {contract.padding!r}",
-                      override={"padding": other, **ANY_DUPLICATES})
-           for other in ("none", "negative", "reserved:0")
-           if case.p.get("padding") and other != contract.padding]
-    policy = Padding.parse(contract.padding)
-    if case.p.get("padding") and policy.kind != "none":
-        pad = policy.reserved if policy.kind == "reserved" else -1
-        for index in _by_role(views, "index"):
-            entries = prepared.numpy(index.name).astype(np.int64)
-            marked = np.flatnonzero(policy.skipped(entries, np.iinfo(np.int64).max)) if entries.ndim == 1 else []
-            if len(marked) and marked[0] < entries.size - 1:
-                out.append(Hypothesis("rows_dropped", f"the entries of {index.name} from its first padding entry "
-                                      f"(position {marked[0]} of {entries.size}) on not written: the batch taken to "
-                                      "end there, as if padding came only at its tail",
-                                      inputs={index.name: lambda a, at=marked[0]: np.concatenate(
-                                          [a[:at], np.full(a.size - at, pad, a.dtype)])}))
-                live = np.flatnonzero(~policy.skipped(entries, np.iinfo(np.int64).max))
-                if live.size and not np.array_equal(live, np.arange(live.size)):
-                    out.append(Hypothesis("rows_misrouted", f"the non-padding entries of {index.name} compacted to "
-                                          f"the front ({live.size} of {entries.size}) and the j-th of them written "
-                                          "with source row j, not its own position's (padding assumed to come only "
-                                          "at the batch's tail)", inputs={source.name: functools.partial(
-                                              _compacted, live) for source in _by_role(views, "source")}))
-    out += _low_slots_skipped(views, prepared, contract, policy)
-    if policy.kind == "reserved":
-        return out
-    for index in _by_role(views, "index"):
-        entries = prepared.numpy(index.name)
-        if entries.ndim == 1 and (entries == 0).any():
-            out.append(Hypothesis("slot_zero_skipped", f"slot 0 skipped as if reserved, though the "
-                                  f"contract declares padding={contract.padding!r}",
-                                  inputs={index.name: lambda a: np.where(a == 0, -1, a)},
-                                  override={"padding": "negative"}))
-    return out
-
-
-def _compacted(live: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``rows`` as a kernel that compacts the live entries reads them: live entry j takes row j."""
-    out = rows.copy()
-    out[live] = rows[:live.size]
-    return out
-
-
-LOW_SLOT_PAGES = (2, 4, 8, 16, 32, 64, 128, 256)  # how many low slots a reserved page may span
-
-
-def _low_slots_skipped(views: dict, prepared, contract, policy) -> list[Hypothesis]:
-    """Every slot below P skipped, for each P of :data:`LOW_SLOT_PAGES` whose upper half holds an
-    entry and past which an entry writes (else it would write nothing at all, which is named
-    as that): a whole reserved page (or block) taken for the one reserved slot, or a padding test
-    ``slot < P``."""
-    out = []
-    for index in _by_role(views, "index"):
-        entries = prepared.numpy(index.name).astype(np.int64)
-        if entries.ndim != 1:
-            continue
-        for page in LOW_SLOT_PAGES:
-            if not ((entries >= page // 2) & (entries < page) & (entries > 0)).any() or not (entries >= page).any():
-                continue
-            text = (f"slots 0-{page - 1} skipped, a whole page of {page} taken as reserved, not only slot "
-                    f"{policy.reserved}" if policy.kind == "reserved" else
-                    f"slots 0-{page - 1} skipped as if reserved (a page of {page}), though the contract declares "
-                    f"padding={contract.padding!r}")
-            out.append(Hypothesis("padding_policy" if policy.kind == "reserved" else "slot_zero_skipped", text,
-                                  inputs={index.name: lambda a, p=page: np.where((a >= 0) & (a < p), -1, a)},
-                                  override={"padding": "negative"}))
-    return out
-
-
 def run_hypotheses(prepared) -> list[Hypothesis]:
     """An index whose ends are a run's (``last - first == n - 1``) but whose entries are not in
     order, taken as the run itself: a fast path that checks only the ends, then copies one slab."""
     out = []
-    for index in _by_role(prepared.arena.views, "index"):
+    for index in by_role(prepared.arena.views, "index"):
         entries = prepared.numpy(index.name).astype(np.int64)
         if entries.ndim != 1 or entries.size < 3 or int(entries[-1]) - int(entries[0]) != entries.size - 1:
             continue
@@ -407,42 +333,6 @@ def run_hypotheses(prepared) -> list[Hypothesis]:
                                   f"{entries[-1]} its ends span (one slab copied; the order inside not read)",
                                   inputs={index.name: lambda a, run=run: run.astype(a.dtype)}))
     return out
-
-
-STALE_ROLES = ("source", "index", "scale")
-
-
-def stale_hypotheses(prepared) -> list[Hypothesis]:
-    """For the second call of a ``repeat`` case (``prepared.earlier`` set): the kernel read the
-    first call's values of an input instead of its own (a translation or a scale memoized on the
-    tensor's address, a copy of the index kept from the first call): each input alone, each role's
-    inputs together (K's and V's scales), and all of them at once."""
-    if prepared.earlier is None:
-        return []
-    arena = prepared.arena
-    stale, kept_ends = {}, {}
-    for view in arena.views.values():
-        if view.role in STALE_ROLES:
-            old, now = arena.numpy_view(prepared.earlier, view.name).copy(), prepared.numpy(view.name)
-            if old.tobytes() != now.tobytes():
-                stale[view.name] = old
-                if view.role == "index" and old.size > 2 and old.flat[0] == now.flat[0] and old.flat[-1] == now.flat[-1]:
-                    kept_ends[view.name] = (f"; {view.name} has the first call's length and first and last entries, "
-                                            "so a memo keyed on those (a fingerprint of the index) takes it for the "
-                                            "same index")
-    groups = [(name,) for name in stale]
-    for role in STALE_ROLES:  # e.g. K's and V's scales memoized together
-        names = tuple(name for name in stale if arena.views[name].role == role)
-        if len(names) > 1:
-            groups.append(names)
-    if len(stale) > 1:
-        groups.append(tuple(stale))
-    return [Hypothesis("stale_state", f"the second call read the first call's {' and '.join(names)}, "
-                       "redrawn in place since (same address, same size): state kept between calls, "
-                       "as a memo keyed on a tensor's address, shape or first use"
-                       + next((kept_ends[name] for name in names if name in kept_ends), ""),
-                       inputs={name: lambda a, old=stale[name]: old for name in names})
-            for names in dict.fromkeys(groups)]
 
 
 def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:

@@ -128,3 +128,8 @@ def alternatives_text(values) -> str:
     """``[2, 4, 8]`` as "2, 4 or 8": the sizes a hypothesis's text names where each of them
     replays to the same memory."""
     return " or ".join(", ".join(map(str, values)).rsplit(", ", 1))
+
+
+def by_role(views: dict, role: str) -> list:
+    """The case's views (name -> ViewSpec) whose role is ``role`` ("index", "source", "cache", ...)."""
+    return [v for v in views.values() if v.role == role]

@@ -11,17 +11,14 @@ import numpy as np
 
 from ..buffers import to_torch
 from ..reference.slots import Padding
-from .hypothesis import Hypothesis
+from .hypothesis import Hypothesis, by_role
 
-
-def _index_views(prepared) -> list:
-    return [v for v in prepared.arena.views.values() if v.role == "index"]
 
 
 def _rewrite_index(transform):
     """An edit of a fresh build: every index view's entries through ``transform``."""
     def edit(prepared) -> None:
-        for view in _index_views(prepared):
+        for view in by_role(prepared.arena.views, "index"):
             entries = prepared.arena.numpy_view(prepared.arena.snapshot(), view.name)
             tensor = prepared.arena.torch_view(view)
             tensor.copy_(to_torch(transform(np.array(entries))).to(tensor.device))
@@ -32,7 +29,7 @@ def probes(case, contract, prepared) -> list[tuple[Hypothesis, object]]:
     """(hypothesis, edit) pairs that apply to this case."""
     out = []
     if Padding.parse(contract.padding).kind == "negative":
-        entries = [prepared.numpy(v.name) for v in _index_views(prepared)]
+        entries = [prepared.numpy(v.name) for v in by_role(prepared.arena.views, "index")]
         if any(((e < -1)).any() for e in entries):
             out.append((Hypothesis("only_minus_one_padding", "only -1 treated as padding: with every "
                                    "negative padding entry replaced by -1 the kernel passes, so other "

@@ -13,11 +13,8 @@ from dataclasses import replace
 import numpy as np
 
 from ..buffers import contiguous_strides
-from .hypothesis import Hypothesis, alternatives_text
+from .hypothesis import Hypothesis, by_role, alternatives_text
 
-
-def _sources(views: dict) -> list:
-    return [v for v in views.values() if v.role == "source"]
 
 
 VECTOR_LENGTHS = (4, 8, 16, 32, 64)  # elements per step of a vector loop along a row
@@ -39,7 +36,7 @@ def width_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     """Two sources whose rows differ in width, each with the cache of its own width: each one's
     rows copied with the other's width (a kernel that takes one row width for both), from its own
     row starts, in its own row strides or in the other's."""
-    sources = [v for v in _sources(views) if len(v.shape) == 3]
+    sources = [v for v in by_role(views, "source") if len(v.shape) == 3]
     caches = [views[n] for n in written if n in views and len(views[n].shape) == 3]
     if len(sources) != 2 or len(caches) != 2 or sources[0].shape[-1] == sources[1].shape[-1]:
         return []
@@ -69,7 +66,7 @@ def overrun_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     or rounded down (the row's tail never written). Flat [S, H, D] caches with packed rows only; each source and its cache by their own
     row width (K's and V's may differ)."""
     caches = [views[n] for n in written if n in views]
-    rows = caches + _sources(views)
+    rows = caches + by_role(views, "source")
     if not caches or any(len(v.shape) != 3 for v in rows):
         return []
     if any(v.strides[1:] != contiguous_strides(v.shape[1:]) for v in rows):
@@ -121,7 +118,7 @@ def head_tile_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     written past each cache row (into the next token's heads, or the next block's). Sources
     [N, H, D] and caches whose last two axes are [H, D]."""
     caches = [views[n] for n in written if n in views]
-    sources = [v for v in _sources(views) if len(v.shape) == 3]
+    sources = [v for v in by_role(views, "source") if len(v.shape) == 3]
     if not caches or not sources or any(len(v.shape) not in (3, 4) for v in caches):
         return []
     heads = sources[0].shape[1]
@@ -146,7 +143,7 @@ ROW_TILES = (2, 4, 8, 16)  # (token, head) rows a program of a quantizing kernel
 def _converted_rows(views: dict, written: tuple) -> tuple:
     """(the source, its outputs) of a kernel without an index that converts one source [N, H, D]
     row by row into outputs [N, H, W] (quantize_fp8, quantize_block); (None, []) for any other."""
-    sources = _sources(views)
+    sources = by_role(views, "source")
     outputs = [views[n] for n in written if n in views]
     if (len(sources) != 1 or len(sources[0].shape) != 3 or not outputs or any(v.role == "index" for v in views.values())
             or any(len(v.shape) != 3 or v.shape[:2] != sources[0].shape[:2] for v in outputs)):
@@ -231,7 +228,7 @@ def tail_hypotheses(views: dict, written: tuple) -> list[Hypothesis]:
     """A vector loop of V elements along the last axis (a head's D) with no tail loop: the last
     ``D % V`` elements of every row never written, for each V that leaves a tail of its own
     (sources and caches of one last-axis width only)."""
-    rows = [views[n] for n in written if n in views] + _sources(views)
+    rows = [views[n] for n in written if n in views] + by_role(views, "source")
     if not written or not rows or len({v.shape[-1] for v in rows if v.shape}) != 1 or not rows[0].shape:
         return []
     width = rows[0].shape[-1]
@@ -248,7 +245,7 @@ def prefix_hypotheses(arena, written: tuple, before: dict, after: dict) -> list[
     packed rows, each source with the cache of its row width."""
     views = arena.views
     caches = [views[n] for n in written if n in views]
-    rows = caches + _sources(views)
+    rows = caches + by_role(views, "source")
     if not caches or any(len(v.shape) != 3 or v.strides[1:] != contiguous_strides(v.shape[1:]) for v in rows):
         return []
     reach = {}  # row bytes -> how far into its rows a cache of that width was written
@@ -280,7 +277,7 @@ def head_prefix_hypotheses(arena, written: tuple, before: dict, after: dict) -> 
     a vector loop without a tail leaves (:func:`tail_hypotheses` has it)."""
     views = arena.views
     caches = [views[n] for n in written if n in views]
-    rows = caches + _sources(views)
+    rows = caches + by_role(views, "source")
     if not caches or any(not v.shape for v in rows) or len({v.shape[-1] for v in rows}) != 1:
         return []
     width = rows[0].shape[-1]

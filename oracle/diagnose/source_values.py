@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..buffers import NUMPY_DTYPES, ViewSpec
-from .hypothesis import Hypothesis
+from ..buffers import NUMPY_DTYPES
+from .hypothesis import Hypothesis, by_role
 
-
-def _sources(views: dict) -> list[ViewSpec]:
-    return [v for v in views.values() if v.role == "source"]
 
 
 # (bits dtype, exponent mask, quiet bit) of the float formats a copy moves
@@ -32,7 +29,7 @@ def nan_bits_hypotheses(case, views: dict) -> list[Hypothesis]:
     NaN CUDA's conversions and float units write), or all bits set."""
     if case.p.get("fp8") or case.p.get("block"):
         return []
-    sources = [v for v in _sources(views) if v.dtype in ("float32", "float16", "bfloat16")]
+    sources = [v for v in by_role(views, "source") if v.dtype in ("float32", "float16", "bfloat16")]
     if not sources:
         return []
     how = {"quieted": "quieted (the quiet bit set, sign and payload kept)",
@@ -67,7 +64,7 @@ def arithmetic_copy_hypotheses(case, views: dict) -> list[Hypothesis]:
     converted back). Cases of special values or raw bits, and random ones (which may draw -0)."""
     if case.p.get("fp8") or case.p.get("block"):
         return []
-    sources = [v for v in _sources(views) if v.dtype in ("float32", "float16", "bfloat16")]
+    sources = [v for v in by_role(views, "source") if v.dtype in ("float32", "float16", "bfloat16")]
     if not sources:
         return []
     how = {"quieted": "quieted", "canonical": "made the canonical quiet NaN", "all_ones": "given every bit set"}
@@ -103,7 +100,7 @@ def narrowed_source_hypotheses(case, views: dict) -> list[Hypothesis]:
     out = []
     nan_modes = (None,) if case.p.get("values", "random") == "random" else (None, *NARROWED_NANS)
     for through in ("float16", "bfloat16"):
-        sources = [v for v in _sources(views) if v.dtype in ("float32", "float16", "bfloat16")
+        sources = [v for v in by_role(views, "source") if v.dtype in ("float32", "float16", "bfloat16")
                    and v.dtype != through]
         if not sources:
             continue
@@ -122,7 +119,7 @@ def flushed_source_hypotheses(case, views: dict) -> list[Hypothesis]:
     denormals-are-zero load), for cases of special values or raw bits, which hold subnormals."""
     if case.p.get("values", "random") == "random":
         return []
-    sources = [v for v in _sources(views) if v.dtype in ("float32", "float16", "bfloat16")]
+    sources = [v for v in by_role(views, "source") if v.dtype in ("float32", "float16", "bfloat16")]
     if not sources:
         return []
     names = " and ".join(f"{v.name} ({v.dtype})" for v in sources)

@@ -23,7 +23,8 @@ import torch
 from .. import reference
 from ..buffers import NUMPY_DTYPES, TORCH_DTYPES, Arena, dtype_name, numpy_view, to_numpy
 from ..contract import Contract
-from ..diagnose.generic import dropped_counts, index_hypotheses, offset_hypotheses, run_hypotheses, stale_hypotheses
+from ..diagnose.generic import dropped_counts, index_hypotheses, offset_hypotheses, run_hypotheses
+from ..diagnose.stale_inputs import stale_hypotheses
 from ..diagnose.hypothesis import Hypothesis
 from ..diagnose.slot_arithmetic import through_float32
 from ..reference.slots import FLOAT32_EXACT

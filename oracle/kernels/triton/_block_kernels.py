@@ -19,7 +19,7 @@ import triton.language as tl
 from ._block_codes import (FMT_E4M3FN, FMT_E5M2, FMT_NVFP4, INF, MAG, SRC_BF16, SRC_F16, SRC_F32,  # noqa: F401
                            e2m1_code, e4m3_value, floor_log2, fp8_code, fp8_code_hw, fp8_codes_hw_finite,
                            mx_codes, mx_scale, nvfp4_codes, nvfp4_scale, round_magnitude, widen_bits)
-from ._kernels import _call_is_legal, _pdl_prologue, prefetch_l2_at
+from ._kernels import _call_is_legal, _pdl_prologue, _publish, prefetch_l2_at
 
 
 @triton.jit
@@ -32,10 +32,7 @@ def _scales_are_legal(a, b, gs_code, gs2_code, mailbox_ptr, report, SYS_FENCE: t
     if report & ((ok_a & ok_b) == 0):
         tl.store(mailbox_ptr + 1, tl.where(ok_a, gs2_code, gs_code).to(tl.int64))
         tl.store(mailbox_ptr + 2, tl.where(ok_a, b, a).to(tl.int64) & 0xFFFFFFFF)
-        if SYS_FENCE:  # the host may read word 0 without synchronizing: the words before it land first
-            tl.inline_asm_elementwise("fence.sc.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-        tl.store(mailbox_ptr, 2 + tl.zeros([], tl.int64))
+        _publish(mailbox_ptr, 2, SYS_FENCE)
     return ok_a & ok_b
 
 

@@ -82,6 +82,16 @@ def _first_illegal(idx_ptr, idx_stride, start, end, sentinel, num_slots,
 
 
 @triton.jit
+def _publish(mailbox_ptr, kind, SYS_FENCE: tl.constexpr):
+    """Set the mailbox's word 0 to ``kind`` (:mod:`oracle.kernels._deferred`: 1 a slot, 2 a scale)
+    after the words that describe the error, which the caller has stored."""
+    if SYS_FENCE:  # the host may read word 0 without synchronizing: the words before it land first
+        tl.inline_asm_elementwise("fence.sc.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    tl.store(mailbox_ptr, kind + tl.zeros([], tl.int64))
+
+
+@triton.jit
 def _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count, mailbox_ptr, arg_code,
                    pad_code, pad_slot, is_first_program, CHECK: tl.constexpr, NEGATIVE_OK: tl.constexpr,
                    CHECK_BLOCK: tl.constexpr, SYS_FENCE: tl.constexpr):
@@ -100,10 +110,7 @@ def _call_is_legal(idx_ptr, idx_stride, n, num_slots, verdict_ptr, verdict_count
         tl.store(mailbox_ptr + 4, arg_code + tl.zeros([], tl.int64))
         tl.store(mailbox_ptr + 5, pad_code + tl.zeros([], tl.int64))
         tl.store(mailbox_ptr + 6, pad_slot + tl.zeros([], tl.int64))
-        if SYS_FENCE:  # the host may read word 0 without synchronizing: the words before it land first
-            tl.inline_asm_elementwise("fence.sc.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-        tl.store(mailbox_ptr, 1 + tl.zeros([], tl.int64))
+        _publish(mailbox_ptr, 1, SYS_FENCE)
     return first >= n
 
 
@@ -134,10 +141,7 @@ def _scales_are_legal(a_ptr, a_stride, a_count, a_code, b_ptr, b_stride, b_count
         tl.store(mailbox_ptr + 2, bits.to(tl.int64) & 0xFFFFFFFF)
         tl.store(mailbox_ptr + 3, where.to(tl.int64))
         tl.store(mailbox_ptr + 4, tl.where(on_a, a_count, b_count).to(tl.int64))
-        if SYS_FENCE:  # the host may read word 0 without synchronizing: the words before it land first
-            tl.inline_asm_elementwise("fence.sc.sys;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-        tl.store(mailbox_ptr, 2 + tl.zeros([], tl.int64))
+        _publish(mailbox_ptr, 2, SYS_FENCE)
     return legal
 
 
