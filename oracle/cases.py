@@ -29,6 +29,10 @@ def _dtypes(spec: OpSpec, profile: str, contract=None):
                 yield {"dtype": dtype, "values": "bits"}
 
 
+# Tokens past 65535, the most a CUDA grid's y or z dimension holds (and a 16-bit token counter):
+# a launch that puts the tokens there fails, or one that folds them into it drops the rest.
+GRID_LIMIT_N = (1 << 16) + 3
+
 WIDE_HEADS = (32, 128)  # (heads, head size): more heads than a 16-entry scale table holds
 
 
@@ -60,6 +64,9 @@ def _sizes(spec: OpSpec, profile: str, contract=None):
     if odd and (profile == "quick" or odd not in spec.shapes):  # a tail loop sized for another one's width
         for dtype in spec.dtypes[1:]:
             yield {"shape": odd, "n": 7, "dtype": dtype}
+    if profile != "quick" and spec.index_dtypes:  # more tokens than a launch grid's y or z dimension holds,
+        narrow = spec.float_slots_shape or spec.large_n_shape  # in the narrowest rows: a failure's replays stay cheap
+        yield {"n": GRID_LIMIT_N, **({"shape": narrow} if narrow else {})}
     if spec.wide_cache_shape:  # slot numbers past 2**16 in blocks that are no power of two
         yield {"shape": spec.wide_cache_shape, "n": 133, "wide": True}
     if spec.index_dtypes:  # a prefill's consecutive run of slots, which fast paths special-case

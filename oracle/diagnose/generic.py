@@ -16,7 +16,7 @@ import functools
 import numpy as np
 
 from ..buffers import ViewSpec, contiguous_strides
-from .hypothesis import ANY_DUPLICATES, Hypothesis, by_role
+from .hypothesis import ANY_DUPLICATES, GRID_DIMENSION_MAX, Hypothesis, by_role
 from .padding import padding_hypotheses
 from .row_bounds import (head_tile_hypotheses, overrun_hypotheses, row_tile_hypotheses, tail_hypotheses,
                          width_hypotheses, word_spill_hypotheses)
@@ -32,10 +32,15 @@ TILES = (2, 4, 8, 16, 32, 64, 128, 256)  # rows per program of a grid sized n //
 
 def dropped_counts(n: int) -> list[tuple[int, str]]:
     """How many trailing entries of ``n`` a short loop leaves unwritten, and why in words: 1 (a
-    bound one short), the entries past the last whole tile of each grid sized ``n // tile``, and
-    a whole last tile where ``n`` is a multiple of it (its extent taken as ``n % tile``, 0),
-    smallest first."""
+    bound one short), the entries past the last whole tile of each grid sized ``n // tile``, a
+    whole last tile where ``n`` is a multiple of it (its extent taken as ``n % tile``, 0), and past
+    65535 entries those a grid clamped to 65535 or a 16-bit count leaves, smallest first."""
     out = {1: f"a loop bound of {n - 1} instead of {n}"}
+    if n > GRID_DIMENSION_MAX:
+        out[n - GRID_DIMENSION_MAX] = (f"the entries past the first {GRID_DIMENSION_MAX}: a grid dimension "
+                                       "clamped to the most the y or z one holds")
+        if n % 65536:
+            out[n - n % 65536] = f"the entries past {n} mod 65536: a token count kept in 16 bits"
     for tile in reversed(TILES):
         if 0 < n % tile < n:
             out[n % tile] = f"the entries past the last whole tile of {tile}: a grid of n // tile programs"

@@ -56,6 +56,7 @@ CAUSES = {
     "results_permuted": "the right results returned in another order",
     "rows_misrouted": "rows the reference writes at one slot are written at another (an entry paired with the wrong slot or source row)",
     "rows_dropped": "the last rows are not written (a loop bound short of the index's length)",
+    "token_count_limit": "more than 65535 tokens mishandled (the tokens put on a launch grid's y or z dimension, which holds 65535, or counted in 16 bits)",
     "slot_table_collision": "distinct slots that collide in a duplicate-resolution table (slot modulo its size) are not written",
     "cache_layout_ignored": "the caches' strides or storage offsets are not honoured",
     "int32_offsets": "offsets past 2^31 elements wrap (computed in 32 bits)",
@@ -98,6 +99,8 @@ CAUSES = {
     "source_narrowed": "the sources are converted through a narrower float type before use (range or precision lost)",
 }
 
+
+GRID_DIMENSION_MAX = 65535  # the most blocks a CUDA launch grid's y or z dimension holds
 
 # The override of a hypothesis whose misread index can repeat a slot (decoys are drawn with
 # replacement; slots rounded alike collide): any whole colliding row is then allowed, as for a

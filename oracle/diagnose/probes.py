@@ -11,7 +11,7 @@ import numpy as np
 
 from ..buffers import to_torch
 from ..reference.slots import Padding
-from .hypothesis import Hypothesis, by_role
+from .hypothesis import GRID_DIMENSION_MAX, Hypothesis, by_role
 
 
 
@@ -64,6 +64,8 @@ def _below_2_31(entries: np.ndarray, unit: int) -> np.ndarray:
     return out
 
 
+SMALLER_N = 4099  # a case past GRID_DIMENSION_MAX tokens is run again at this N (the catalogue's largest)
+
 # A case parameter whose removal makes a failing kernel pass, and the cause that names.
 VARIANTS = (
     ("index_layout", "strided", "index_stride_ignored", "the index's stride is ignored: the same case "
@@ -95,6 +97,11 @@ def variants(case) -> list[tuple[Hypothesis, object]]:
 
     params = case.p
     out = []
+    if params.get("n", 0) > GRID_DIMENSION_MAX:
+        out.append((Hypothesis("token_count_limit", f"more than {GRID_DIMENSION_MAX} tokens mishandled: the same "
+                               f"case at N = {SMALLER_N} passes (the tokens on a launch grid's y or z dimension, "
+                               f"which holds {GRID_DIMENSION_MAX}, or a token count kept in 16 bits)"),
+                    Case.make(case.op, case.cls, **dict(params, n=SMALLER_N))))
     for key, value, cause, text in VARIANTS:
         if key in params and (value is None or params[key] == value):
             rest = {k: v for k, v in params.items() if k != key}
