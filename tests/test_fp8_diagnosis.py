@@ -383,3 +383,38 @@ def test_scales_of_two_kinds_are_reached_and_named():
     failed = {cid: o for cid, o in outcomes.items() if o.status == FAIL}
     assert list(failed) == ["e4m3fn-scale_k_tensor_v_head-random"], list(failed)
     assert all(o.cause["id"] == "scale_collapsed" and "v_scale" in o.cause["text"] for o in failed.values())
+
+
+def exponent_field_where_a_power_of_two(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                         k_scale, v_scale):
+    """Each per-tensor scale that is a power of two, 2**k, applied by subtracting k from the
+    float32 exponent field (unguarded); a scale that is not divides, as it should."""
+    if kv_cache_dtype == "auto":
+        return tn.reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                                          k_scale, v_scale)
+
+    def quotient(x, scale):
+        mantissa, exponent = np.frexp(float(scale.reshape(-1)[0]))
+        if scale.numel() != 1 or mantissa != 0.5 or exponent == 1:
+            return x.float() / scale.reshape(1, -1, 1)
+        return (x.float().contiguous().view(torch.int32) - ((int(exponent) - 1) << 23)).view(torch.float32)
+
+    one = torch.ones(1)
+    tn.reshape_and_cache_flash(quotient(key, k_scale), quotient(value, v_scale), key_cache, value_cache,
+                               slot_mapping, kv_cache_dtype, one, one)
+
+
+def test_a_power_of_two_scale_through_the_exponent_field_is_named_with_the_other_scale_divided():
+    """K's scale 4 goes through the exponent field, V's (4 * 2.61) is divided: the replay takes
+    each tensor's own path, so the case is named."""
+    fields = dict(op="reshape_and_cache_flash", backend="test", fp8_formats=("e4m3fn", "e5m2"),
+                  fp8_preset=tn._torch_fp8_preset(), padding="negative")
+    wrong = Kernel(Contract(name="paged.exponent_field", **fields), exponent_field_where_a_power_of_two, "test")
+    right = Kernel(Contract(name="paged.baseline", **fields), tn.reshape_and_cache_flash, "test")
+    cases = [c for c in catalogue("reshape_and_cache_flash", "quick", wrong.contract)
+             if c.cls == "fp8" and c.p.get("scale") == "4.0"]
+    failed = {c.id: run_case(wrong, c) for c in cases}
+    failed = {cid: o for cid, o in failed.items() if o.status == FAIL}
+    assert failed and all(run_case(right, c).status == PASS for c in cases if c.id in failed)
+    assert {cid: o.cause["id"] for cid, o in failed.items()} == {cid: "fp8_conversion" for cid in failed}
+    assert all("exponent field, unguarded" in o.cause["text"] for o in failed.values()), failed

@@ -106,6 +106,15 @@ def scale_values(choice: str, heads: int, tensor: int = 0) -> np.ndarray:
     return np.array([float(choice) * factor], _F32)
 
 
+def power_of_two_exponent(scale: np.ndarray) -> int:
+    """K where ``scale`` is one float32 equal to ``2**K``, else 0."""
+    flat = np.asarray(scale, _F32).reshape(-1)
+    if flat.size != 1 or not np.isfinite(flat[0]) or flat[0] <= 0:
+        return 0
+    mantissa, exponent = np.frexp(flat[0])
+    return int(exponent - 1) if mantissa == 0.5 else 0
+
+
 def broadcast_scale(scale: np.ndarray, ndim: int, head_axis: int = -2) -> np.ndarray:
     """``scale`` ((1,) or (H,)) shaped to broadcast over an array of ``ndim`` dims whose heads lie
     on ``head_axis``."""
@@ -284,9 +293,10 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
     normal/subnormal threshold one binade low, so the top subnormal binade is encoded as a normal
     of exponent field 0, its implicit bit dropped), "minimum_exponent_off=M" (both: the threshold
     and the subnormal branch built around ``-bias``, so ``[M/2, M)`` as above and the quotients
-    below it doubled); "exponent_field=K" (``2**K`` subtracted from
-    the float32 exponent field, no guard: zeros, subnormals, inf and NaN wrap) and
-    "exponent_field_guarded=K" (the same, zeros, inf and NaN passed through); "tail_unscaled=V" (the last ``D % V`` elements of each row,
+    below it doubled); "exponent_field" (a per-tensor scale ``2**K``, K != 0, applied by
+    subtracting K from the float32 exponent field, no guard: zeros, subnormals, inf and NaN wrap;
+    a scale that is no power of two divides, so K's and V's scales each take their own path) and
+    "exponent_field_guarded" (the same, zeros, inf and NaN passed through); "tail_unscaled=V" (the last ``D % V`` elements of each row,
     past its last whole V-element vector, left unscaled: a vector loop whose scalar tail forgot
     the scale); "sign_from_lt0" (``x / scale`` with -0 and negative NaN made positive first: a
     sign-magnitude conversion that takes the sign from ``x < 0``); "source_dtype_div" and
@@ -365,11 +375,14 @@ def apply_scale(mode: str | None, source: np.ndarray, scale: np.ndarray, head_ax
             main = width - width % int(mode.split("=")[1])
             quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
             quotient[..., main:] = widened[..., main:]
-        elif mode.startswith(("exponent_field=", "exponent_field_guarded=")):  # 2**k off the exponent bits
-            power = int(mode.split("=")[1])
-            quotient = (widened.view(np.int32) - np.int32(power << 23)).view(_F32)
-            if mode.startswith("exponent_field_guarded="):  # zeros, inf and NaN passed through
-                quotient = np.where((widened == 0) | ~np.isfinite(widened), widened, quotient)
+        elif mode in ("exponent_field", "exponent_field_guarded"):  # 2**k off the exponent bits
+            power = power_of_two_exponent(scale)
+            if power:
+                quotient = (widened.view(np.int32) - np.int32(power << 23)).view(_F32)
+                if mode == "exponent_field_guarded":  # zeros, inf and NaN passed through
+                    quotient = np.where((widened == 0) | ~np.isfinite(widened), widened, quotient)
+            else:  # this tensor's scale is no power of two (or is 1): divided
+                quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)
         elif mode.startswith(("nan=", "clamp=", "nan_signed=", "clamp_upper=", "clamp_lower=",
                               "halved_subnormal_quantum=", "top_subnormals_unhidden=", "minimum_exponent_off=")):
             quotient = widened / broadcast_scale(scale, widened.ndim, head_axis)

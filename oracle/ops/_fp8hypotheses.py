@@ -15,7 +15,8 @@ from ..diagnose.hypothesis import Hypothesis
 from ..diagnose.row_bounds import vector_tails
 from ..reference import fp8 as _fp8
 from ..reference.presets import PRESETS
-from ._fp8cases import MIXED_SCALES, PER_HEAD_SCALES, POWER_OF_TWO_SCALE, UNIT_FIRST_HEAD, scale_values
+from ._fp8cases import (MIXED_SCALES, PER_HEAD_SCALES, POWER_OF_TWO_SCALE, UNIT_FIRST_HEAD, power_of_two_exponent,
+                        scale_values)
 
 
 def alternatives(p: dict, contract: Contract, row_width: int | None = None) -> list[Hypothesis]:
@@ -94,10 +95,9 @@ def _tail_hypotheses(width: int) -> list[Hypothesis]:
 def _power_of_two(choice: str) -> int:
     """k where a case's scale is the number 2**k (0 for any other scale)."""
     try:
-        mantissa, exponent = np.frexp(float(choice))
+        return power_of_two_exponent(np.array([float(choice)]))
     except ValueError:
         return 0
-    return int(exponent - 1) if mantissa == 0.5 else 0
 
 
 def _above_one(choice: str) -> bool:
@@ -148,7 +148,8 @@ def _quotient_hypotheses(fmt: str, scale: str) -> list[Hypothesis]:
     power = _power_of_two(scale)
     if power:
         out += [Hypothesis("fp8_conversion", f"the division by 2**{power} done by subtracting {power} from the "
-                           f"float32 exponent field, {how}", {"scale": f"{mode}={power}"})
+                           f"float32 exponent field, {how}; a scale that is no power of two divided",
+                           {"scale": mode})
                 for mode, how in (("exponent_field", "unguarded (zeros, subnormals, inf and NaN wrap)"),
                                   ("exponent_field_guarded", "zeros, inf and NaN passed through (subnormals "
                                    "and the smallest normals wrap)"))]
