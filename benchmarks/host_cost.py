@@ -64,7 +64,7 @@ def mla_raw_launch(buf, loc, nope, rope):
     t = ops.tile(n, max(a.shape[1], b.shape[1]), "mla_write", (a.shape[1], b.shape[1]))
     grid = (tiles.cdiv(n, t.block_n), max(tiles.cdiv(a.shape[1], t.block_a), tiles.cdiv(b.shape[1], t.block_b)))
     args = (a, a.stride(0), a.stride(1), b, b.stride(0), b.stride(1), cache, buf.stride(0), 0, buf.stride(1),
-            loc, loc.stride(0), cache, n, a.shape[1], b.shape[1], 1, buf.shape[0], 0, *unchecked.args)
+            loc, loc.stride(0), cache, n, a.shape[1], b.shape[1], 1, buf.shape[0], 0, *unchecked.args, 0)
     meta = dict(HAS_PAD_SLOT=False, FP8=0, BLOCK_N=t.block_n, BLOCK_A=t.block_a, BLOCK_B=t.block_b, PDL=False,
                 num_warps=t.num_warps, **unchecked.meta)
     kernel = ops.kernels().mla_write
