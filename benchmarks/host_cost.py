@@ -21,7 +21,7 @@ costs what the host spends issuing it. This splits that cost, per call, averaged
 
 With ``--profile`` it also prints cProfile's top entries for the validated, replayed MLA call.
 
-    python benchmarks/host_cost.py [--calls 3000] [--json OUT] [--profile]
+    python benchmarks/host_cost.py [--calls 3000] [--sizes 1,64,4096] [--json OUT] [--profile]
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--json")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sizes", default="1,64,4096", help="comma-separated N")
     opts = parser.parse_args()
     dev = "cuda"
     rows = []
@@ -120,13 +121,14 @@ def main() -> int:
 
     flag = torch.zeros(1, device=dev)
     row("empty kernel[grid]", 0, lambda: _empty[(1,)](flag))
-    for n in (1, 64, 4096):
-        loc = torch.randperm(4096, device=dev)[:n]
+    for n in (int(x) for x in opts.sizes.split(",")):
+        slots = max(4096, 2 * n)  # a multiple of 16: the paged writers' blocks of 16
+        loc = torch.randperm(slots, device=dev)[:n]
         nope = torch.randn(n, 512, device=dev, dtype=torch.bfloat16)
         rope = torch.randn(n, 64, device=dev, dtype=torch.bfloat16)
-        buf = torch.zeros(4096, 576, device=dev, dtype=torch.bfloat16)
+        buf = torch.zeros(slots, 576, device=dev, dtype=torch.bfloat16)
         k, v = (torch.randn(n, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
-        kc, vc = (torch.zeros(4096, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        kc, vc = (torch.zeros(slots, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
         raw, kernel, grid, args, meta = mla_raw_launch(buf, loc, nope, rope)
         row("mla_write[grid] (raw, arguments prepared)", n, raw)
         buf.zero_()
@@ -144,13 +146,13 @@ def main() -> int:
             row(f"ops.store_cache(validate=False), {tag}", n,
                 lambda: ops.store_cache(k, v, kc, vc, loc, validate=False))
             row(f"ops.store_cache (validated), {tag}", n, lambda: ops.store_cache(k, v, kc, vc, loc))
-            pk, pv = (c.view(256, 16, 8, 128) for c in (kc, vc))
+            pk, pv = (c.view(slots // 16, 16, 8, 128) for c in (kc, vc))
             scale = torch.ones(1, device=dev)
             row(f"ops.reshape_and_cache_flash auto (validated), {tag}", n,
                 lambda: ops.reshape_and_cache_flash(k, v, pk, pv, loc, "auto", scale, scale))
             # the block-scaled writer, NVFP4 into linear scale caches: K and V in one launch, the most checks
-            codes = [torch.zeros(256, 16, 8, 64, dtype=torch.uint8, device=dev) for _ in range(2)]
-            scales = [torch.zeros(256, 16, 8, 8, dtype=torch.uint8, device=dev) for _ in range(2)]
+            codes = [torch.zeros(slots // 16, 16, 8, 64, dtype=torch.uint8, device=dev) for _ in range(2)]
+            scales = [torch.zeros(slots // 16, 16, 8, 8, dtype=torch.uint8, device=dev) for _ in range(2)]
             row(f"ops.reshape_and_cache_block nvfp4 (validated), {tag}", n,
                 lambda: ops.reshape_and_cache_block(k, v, *codes, *scales, loc, "nvfp4", scale, scale))
         row("torch index_put_ (K and V)", n, lambda: (kc.index_put_((loc,), k), vc.index_put_((loc,), v)))
