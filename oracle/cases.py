@@ -130,6 +130,8 @@ def _padding(spec: OpSpec, profile: str, contract=None):
                 yield {"padding": policy, "shape": spec.empty_rope_shapes[0]}
             # a decode step of one padding entry (a single-token fast path without the padding test)
             yield {"padding": policy, "index": spec.index_dtypes[0], "n": 1}
+        if spec.sources and not spec.block_formats:  # tokens whose rows are all zeros are no padding
+            yield {"values": "zero_rows"}
 
 
 def _duplicates(spec: OpSpec, profile: str, contract=None):

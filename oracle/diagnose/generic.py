@@ -17,7 +17,7 @@ import numpy as np
 
 from ..buffers import ViewSpec, contiguous_strides
 from .hypothesis import ANY_DUPLICATES, GRID_DIMENSION_MAX, Hypothesis, by_role
-from .padding import padding_hypotheses
+from .padding import padding_hypotheses, zero_row_hypotheses
 from .row_bounds import (head_tile_hypotheses, overrun_hypotheses, row_tile_hypotheses, tail_hypotheses,
                          width_hypotheses, word_spill_hypotheses)
 from .slot_arithmetic import float_slot_hypotheses
@@ -344,7 +344,8 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
     """Every generic hypothesis for this case, most specific first."""
     views = prepared.arena.views
     return (stale_hypotheses(prepared) + run_hypotheses(prepared)
-            + padding_hypotheses(case, views, prepared, contract) + index_hypotheses(prepared.arena)
+            + padding_hypotheses(case, views, prepared, contract) + zero_row_hypotheses(views, prepared)
+            + index_hypotheses(prepared.arena)
             + source_hypotheses(views) + offset_hypotheses(prepared.arena, prepared.caches)
             + adjacency_hypotheses(views) + nan_bits_hypotheses(case, views) + arithmetic_copy_hypotheses(case, views)
             + narrowed_source_hypotheses(case, views) + flushed_source_hypotheses(case, views)

@@ -34,6 +34,7 @@ CAUSES = {
     "part_misplaced": "a part of the row is written at the wrong offset",
     "rows_past_index": "rows past the index's length are written (a grid sized from the sources)",
     "slot_zero_skipped": "slot 0 is skipped though the contract reserves nothing",
+    "zero_rows_skipped": "tokens whose rows are all zeros are taken for padding and not written",
     "only_minus_one_padding": "only -1 is treated as padding; other negatives are written",
     "padding_policy": "another padding policy than the declared one",
     "round_toward_zero": "fp8 codes are rounded toward zero",

@@ -1,6 +1,7 @@
 """Hypotheses of how a kernel treats padding entries: another policy than the declared one, the
 batch taken to end at its first padding entry, live entries compacted to the front (padding assumed
-only at the tail), a whole low page taken as reserved, slot 0 skipped though nothing is reserved."""
+only at the tail), a whole low page taken as reserved, slot 0 skipped though nothing is reserved,
+and tokens whose rows are all zeros taken for padding."""
 
 from __future__ import annotations
 
@@ -83,3 +84,39 @@ def _low_slots_skipped(views: dict, prepared, contract, policy) -> list[Hypothes
                                   inputs={index.name: lambda a, p=page: np.where((a >= 0) & (a < p), -1, a)},
                                   override={"padding": "negative"}))
     return out
+
+
+def zero_row_hypotheses(views: dict, prepared) -> list[Hypothesis]:
+    """Tokens whose rows are all zeros (as floats: +0 and -0 alike; as bits: +0 alone) taken for
+    padding and not written: where the first source's row is, where every source's is, or where
+    any source's is (a "CUDA-graph padding" shortcut that tests the rows, not the index)."""
+    sources = [v for v in by_role(views, "source") if v.shape]
+    indexes = [v for v in by_role(views, "index") if len(v.shape) == 1]
+    if not sources or len(indexes) != 1:
+        return []
+    index = indexes[0]
+    n = index.shape[0]
+    masks = {}
+    for test, zero in (("as floats", lambda a: a == 0), ("as bits", lambda a: _bits(a) == 0)):
+        rows = [zero(_rows(prepared.numpy(v.name), n)).all(axis=1) for v in sources]
+        for which, mask in ((f"{sources[0].name}'s row", rows[0]),
+                            ("every source's row", np.logical_and.reduce(rows)),
+                            ("any source's row", np.logical_or.reduce(rows))):
+            if mask.any() and mask.tobytes() not in masks:
+                masks[mask.tobytes()] = (mask, f"the tokens whose {which} is all zeros ({test}: "
+                                         f"{int(mask.sum())} of {n}) taken for padding and not written")
+    return [Hypothesis("zero_rows_skipped", text,
+                       inputs={index.name: lambda a, m=mask: np.where(m, -1, a).astype(a.dtype)},
+                       override={"padding": "negative"})
+            for mask, text in masks.values()]
+
+
+def _rows(array: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` token rows of a source, one row of elements each."""
+    return array[:n].reshape(n, -1) if n else array.reshape(0, 0)
+
+
+def _bits(array: np.ndarray) -> np.ndarray:
+    """``array``'s elements as unsigned integers of their width (a float's bits)."""
+    return array.view(f"<u{array.dtype.itemsize}")
+
