@@ -113,10 +113,9 @@ def zero_row_hypotheses(views: dict, prepared) -> list[Hypothesis]:
 
 def _rows(array: np.ndarray, n: int) -> np.ndarray:
     """The first ``n`` token rows of a source, one row of elements each."""
-    return array[:n].reshape(n, -1) if n else array.reshape(0, 0)
+    return array[:n].reshape(n, int(np.prod(array.shape[1:], dtype=np.int64)))
 
 
 def _bits(array: np.ndarray) -> np.ndarray:
     """``array``'s elements as unsigned integers of their width (a float's bits)."""
     return array.view(f"<u{array.dtype.itemsize}")
-

@@ -14,7 +14,6 @@ from ..reference.slots import Padding
 from .hypothesis import GRID_DIMENSION_MAX, Hypothesis, by_role
 
 
-
 def _rewrite_index(transform):
     """An edit of a fresh build: every index view's entries through ``transform``."""
     def edit(prepared) -> None:

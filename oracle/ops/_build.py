@@ -66,15 +66,15 @@ ZERO_ROWS_EVERY = 4  # tokens 1, 5, 9, ... have every source row all zeros
 def zero_rows(rng: np.random.Generator, rows: np.ndarray) -> np.ndarray:
     """``rows`` ``[N, ...]`` with some token rows all zeros, as a real step holds (zero-initialised
     or pruned heads, a padded token's rows): tokens 1, 5, 9, ... (every source alike), and two more
-    tokens drawn for this source alone. Float rows alternate +0 and -0 by token, and token 1 mixes
+    tokens drawn for this source alone. Float rows alternate +0 and -0 in token order, and token 1 mixes
     both signs: a kernel that takes a row of zeros for padding, by value or by bits, skips them."""
     flat = rows.reshape(rows.shape[0], -1)
     if flat.shape[0] < 2 or flat.shape[1] == 0:
         return rows
     chosen = np.union1d(np.arange(1, flat.shape[0], ZERO_ROWS_EVERY),
                         rng.choice(flat.shape[0], size=2, replace=False))
-    for token in chosen:
-        flat[token] = -0.0 if token % 2 == 0 and flat.dtype != np.uint8 else 0
+    for order, token in enumerate(chosen):
+        flat[token] = -0.0 if order % 2 and flat.dtype != np.uint8 else 0
     if flat.dtype != np.uint8:
         flat[1, ::2] = -0.0
     return rows
