@@ -316,8 +316,9 @@ def test_dcp_kernels_pass_their_cases(name, kernels):
         outcome = run_case(kernels[name], case)
         assert outcome.status in (PASS, UNDECLARED, NOT_SUPPORTED), \
             f"{name} [{case.cls}/{case.id}]: {outcome.status}\n{outcome.message}"
-        statuses.setdefault(case.cls, set()).add(outcome.status)
-    assert statuses["dcp"] == {PASS}
+        # tokens whose rows are zeros hold no padding entry: apart from the padding policies' cases
+        statuses.setdefault("zero_rows" if case.p.get("values") == "zero_rows" else case.cls, set()).add(outcome.status)
+    assert statuses["dcp"] == {PASS} and statuses["zero_rows"] == {PASS}
     for cls in ("dtypes", "sizes", "strides", "aliasing", "bad_input"):
         assert PASS in statuses[cls], (cls, statuses[cls])
     if name.endswith("dcp2"):  # declares reserved:0, which rank 1 never sees as a kept loc
