@@ -9,6 +9,7 @@ from __future__ import annotations
 from .ops import SPECS
 from .ops.base import Case, OpSpec, shape_text
 from .ops._build import LARGE_N
+from .diagnose.hypothesis import GRID_DIMENSION_MAX
 from .ops._fp8cases import EVERY_BITS_N, MIXED_SCALES, NEAR_UNIT_SCALE, POWER_OF_TWO_SCALE, UNIT_FIRST_HEAD
 from .reference.fp8 import FORMATS
 
@@ -31,7 +32,7 @@ def _dtypes(spec: OpSpec, profile: str, contract=None):
 
 # Tokens past 65535, the most a CUDA grid's y or z dimension holds (and a 16-bit token counter):
 # a launch that puts the tokens there fails, or one that folds them into it drops the rest.
-GRID_LIMIT_N = (1 << 16) + 3
+GRID_LIMIT_N = GRID_DIMENSION_MAX + 4
 
 WIDE_HEADS = (32, 128)  # (heads, head size): more heads than a 16-entry scale table holds
 

@@ -14,7 +14,7 @@ from ..ops._repeat import calls_before
 from ..ops.base import shape_text
 from ..reference.slots import Padding
 from . import accumulated, byte_order, generic, patterns, provenance, row_bounds, skipped_writes, stray_writes
-from .hypothesis import CAUSES, Hypothesis
+from .hypothesis import CAUSES, Hypothesis, by_role
 from .probes import probes, variants
 from .replay import changed_bytes, holds, within_approx_division
 
@@ -124,7 +124,7 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
 
 def _exact_scales(prepared) -> bool:
     """Whether every scale input holds only powers of two (1 included), whose division is exact."""
-    scales = [prepared.numpy(v.name) for v in prepared.arena.views.values() if v.role == "scale"]
+    scales = [prepared.numpy(v.name) for v in by_role(prepared.arena.views, "scale")]
     return bool(scales) and all(np.all(np.frexp(np.asarray(a, np.float64))[0] == 0.5) for a in scales)
 
 
@@ -181,7 +181,7 @@ def _raised_on_nothing_to_write(failed, contract):
     """``failed`` named empty_call_raised where the call had no entry to write: its index empty,
     or every entry padding under the contract (which no probe can remove); else None."""
     arena = failed.prepared.arena if failed.prepared is not None else None
-    indexes = [v for v in arena.views.values() if v.role == "index"] if arena is not None else []
+    indexes = by_role(arena.views, "index") if arena is not None else []
     if not indexes or failed.prepared.before is None:
         return None
     entries = arena.numpy_view(failed.prepared.before, indexes[0].name).reshape(-1)

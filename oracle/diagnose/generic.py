@@ -164,7 +164,7 @@ def _scaled_offset_hypotheses(arena, written: tuple) -> list[Hypothesis]:
     """Every cache's storage offset counted in another element size (the offset in elements times
     a source's element size, 2 or 4 bytes, where the cache's elements are 1 byte: a byte offset
     computed with the wrong type's size); the rows so moved past the allocation are not replayed."""
-    sizes = {v.itemsize for v in arena.views.values() if v.role == "source"}
+    sizes = {v.itemsize for v in by_role(arena.views, "source")}
     caches = [v for v in arena.views.values() if v.role == "cache" and v.name in written and v.shape and 0 not in v.shape]
     out = []
     for size in sorted(sizes):
@@ -243,7 +243,7 @@ def cache_hypotheses(views: dict, written: tuple, paged_spec: bool = False) -> l
                               f"[{', '.join(map(str, caches[0].shape[1:]))}] rows (strides ignored)",
                               views={c.name: (c.shape, contiguous_strides(c.shape), c.offset) for c in undense}))
     for b in caches:  # an output of its source's shape addressed with the source's (not dense) strides
-        for a in (v for v in views.values() if v.role == "source"):
+        for a in by_role(views, "source"):
             if a.shape == b.shape and a.strides not in (b.strides, contiguous_strides(a.shape)):
                 out.append(Hypothesis("cache_strides_swapped", f"{b.name} addressed with the source {a.name}'s "
                                       f"strides {list(a.strides)} (its own are {list(b.strides)}): one offset "

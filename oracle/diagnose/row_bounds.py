@@ -13,8 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..buffers import contiguous_strides
-from .hypothesis import Hypothesis, by_role, alternatives_text
-
+from .hypothesis import Hypothesis, alternatives_text, by_role
 
 
 VECTOR_LENGTHS = (4, 8, 16, 32, 64)  # elements per step of a vector loop along a row

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..reference.slots import FLOAT32_EXACT
-from .hypothesis import ANY_DUPLICATES, Hypothesis
+from .hypothesis import ANY_DUPLICATES, Hypothesis, by_role
 
 
 def through_float32(entries: np.ndarray) -> np.ndarray:
@@ -43,7 +43,7 @@ def float_slot_hypotheses(views: dict, prepared, block_size: int | None) -> list
     """For an index holding slots past 2**24: each slot through float32, and (``block_size``, a
     paged cache's) the block index from a float division."""
     out = []
-    for index in (v for v in views.values() if v.role == "index"):
+    for index in by_role(views, "index"):
         entries = prepared.numpy(index.name)
         if entries.size == 0 or int(np.max(entries)) <= FLOAT32_EXACT:
             continue

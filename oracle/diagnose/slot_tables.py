@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..reference.slots import Padding
-from .hypothesis import Hypothesis
+from .hypothesis import Hypothesis, by_role
 
 TABLE_SIZES = tuple(1 << bits for bits in range(8, 17))  # 256 .. 65536 entries
 
@@ -25,7 +25,7 @@ def winner_table_hypotheses(views: dict, prepared, contract) -> list[Hypothesis]
     if contract.duplicates != "any":
         return []
     out = []
-    for index in (v for v in views.values() if v.role == "index"):
+    for index in by_role(views, "index"):
         entries = prepared.numpy(index.name).astype(np.int64)
         if entries.ndim != 1 or entries.size < 2:
             continue

@@ -15,7 +15,6 @@ from ..buffers import NUMPY_DTYPES
 from .hypothesis import Hypothesis, by_role
 
 
-
 # (bits dtype, exponent mask, quiet bit) of the float formats a copy moves
 _FLOAT_BITS = {np.dtype(np.float32): (np.uint32, 0x7F800000, 0x00400000),
                np.dtype(np.float16): (np.uint16, 0x7C00, 0x0200),
