@@ -21,7 +21,7 @@ from . import __version__
 from .buffers import Arena, Region, SparseBytes, ViewSpec, fill_tiled, to_numpy, to_torch
 from .compare import expected_regions, first_difference
 from .ops import get_spec
-from .ops.base import Case, Prepared, is_bad
+from .ops.base import Case, Prepared, call_context, is_bad
 from .reference.slots import OneOfRows
 
 FORMAT = 1
@@ -77,6 +77,11 @@ def replay(path, kernel) -> tuple[bool, str]:
     if meta["op"] != kernel.contract.op:
         raise ValueError(f"{path} is a {meta['op']} case; kernel {kernel.name} implements {kernel.contract.op}")
     case = Case(meta["op"], meta["case_class"], tuple((k, _tuple(v)) for k, v in meta["params"]))
+    with call_context(case):  # the bundle's tensors made, and the kernel called, in the case's mode
+        return _replay(case, meta, arrays, kernel)
+
+
+def _replay(case: Case, meta: dict, arrays: dict, kernel) -> tuple[bool, str]:
     arena = Arena(kernel.contract.device, meta["seed"])
     for name, info in meta["regions"].items():
         if "windows" in info:  # sparse: the tile everywhere, then the saved windows

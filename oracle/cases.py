@@ -15,7 +15,7 @@ from .reference.fp8 import FORMATS
 
 PROFILES = ("quick", "full", "exhaustive")
 CASE_CLASSES = ("dtypes", "sizes", "strides", "aliasing", "padding", "duplicates", "dcp", "large",
-                "fp8", "block_scaled", "repeat", "bad_input")
+                "fp8", "block_scaled", "repeat", "contexts", "bad_input")
 
 
 def _dtypes(spec: OpSpec, profile: str, contract=None):
@@ -272,6 +272,21 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
             yield {"dtype": spec.dtypes[0], "fp8": "e4m3fn", "scale": "1.0", "after": f"dtype={spec.dtypes[1]}"}
 
 
+def _contexts(spec: OpSpec, profile: str, contract=None):
+    """Calls made inside ``torch.inference_mode()`` on inputs made there, as every serving engine's
+    forward makes them (oracle.ops.base.call_context): inference tensors carry no version counter,
+    and an in-place change of one moves nothing a kernel could key a memo on. The ordinary case,
+    again past the size gates, and where the op has an index, two calls on the same tensors past
+    them: every input redrawn in place, and an illegal slot written in place, which a check kept
+    from the first call misses."""
+    yield {"torch_mode": "inference"}
+    yield _at_large_n(spec, {"torch_mode": "inference"})
+    if spec.index_dtypes and not spec.returns:
+        yield _at_large_n(spec, {"torch_mode": "inference", "repeat": "inplace"})
+        if "out_of_range" in spec.bad_inputs():
+            yield _at_large_n(spec, {"torch_mode": "inference", "repeat": "bad"})
+
+
 def _bad_input(spec: OpSpec, profile: str, contract=None):
     """Each bad input the spec makes; an illegal slot also in a decode step (N = 1: a kernel that
     checks only batches past some size) and past the size gates (N = LARGE_N, where it is the last
@@ -292,7 +307,7 @@ def _bad_input(spec: OpSpec, profile: str, contract=None):
 
 GENERATORS = {"dtypes": _dtypes, "sizes": _sizes, "strides": _strides, "aliasing": _aliasing,
               "padding": _padding, "duplicates": _duplicates, "dcp": _dcp, "large": _large, "fp8": _fp8,
-              "block_scaled": _block_scaled, "repeat": _repeat, "bad_input": _bad_input}
+              "block_scaled": _block_scaled, "repeat": _repeat, "contexts": _contexts, "bad_input": _bad_input}
 
 
 def catalogue(op: str, profile: str = "quick", contract=None) -> list[Case]:

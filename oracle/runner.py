@@ -16,7 +16,7 @@ from .diagnose.replay import within_approx_division
 from .diagnose.hypothesis import Hypothesis
 from .ops import get_spec
 from .ops._repeat import calls_before, first_call_inputs, redraw_in_place
-from .ops.base import Case, Prepared, is_bad
+from .ops.base import Case, Prepared, call_context, is_bad
 from .registry import Kernel
 
 PASS, FAIL, NOT_SUPPORTED, UNAVAILABLE, UNDECLARED = (
@@ -85,6 +85,12 @@ def _rerun(kernel: Kernel, spec, case: Case, change, *, like: Arena | None = Non
 
 
 def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
+    """Build, call, judge, all in the case's torch mode (oracle.ops.base.call_context)."""
+    with call_context(case):
+        return _execute_in_mode(kernel, spec, case, edit)
+
+
+def _execute_in_mode(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
     """Build, call, judge. ``edit(prepared)`` changes the fresh inputs before the judged call (a
     probe's changed input); an edited run is judged without a diagnosis. A ``repeat`` case calls
     the kernel twice on the same tensors (oracle.ops._repeat): the first call is judged as any

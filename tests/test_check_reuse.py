@@ -185,6 +185,41 @@ def test_a_change_behind_torchs_back_is_the_documented_limit(interpret):
     assert "loc[11] = 600 is out of range" in out["off message"] and out["off untouched"]
 
 
+@needs_triton
+@pytest.mark.parametrize("interpret", WHERE)
+def test_an_inference_tensor_is_checked_on_every_call(interpret):
+    """Under torch.inference_mode(), as an engine's forward runs, the index is an inference tensor
+    with no version counter: every validating call checks it (nothing kept), so an entry made
+    illegal in place between two calls is rejected with nothing written; every write of each
+    writer matches torch indexing, whole cache."""
+    out = scenario("""
+    results = {}
+    with torch.inference_mode():
+        loc = slots(N, 600, 0)
+        for call in range(2):
+            buf = torch.full((600, 8), POISON, dtype=torch.bfloat16, device=dev)
+            results[f"mla stats {call}"] = counted(lambda: results.__setitem__("want", mla(buf, loc, call)))
+            results[f"mla {call}"] = same(buf, results.pop("want"))
+            k, v = rows(N, 2, 8, seed=call), rows(N, 2, 8, seed=call + 5)
+            kc, vc = (torch.full((600, 2, 8), POISON, dtype=torch.bfloat16, device=dev) for _ in range(2))
+            wk, wv = kc.clone(), vc.clone()
+            wk[loc], wv[loc] = k, v
+            results[f"store stats {call}"] = counted(lambda: ops.store_cache(k, v, kc, vc, loc))
+            results[f"store {call}"] = same(kc, wk) and same(vc, wv)
+        loc[11] = 600  # in place, under inference mode: no version counter moves
+        before = buf.clone()
+        results["bad"] = raised(lambda: mla(buf, loc, 3))
+        results["bad untouched"] = same(buf, before)
+    results["kept"] = check_reuse.kept()
+    emit(results)
+    """, interpret)
+    for call in range(2):
+        assert out[f"mla {call}"] and out[f"store {call}"], call
+        assert out[f"mla stats {call}"] == out[f"store stats {call}"] == {"checked": 0, "reused": 0}, call
+    assert "loc[11] = 600 is out of range" in out["bad"] and out["bad untouched"]
+    assert out["kept"] == 0
+
+
 def test_the_environment_turns_reuse_off(monkeypatch):
     for value, enabled in (("", True), ("1", True), ("0", False), ("off", False), ("False", False), ("no", False)):
         monkeypatch.setenv(check_reuse.ENV, value)
@@ -226,6 +261,40 @@ def test_cuda_writers_reuse_without_synchronizing_and_per_stream():
             assert torch.equal(kc, want_k) and torch.equal(vc, want_v) and torch.equal(buf, want)
         torch.cuda.synchronize()
     assert counts == [{"checked": 1, "reused": 1}, {"checked": 0, "reused": 2}, {"checked": 1, "reused": 1}]
+
+
+@gpu
+def test_cuda_writers_check_an_inference_tensor_on_every_call():
+    """The CUDA writers under torch.inference_mode() and sync debug mode "error": an inference
+    tensor's index is checked on every call (nothing kept, nothing synchronized), and an entry
+    made illegal in place between two calls is rejected with nothing written."""
+    import oracle.kernels.cuda as cuda_kernels
+    from oracle.kernels import raise_deferred_errors
+    if cuda_kernels.available() is not None:
+        pytest.skip(cuda_kernels.available())
+    n, num_slots = 20000, 40000
+    gen = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        loc = torch.randperm(num_slots, generator=gen)[:n].cuda()
+        nope = torch.randn(n, 512, generator=gen).to("cuda", torch.bfloat16)
+        rope = torch.randn(n, 64, generator=gen).to("cuda", torch.bfloat16)
+        buf = torch.full((num_slots, 576), 3.0, dtype=torch.bfloat16, device="cuda")
+        before = dict(check_reuse.stats)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(2):
+                cuda_kernels.set_mla_kv_buffer(buf, loc, nope, rope)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert {key: check_reuse.stats[key] - before[key] for key in before} == {"checked": 0, "reused": 0}
+        want = torch.full_like(buf, 3.0)
+        want[loc] = torch.cat([nope, rope], 1)
+        assert torch.equal(buf, want)
+        loc[7] = num_slots
+        cuda_kernels.set_mla_kv_buffer(buf, loc, nope * 2, rope)
+        with pytest.raises(ValueError, match=rf"loc\[7\] = {num_slots} is out of range"):
+            raise_deferred_errors()
+        assert torch.equal(buf, want)
 
 
 def test_a_writer_is_given_a_checked_index_of_the_callers_own_tensor():

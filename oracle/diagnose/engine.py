@@ -160,8 +160,18 @@ def earlier_state(failed, previous, case, *, second: bool):
 def explain_rejection(failed, case, *, rerun):
     """A bad input not rejected as it must be: whether the same case, built at other addresses,
     is rejected (then a check or a memo kept from an earlier call at these addresses let it
-    through)."""
-    return _passes_elsewhere(failed, case, rerun) or failed
+    through), or outside inference mode (then what let it through is kept under a version counter
+    that inference tensors lack)."""
+    return _passes_elsewhere(failed, case, rerun) or _passes_outside_mode(failed, case, rerun) or failed
+
+
+def _passes_outside_mode(failed, case, rerun):
+    """``failed`` named by the torch_mode variant (oracle.diagnose.probes.VARIANTS) where the same
+    case run outside its torch mode passes; else None."""
+    for hypothesis, variant in variants(case):
+        if "torch_mode" in case.p and "torch_mode" not in variant.p and rerun(variant, _unchanged):
+            return named(failed, hypothesis)
+    return None
 
 
 def explain_returned(failed, case, *, rerun):

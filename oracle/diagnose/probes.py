@@ -80,6 +80,10 @@ VARIANTS = (
     ("layout", "HND", "dense_cache_assumed", "HND caches are not honoured: the same case in NHD passes"),
     ("padding", None, "padding_policy", "padding entries are not skipped as the contract declares: the "
      "same case without padding entries passes"),
+    ("torch_mode", "inference", "inference_mode_unsupported", "the kernel fails only under "
+     "torch.inference_mode(), where every serving engine calls it: the same case run outside it passes "
+     "(a tensor's version counter read, which inference tensors lack; a check or memo kept across calls "
+     "and keyed on it; a tensor made under inference mode on an earlier call changed in place outside it)"),
     ("dcp", True, "dcp_modulo", "the negative locs legal under the declared DCP modulo are mishandled "
      "(the other modulo): the same case without them passes"),
     # after the probe that moves the rows below 2**31 elements: where that fails too, what the

@@ -30,8 +30,13 @@ Reuse applies to validating calls (``validate`` True or "sync") on an index long
 ``REUSE_FROM`` entries (shorter ones are scanned by every block or program of the writer, in one
 launch), never while a CUDA graph is being captured (the capture leaves the check out), and
 never to an index that is not a 1-D int32/int64 tensor on the cache's device (the writer refuses
-those in its own words). A kept index is held until the next check finds nothing else holding it
-(at most ``CAPACITY`` of them): holding it keeps its memory from being handed to another tensor.
+those in its own words), and never to an **inference tensor** (one made under
+``torch.inference_mode()``, as a serving engine's forward makes its ``loc``): torch keeps no version
+counter for it, so nothing would tell a change made in place; each validating call checks such an
+index again. An engine that runs under inference mode checks its step's index once with
+:func:`~oracle.kernels.check_index` and passes the CheckedIndex to every layer instead. A kept
+index is held until the next check finds nothing else holding it (at most ``CAPACITY`` of them):
+holding it keeps its memory from being handed to another tensor.
 """
 
 from __future__ import annotations
@@ -170,8 +175,8 @@ def reusing(op: str, padding: str | None = None, reuse_from=None):
             if not ENABLED or len(args) <= position or kwargs.get("validate", True) is False:
                 return fn(*args, **kwargs)
             index = args[position]
-            if type(index) is not _Tensor or index.numel() < REUSE_FROM:  # every short call: kept cheap
-                return fn(*args, **kwargs)
+            if type(index) is not _Tensor or index.numel() < REUSE_FROM or index.is_inference():
+                return fn(*args, **kwargs)  # every short call kept cheap; an inference tensor has no version
             entry = _kept.get(id(index))
             checked = None
             # every layer of a step after the first comes this way (_Kept.current, inlined)

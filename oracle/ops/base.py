@@ -11,6 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from ..buffers import Arena, SHORT_NAMES
 from ..contract import Contract
@@ -18,7 +19,8 @@ from ._bad_scales import BAD_SCALES, describe
 from ._fp8cases import PER_HEAD_SCALES
 
 PARAM_ORDER = ("dtype", "fp8", "spelling", "block", "index", "shape", "layout", "scale_layout", "src", "index_layout", "cache",
-               "padding", "dups", "dcp", "scale", "values", "slots", "bad", "repeat", "after", "large", "n")
+               "padding", "dups", "dcp", "scale", "values", "slots", "bad", "torch_mode", "repeat", "after", "large",
+               "n")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class Case:
                 parts.append(f"bad_{value}")
             elif key == "slots":
                 parts.append(f"{value}_slots")
+            elif key == "torch_mode":
+                parts.append(f"{value}_mode")
             elif key == "repeat":
                 parts.append(f"repeat_{value}")
             elif key == "after":
@@ -100,6 +104,14 @@ class Prepared:
 def shape_text(shape: tuple) -> str:
     """A shape as case ids write it, ``1x64x97`` (and ``after="shape=1x64"``)."""
     return "x".join(map(str, shape))
+
+
+def call_context(case: Case):
+    """The torch mode a case's inputs are made and its kernel called in: ``torch.inference_mode()``
+    for ``torch_mode="inference"`` (every serving engine's forward runs in it: its tensors carry no
+    version counter and no autograd state), else outside it, also where the caller is inside it (a
+    probe of an inference-mode case runs the case again outside)."""
+    return torch.inference_mode(case.p.get("torch_mode") == "inference")
 
 
 def is_bad(case: Case) -> bool:
