@@ -9,14 +9,16 @@ costs what the host spends issuing it. This splits that cost, per call, averaged
   would pass, precomputed (the launcher's cost for 19 arguments and 5 constexprs);
 - ``compiled[grid] runner``: the same launch through the CompiledKernel's runner, skipping the JIT's
   binder and cache-key work;
-- ``oracle.kernels.triton.ops.set_mla_kv_buffer(validate=False)`` and the validated call, each with
+- ``oracle.kernels.triton.ops.set_mla_kv_buffer(validate=False)`` and the validated call (and the
+  validated call on an index made under ``torch.inference_mode()``, checked on every call), each with
   its wrapper run in full on every call (``_host.PLANS = False``) and replayed from its launch plan;
 - the same for ``store_cache`` (K and V in one launch), the validated ``reshape_and_cache_flash`` and
   ``reshape_and_cache_block`` (NVFP4: two launches),
   and torch's ``index_put_`` of K and V for scale;
 - with the CUDA library loaded, the CUDA MLA writer's op called as the wrapper calls it (keyword
   arguments) and positionally through its ``default`` overload, its wrapper unchecked, validating
-  and given a CheckedIndex, and the registered ``.checked_index`` writer, at each N: where a CUDA
+  (its index's check reused, and an index made under ``torch.inference_mode()``, checked on every
+  call) and given a CheckedIndex, and the registered ``.checked_index`` writer, at each N: where a CUDA
   call's host time goes (at N = 4096 a validating call adds the check grid's launch).
 
 With ``--profile`` it also prints cProfile's top entries for the validated, replayed MLA call.
@@ -97,6 +99,10 @@ def cuda_rows(row, n, buf, loc, nope, rope) -> None:
     row("cuda.set_mla_kv_buffer(validate=False)", n,
         lambda: cuda.set_mla_kv_buffer(buf, loc, nope, rope, validate=False))
     row("cuda.set_mla_kv_buffer (validated)", n, lambda: cuda.set_mla_kv_buffer(buf, loc, nope, rope))
+    with torch.inference_mode():  # an engine's forward: no version counter, so the index is checked each call
+        fresh = loc.clone()
+        row("cuda.set_mla_kv_buffer (validated), inference-mode index", n,
+            lambda: cuda.set_mla_kv_buffer(buf, fresh, nope, rope))
     checked = check_index(loc, buf.shape[0])
     row("cuda.set_mla_kv_buffer on a CheckedIndex", n, lambda: cuda.set_mla_kv_buffer(buf, checked, nope, rope))
     writer = CheckedIndexWriter(cuda.set_mla_kv_buffer, "set_mla_kv_buffer", "none")
@@ -143,6 +149,10 @@ def main() -> int:
             row(f"ops.set_mla_kv_buffer(validate=False), {tag}", n,
                 lambda: ops.set_mla_kv_buffer(buf, loc, nope, rope, validate=False))
             row(f"ops.set_mla_kv_buffer (validated), {tag}", n, lambda: ops.set_mla_kv_buffer(buf, loc, nope, rope))
+            with torch.inference_mode():  # checked on every call
+                fresh = loc.clone()
+                row(f"ops.set_mla_kv_buffer (validated), inference-mode index, {tag}", n,
+                    lambda: ops.set_mla_kv_buffer(buf, fresh, nope, rope))
             row(f"ops.store_cache(validate=False), {tag}", n,
                 lambda: ops.store_cache(k, v, kc, vc, loc, validate=False))
             row(f"ops.store_cache (validated), {tag}", n, lambda: ops.store_cache(k, v, kc, vc, loc))
