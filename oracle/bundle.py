@@ -21,7 +21,7 @@ from . import __version__
 from .buffers import Arena, Region, SparseBytes, ViewSpec, fill_tiled, to_numpy, to_torch
 from .compare import expected_regions, first_difference
 from .ops import get_spec
-from .ops.base import Case, Prepared, call_context, is_bad
+from .ops.base import Case, Prepared, as_called, call_context, fresh_compile, is_bad
 from .reference.slots import OneOfRows
 
 FORMAT = 1
@@ -77,6 +77,7 @@ def replay(path, kernel) -> tuple[bool, str]:
     if meta["op"] != kernel.contract.op:
         raise ValueError(f"{path} is a {meta['op']} case; kernel {kernel.name} implements {kernel.contract.op}")
     case = Case(meta["op"], meta["case_class"], tuple((k, _tuple(v)) for k, v in meta["params"]))
+    fresh_compile(case)
     with call_context(case):  # the bundle's tensors made, and the kernel called, in the case's mode
         return _replay(case, meta, arrays, kernel)
 
@@ -111,9 +112,9 @@ def _replay(case: Case, meta: dict, arrays: dict, kernel) -> tuple[bool, str]:
               f"{meta['seed']}, first failed by {meta['kernel']}) on {kernel.name}")
     try:
         if any(k.startswith("earlier.") for k in arrays):
-            _first_call(arena, arrays, kernel, args)
+            _first_call(arena, arrays, as_called(case, kernel.fn), args)
         prepared = Prepared(arena, tuple(args), tuple(meta["caches"]), before=arena.snapshot())
-        returned = kernel.fn(*prepared.args)
+        returned = as_called(case, kernel.fn)(*prepared.args)
         if arena.device.startswith("cuda"):
             torch.cuda.synchronize()
     except _FirstCallFailed as exc:
@@ -144,7 +145,7 @@ class _FirstCallFailed(Exception):
     """The first call of a replayed repeat case raised."""
 
 
-def _first_call(arena: Arena, arrays: dict, kernel, args: list) -> None:
+def _first_call(arena: Arena, arrays: dict, call, args: list) -> None:
     """A repeat case's first call (oracle.ops._repeat), on the same tensors as the second: the
     memory as it was before the first call, the call, then the memory as it was before the
     second (inputs redrawn in place, the caches as the first call wrote them)."""
@@ -152,7 +153,7 @@ def _first_call(arena: Arena, arrays: dict, kernel, args: list) -> None:
     for name, region in arena.regions.items():
         region.tensor.copy_(torch.from_numpy(arrays[f"earlier.{name}"]).to(arena.device))
     try:
-        kernel.fn(*args)
+        call(*args)
         if arena.device.startswith("cuda"):
             torch.cuda.synchronize()
     except Exception as exc:

@@ -273,18 +273,27 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
 
 
 def _contexts(spec: OpSpec, profile: str, contract=None):
-    """Calls made inside ``torch.inference_mode()`` on inputs made there, as every serving engine's
-    forward makes them (oracle.ops.base.call_context): inference tensors carry no version counter,
-    and an in-place change of one moves nothing a kernel could key a memo on. The ordinary case,
-    again past the size gates, and where the op has an index, two calls on the same tensors past
-    them: every input redrawn in place, and an illegal slot written in place, which a check kept
-    from the first call misses."""
+    """Calls made as serving engines make them (oracle.ops.base.call_context, as_called).
+
+    Inside ``torch.inference_mode()`` on inputs made there: inference tensors carry no version
+    counter, and an in-place change of one moves nothing a kernel could key a memo on. The ordinary
+    case, again past the size gates, and where the op has an index, two calls on the same tensors
+    past them: every input redrawn in place, and an illegal slot written in place, which a check
+    kept from the first call misses.
+
+    Through ``torch.compile``: an op registered with torch.library that does not declare the
+    tensors it writes loses its write to functionalization, and a value read at tracing time is
+    baked into the graph. The ordinary case, again past the size gates, and two calls on the same
+    tensors, every input redrawn in place between them (the second replays the first's graph)."""
     yield {"torch_mode": "inference"}
     yield _at_large_n(spec, {"torch_mode": "inference"})
     if spec.index_dtypes and not spec.returns:
         yield _at_large_n(spec, {"torch_mode": "inference", "repeat": "inplace"})
         if "out_of_range" in spec.bad_inputs():
             yield _at_large_n(spec, {"torch_mode": "inference", "repeat": "bad"})
+    yield {"torch_mode": "compile"}
+    yield _at_large_n(spec, {"torch_mode": "compile"})
+    yield {"torch_mode": "compile", "repeat": "inplace"}
 
 
 def _bad_input(spec: OpSpec, profile: str, contract=None):

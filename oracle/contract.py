@@ -41,7 +41,7 @@ def always_available() -> str | None:
 GAP_KEYS = ("dtype", "index_dtype", "fp8_format", "kv_cache_dtype", "block_format", "scale_layout", "scale", "layout",
             "padding", "duplicates",
             "strided_source", "strided_heads", "longer_source", "strided_index", "aliased_caches", "cache_strides", "large_cache",
-            "row_bytes", "empty_rope", "dcp", "bad_input")
+            "row_bytes", "empty_rope", "dcp", "torch_compile", "bad_input")
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,8 @@ class Contract:
     row_bytes_multiple: int = 1  # rows whose byte width is not a multiple are out of contract
     empty_rope: bool = True  # the MLA writers: takes a rope (k_pe) of width 0, a row of nope alone
     large_caches: bool = True  # offsets past 2**31 elements (64-bit offset arithmetic)
+    torch_compile: bool = True  # called through torch.compile it writes what it writes eagerly (an op
+    # registered with torch.library declares the tensors it mutates, or functionalization drops its write)
     dcp_world: int = 1  # set_mla_kv_buffer under decode-context parallelism: this rank keeps the
     dcp_rank: int = 0  # locs with loc % dcp_world == dcp_rank and writes row loc // dcp_world
     dcp_modulo: str = "truncate"  # how % and // treat negative locs: "truncate" (C, Triton) or "floor" (torch)
@@ -286,9 +288,11 @@ def gaps(contract: Contract, needs: dict) -> list[Gap]:
                             ("aliased_caches", "aliased_caches", "caches that alias one allocation"),
                             ("large_cache", "large_caches", "offsets past 2**31 elements"),
                             ("distinct_kv_widths", "distinct_kv_widths", "K and V rows of different widths"),
-                            ("empty_rope", "empty_rope", "a rope of width 0 (rows of nope alone)")):
-        if needs.get(key) and not getattr(contract, attr):
-            out.append(Gap(key, f"{text}; the kernel declares {attr}=False", key != "large_cache"))
+                            ("empty_rope", "empty_rope", "a rope of width 0 (rows of nope alone)"),
+                            ("torch_compile", "torch_compile", "a call through torch.compile")):
+        if needs.get(key) and not getattr(contract, attr):  # not probed: a large cache (memory), a
+            # compiled call (seconds of tracing where it cannot work)
+            out.append(Gap(key, f"{text}; the kernel declares {attr}=False", key not in ("large_cache", "torch_compile")))
     if needs.get("longer_source") and contract.source_rows != "index":
         out.append(Gap("longer_source", "sources with more rows than the index; the kernel declares "
                                         f"source_rows={contract.source_rows!r}", False))

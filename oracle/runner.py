@@ -16,7 +16,7 @@ from .diagnose.replay import within_approx_division
 from .diagnose.hypothesis import Hypothesis
 from .ops import get_spec
 from .ops._repeat import calls_before, first_call_inputs, redraw_in_place
-from .ops.base import Case, Prepared, call_context, is_bad
+from .ops.base import Case, Prepared, as_called, call_context, fresh_compile, is_bad
 from .registry import Kernel
 
 PASS, FAIL, NOT_SUPPORTED, UNAVAILABLE, UNDECLARED = (
@@ -104,6 +104,7 @@ def _execute_in_mode(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
             first = _execute(kernel, spec, earlier, edit=(lambda prepared: None) if edit is not None else None)
             if first.status != PASS:
                 return _earlier_call_failed(first, position, earlier, before)
+    fresh_compile(case)
     arena = Arena(contract.device, case.seed)
     prepared = spec.build(case, arena, np.random.default_rng(case.seed), contract)
     kept = None
@@ -180,7 +181,7 @@ def _judged_call(kernel: Kernel, spec, case: Case, prepared: Prepared, *, diagno
         return explain_rejection(rejected, case, rerun=rerun) if diagnose and rejected.status == FAIL else rejected
     inside = lambda other: not gaps(contract, spec.needs(other))  # noqa: E731
     try:
-        returned = _call(kernel, prepared.args)
+        returned = _call(kernel, case, prepared.args)
     except Exception as exc:
         failed = Outcome(FAIL, f"the kernel raised {type(exc).__name__}: {exc}", prepared=prepared)
         if not diagnose:
@@ -235,10 +236,11 @@ def _ballast_fits(arena: Arena) -> bool:
     return sum(r.tensor.numel() for r in arena.regions.values()) <= BALLAST_LIMIT
 
 
-def _call(kernel: Kernel, args: tuple):
-    """Call the kernel and wait for the device; for a kernel whose errors are deferred, then raise
-    what it left pending (so a rejection, or a false alarm, surfaces here)."""
-    returned = kernel.fn(*args)
+def _call(kernel: Kernel, case: Case, args: tuple):
+    """Call the kernel as the case calls it (oracle.ops.base.as_called) and wait for the device;
+    for a kernel whose errors are deferred, then raise what it left pending (so a rejection, or a
+    false alarm, surfaces here)."""
+    returned = as_called(case, kernel.fn)(*args)
     _synchronize(kernel.contract.device)
     if kernel.contract.errors == "deferred":
         kernel.contract.raise_deferred()
@@ -264,7 +266,7 @@ def _judge_rejection(kernel: Kernel, case: Case, prepared: Prepared) -> Outcome:
         what += (" written in place into the index of a call the kernel had accepted: a check "
                  "kept from the first call, or skipped on the second")
     try:
-        _call(kernel, prepared.args)
+        _call(kernel, case, prepared.args)
     except Exception as exc:
         after = prepared.arena.snapshot()
         changed = [name for name in after if not same_bytes(after[name], prepared.before[name])]

@@ -1,10 +1,15 @@
-"""Meta-tests: calls made inside ``torch.inference_mode()``, as every serving engine's forward makes them.
+"""Meta-tests: calls made as serving engines make them (the ``contexts`` class).
 
-Inference tensors carry no version counter (``_version`` raises), and an in-place change of one moves
-nothing a kernel could key a memo on. The ``contexts`` class builds each case's inputs and calls the
-kernel under that mode (oracle.ops.base.call_context). A kernel that reads a version counter, or keeps
-a check across calls keyed on one, must fail it, named ``inference_mode_unsupported`` (the torch
-baselines pass it in the conformance suite); and a failure's bundle must replay in the same mode.
+Inside ``torch.inference_mode()``: inference tensors carry no version counter (``_version`` raises),
+and an in-place change of one moves nothing a kernel could key a memo on. The class builds such a
+case's inputs and calls the kernel under that mode (oracle.ops.base.call_context). A kernel that
+reads a version counter, or keeps a check across calls keyed on one, must fail it, named
+``inference_mode_unsupported``; a failure's bundle must replay in the same mode.
+
+Through ``torch.compile`` (oracle.ops.base.as_called): an op registered with torch.library that
+does not declare the caches it writes loses its write to functionalization, named
+``mutation_undeclared``; the same op declaring them passes. (The torch baselines and our kernels
+pass both modes in the conformance suite.)
 """
 
 import pytest
@@ -20,20 +25,22 @@ from oracle.registry import Kernel
 from oracle.runner import FAIL, PASS, run_case
 
 
-def contexts_cases(op: str) -> list:
-    return [c for c in catalogue(op, "quick") if c.cls == "contexts"]
+def contexts_cases(op: str, mode: str = "inference") -> list:
+    return [c for c in catalogue(op, "quick") if c.cls == "contexts" and c.p["torch_mode"] == mode]
 
 
 @pytest.mark.parametrize("op", sorted(SPECS))
-def test_every_op_is_called_under_inference_mode_also_past_the_size_gates(op):
+def test_every_op_is_called_under_inference_mode_and_compiled_also_past_the_size_gates(op):
     cases = contexts_cases(op)
-    assert cases and all(c.p["torch_mode"] == "inference" for c in cases)
     assert {c.p.get("n") for c in cases} >= {None, LARGE_N}
     spec = SPECS[op]
     repeats = {c.p.get("repeat") for c in cases if c.p.get("n") == LARGE_N}
     if spec.index_dtypes and not spec.returns:
         assert "inplace" in repeats
         assert ("bad" in repeats) == ("out_of_range" in spec.bad_inputs())
+    compiled = contexts_cases(op, "compile")
+    assert {c.p.get("n") for c in compiled} >= {None, LARGE_N}
+    assert any(c.p.get("repeat") == "inplace" for c in compiled)
 
 
 def baseline(op: str) -> Kernel:
@@ -101,3 +108,49 @@ def test_a_kernel_that_keys_on_the_version_counter_is_caught_and_named(fn, which
         passed, text = replay(bundle, kernel)
         assert not passed and "version counter" in text, text
         assert replay(bundle, baseline("set_mla_kv_buffer"))[0]
+
+
+@torch.library.custom_op("kv_oracle_test::mla_write_undeclared", mutates_args=())
+def mla_write_undeclared(kv_buffer: torch.Tensor, loc: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor) -> None:
+    """A writer registered as a pure op: it writes kv_buffer but declares nothing mutated."""
+    tn.set_mla_kv_buffer(kv_buffer, loc, nope, rope)
+
+
+@torch.library.custom_op("kv_oracle_test::mla_write_declared", mutates_args=("kv_buffer",))
+def mla_write_declared(kv_buffer: torch.Tensor, loc: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor) -> None:
+    """The same writer, declaring the buffer it writes."""
+    tn.set_mla_kv_buffer(kv_buffer, loc, nope, rope)
+
+
+for _op in (mla_write_undeclared, mla_write_declared):
+    _op.register_fake(lambda kv_buffer, loc, nope, rope: None)
+
+
+def test_an_op_that_does_not_declare_its_write_loses_it_under_torch_compile_and_is_named():
+    wrong = Kernel(Contract(op="set_mla_kv_buffer", name="ctx.undeclared", backend="test"), mla_write_undeclared, "test")
+    right = Kernel(Contract(op="set_mla_kv_buffer", name="ctx.declared", backend="test"), mla_write_declared, "test")
+    compiled = contexts_cases("set_mla_kv_buffer", "compile")
+    for case in compiled:
+        outcome = run_case(wrong, case)
+        assert outcome.status == FAIL and outcome.cause["id"] == "mutation_undeclared", f"{case.id}: {outcome.message}"
+        assert run_case(right, case).status == PASS, case.id
+    for case in contexts_cases("set_mla_kv_buffer"):  # eagerly the undeclared op writes: only compiled calls fail
+        if "repeat" not in case.p:
+            assert run_case(wrong, case).status == PASS, case.id
+
+
+def test_a_kernel_that_declares_no_torch_compile_is_not_run_compiled():
+    calls = []
+
+    def writer(kv_buffer, loc, nope, rope):
+        calls.append(torch.compiler.is_compiling())
+        tn.set_mla_kv_buffer(kv_buffer, loc, nope, rope)
+
+    kernel = Kernel(Contract(op="set_mla_kv_buffer", name="ctx.eager_only", backend="test", torch_compile=False,
+                             reasons=(("torch_compile", "eager only"),)), writer, "test")
+    outcome = run_case(kernel, contexts_cases("set_mla_kv_buffer", "compile")[0])
+    assert outcome.status == "not supported" and "torch_compile=False: eager only" in outcome.message
+    assert calls == []
+    traced = Kernel(Contract(op="set_mla_kv_buffer", name="ctx.traced", backend="test"), writer, "test")
+    assert run_case(traced, contexts_cases("set_mla_kv_buffer", "compile")[0]).status == PASS
+    assert calls and all(calls)  # dynamo traced the writer's frame

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..buffers import contiguous_strides, same_bytes
 from ..ops._repeat import calls_before
-from ..ops.base import shape_text
+from ..ops.base import Case, shape_text
 from ..reference.slots import Padding
 from . import accumulated, byte_order, generic, patterns, provenance, row_bounds, skipped_writes, stray_writes
 from .hypothesis import CAUSES, Hypothesis, by_role
@@ -115,7 +115,7 @@ def explain(failed, spec, case, contract, after: dict, regions: dict, difference
                                         "fp8_division='approx' if the kernel uses it)"))
     if all(same_bytes(after[r], prepared.before[r]) for r in after):  # after the hypotheses: a
         # kernel that skips slot 0 writes nothing when slot 0 is all there is
-        return named(failed, _nothing_written(prepared))
+        return named(failed, _write_dropped_by_compile(case, rerun) or _nothing_written(prepared))
     return ((_passes_again(failed, case, rerun) if repeat else None)
             or _probe(failed, case, contract, rerun, inside, after) or _misplaced(failed, diagnosis, after, regions)
             or _read_off(failed, spec, case, contract, diagnosis, after, regions)
@@ -265,6 +265,20 @@ def _nothing_written(prepared) -> Hypothesis:
     return Hypothesis("nothing_written", f"nothing was written; {' and '.join(strided)} "
                       f"{'are views that are' if len(strided) > 1 else 'is a view that is'} not contiguous, and a write "
                       "through reshape() or contiguous() of such a view lands in a copy")
+
+
+def _write_dropped_by_compile(case, rerun) -> Hypothesis | None:
+    """mutation_undeclared where a call through torch.compile wrote nothing and the same case called
+    eagerly passes; else None."""
+    if case.p.get("torch_mode") != "compile":
+        return None
+    eager = Case.make(case.op, case.cls, **{k: v for k, v in case.p.items() if k != "torch_mode"})
+    if not rerun(eager, _unchanged):
+        return None
+    return Hypothesis("mutation_undeclared", "called through torch.compile the kernel wrote nothing, and "
+                      "called eagerly it passes: its op does not declare the caches it writes (torch.library "
+                      "mutates_args, a Tensor(a!) schema), so functionalization takes it for a pure function "
+                      "whose result nothing uses and drops the call")
 
 
 def _contiguous(view) -> bool:

@@ -59,6 +59,8 @@ CAUSES = {
     "rows_dropped": "the last rows are not written (a loop bound short of the index's length)",
     "token_count_limit": "more than 65535 tokens mishandled (the tokens put on a launch grid's y or z dimension, which holds 65535, or counted in 16 bits)",
     "inference_mode_unsupported": "the kernel fails only under torch.inference_mode() (a version counter read, or a check or memo keyed on it)",
+    "compile_unsupported": "the kernel fails only when called through torch.compile",
+    "mutation_undeclared": "the kernel's op does not declare the caches it writes, so torch.compile drops the write",
     "slot_table_collision": "distinct slots that collide in a duplicate-resolution table (slot modulo its size) are not written",
     "cache_layout_ignored": "the caches' strides or storage offsets are not honoured",
     "int32_offsets": "offsets past 2^31 elements wrap (computed in 32 bits)",

@@ -84,6 +84,9 @@ VARIANTS = (
      "torch.inference_mode(), where every serving engine calls it: the same case run outside it passes "
      "(a tensor's version counter read, which inference tensors lack; a check or memo kept across calls "
      "and keyed on it; a tensor made under inference mode on an earlier call changed in place outside it)"),
+    ("torch_mode", "compile", "compile_unsupported", "the kernel fails only when called through "
+     "torch.compile: the same case called eagerly passes (a value read while tracing baked into the "
+     "graph, an op without a fake implementation, a write its op does not declare)"),
     ("dcp", True, "dcp_modulo", "the negative locs legal under the declared DCP modulo are mishandled "
      "(the other modulo): the same case without them passes"),
     # after the probe that moves the rows below 2**31 elements: where that fails too, what the

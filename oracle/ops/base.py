@@ -71,7 +71,7 @@ class Case:
             elif key == "slots":
                 parts.append(f"{value}_slots")
             elif key == "torch_mode":
-                parts.append(f"{value}_mode")
+                parts.append(TORCH_MODE_IDS[value])
             elif key == "repeat":
                 parts.append(f"repeat_{value}")
             elif key == "after":
@@ -106,12 +106,35 @@ def shape_text(shape: tuple) -> str:
     return "x".join(map(str, shape))
 
 
+TORCH_MODE_IDS = {"inference": "inference_mode", "compile": "torch_compile"}  # torch_mode -> its part of a case id
+# torch.compile's backend for the "compile" mode: dynamo's capture and AOT autograd's
+# functionalization (where an op that does not declare its mutation loses its write) without
+# inductor's code generation, which would take seconds a case on the CPU and changes no write
+COMPILE_BACKEND = "aot_eager"
+
+
 def call_context(case: Case):
     """The torch mode a case's inputs are made and its kernel called in: ``torch.inference_mode()``
     for ``torch_mode="inference"`` (every serving engine's forward runs in it: its tensors carry no
     version counter and no autograd state), else outside it, also where the caller is inside it (a
     probe of an inference-mode case runs the case again outside)."""
     return torch.inference_mode(case.p.get("torch_mode") == "inference")
+
+
+def as_called(case: Case, fn):
+    """``fn`` as ``case`` calls it: for ``torch_mode="compile"`` through ``torch.compile`` (backend
+    :data:`COMPILE_BACKEND`, static shapes, graph breaks allowed), as an engine that compiles its
+    forward calls a writer; a repeat case's second call replays what the first compiled."""
+    if case.p.get("torch_mode") != "compile":
+        return fn
+    return torch.compile(fn, backend=COMPILE_BACKEND, dynamic=False)
+
+
+def fresh_compile(case: Case) -> None:
+    """Before a ``torch_mode="compile"`` case: forget what earlier cases compiled, so that this one
+    compiles its own graph (and no recompilation limit sends it back to eager calls)."""
+    if case.p.get("torch_mode") == "compile":
+        torch._dynamo.reset()
 
 
 def is_bad(case: Case) -> bool:
@@ -225,6 +248,7 @@ class OpSpec:
                # K's and V's strides differ
                "cache_strides": p.get("cache") in ("padded", "unequal") and len(self.sources) > 1,
                "large_cache": bool(p.get("large")), "bad_input": is_bad(case),
+               "torch_compile": p.get("torch_mode") == "compile",
                "row_bytes": self.row_bytes(case),
                # a spec with an empty-rope shape has shapes (first part, rope, ...)
                "empty_rope": bool(self.empty_rope_shapes) and p["shape"][1] == 0}

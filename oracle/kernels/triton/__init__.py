@@ -34,6 +34,8 @@ OPS = ("store_cache", "set_mla_kv_buffer", "concat_and_cache_mla", "translate_fu
        "reshape_and_cache_flash", "quantize_fp8", "quantize_block", "reshape_and_cache_block")
 FP8 = ("e4m3fn", "e5m2")
 BLOCK_FORMATS = ("mxfp8_e4m3fn", "mxfp8_e5m2", "nvfp4")
+INTERPRETER_COMPILE = ("torch.compile traces the Triton interpreter's numpy emulation of each launch, which "
+                       "dynamo cannot run on fake tensors; compiled calls are judged on a GPU")
 NO_CUDA = "no CUDA device (set TRITON_INTERPRET=1 to run the copy kernels on the CPU interpreter)"
 
 
@@ -85,8 +87,13 @@ def register() -> None:
     else:
         fp8_note = ("fp8 e4m3fn/e5m2 on sm_90+: x / scale by IEEE division (div_rn) in float32, then "
               "Triton's conversion (saturating, inf -> ±max, NaN -> 0x7F); fnuz formats refused")
+    # torch.compile traces the interpreter's numpy emulation of each launch, which dynamo cannot
+    # run on fake tensors (and takes seconds a call trying): compiled calls are judged on GPUs
+    compiles = dict(torch_compile=not info["interpret"],
+                    reasons=(("torch_compile", INTERPRETER_COMPILE),) if info["interpret"] else ())
     common = dict(backend=backend, device=device, validates=True, available=available,
-                  fp8_preset="triton_sm90", reasons=(("fp8_format", fp8_note),) if not fp8 else (),
+                  fp8_preset="triton_sm90", torch_compile=compiles["torch_compile"],
+                  reasons=((("fp8_format", fp8_note),) if not fp8 else ()) + compiles["reasons"],
                   pdl=reason is None and not info["interpret"] and info["capability"] >= (9, 0))
     copy = "bitwise copy (rows reinterpreted as integers), int64 offsets, every stride honoured"
     _register(ops.store_cache, op="store_cache", name=f"{backend}.store_cache",
@@ -115,7 +122,7 @@ def register() -> None:
     # GPU alike, so they declare every format wherever they run
     block = dict(backend=backend, device=device, validates=True, available=available,
                  dtypes=("float32", "float16", "bfloat16"), block_formats=BLOCK_FORMATS,
-                 scale_layouts=("linear", "swizzled"))
+                 scale_layouts=("linear", "swizzled"), **compiles)
     block_note = ("MXFP8/NVFP4 by integer bit arithmetic (RNE fp8/e2m1, E8M0 floor(log2)), float32 "
                   "products and IEEE div_rn as the reference; slots and per-tensor scales checked on the device")
     if device == "cuda":
