@@ -284,7 +284,9 @@ def _contexts(spec: OpSpec, profile: str, contract=None):
     Through ``torch.compile``: an op registered with torch.library that does not declare the
     tensors it writes loses its write to functionalization, and a value read at tracing time is
     baked into the graph. The ordinary case, again past the size gates, and two calls on the same
-    tensors, every input redrawn in place between them (the second replays the first's graph)."""
+    tensors, every input redrawn in place between them (the second replays the first's graph), and
+    past the size gates an illegal slot written in place before the second (a check made while
+    tracing, or kept across calls, stays in the graph)."""
     yield {"torch_mode": "inference"}
     yield _at_large_n(spec, {"torch_mode": "inference"})
     if spec.index_dtypes and not spec.returns:
@@ -294,6 +296,8 @@ def _contexts(spec: OpSpec, profile: str, contract=None):
     yield {"torch_mode": "compile"}
     yield _at_large_n(spec, {"torch_mode": "compile"})
     yield {"torch_mode": "compile", "repeat": "inplace"}
+    if "out_of_range" in spec.bad_inputs():  # a check made while tracing, kept in the graph
+        yield _at_large_n(spec, {"torch_mode": "compile", "repeat": "bad"})
 
 
 def _bad_input(spec: OpSpec, profile: str, contract=None):

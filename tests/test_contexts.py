@@ -127,8 +127,8 @@ for _op in (mla_write_undeclared, mla_write_declared):
 
 
 def test_an_op_that_does_not_declare_its_write_loses_it_under_torch_compile_and_is_named():
-    wrong = Kernel(Contract(op="set_mla_kv_buffer", name="ctx.undeclared", backend="test"), mla_write_undeclared, "test")
-    right = Kernel(Contract(op="set_mla_kv_buffer", name="ctx.declared", backend="test"), mla_write_declared, "test")
+    wrong = Kernel(Contract(op="set_mla_kv_buffer", name="ctx.undeclared", backend="test", validates=True), mla_write_undeclared, "test")
+    right = Kernel(Contract(op="set_mla_kv_buffer", name="ctx.declared", backend="test", validates=True), mla_write_declared, "test")
     compiled = contexts_cases("set_mla_kv_buffer", "compile")
     for case in compiled:
         outcome = run_case(wrong, case)
@@ -154,3 +154,27 @@ def test_a_kernel_that_declares_no_torch_compile_is_not_run_compiled():
     traced = Kernel(Contract(op="set_mla_kv_buffer", name="ctx.traced", backend="test"), writer, "test")
     assert run_case(traced, contexts_cases("set_mla_kv_buffer", "compile")[0]).status == PASS
     assert calls and all(calls)  # dynamo traced the writer's frame
+
+
+def test_a_writer_marked_eager_under_compile_runs_eagerly_inside_a_compiled_function():
+    """oracle.kernels._compile.eager_under_compile, as our Triton writers use it: dynamo breaks the
+    graph at the writer, which then runs as it runs eagerly (not traced), and writes its rows."""
+    from oracle.kernels._compile import eager_under_compile
+
+    seen = []
+
+    def writer(cache, loc, src):
+        seen.append(torch.compiler.is_compiling())
+        cache.index_put_((loc,), src)
+
+    for fn, traced in ((writer, True), (eager_under_compile(writer), False)):
+        torch._dynamo.reset()
+        seen.clear()
+        cache, loc, src = torch.full((8, 4), -3.0), torch.tensor([1, 6]), torch.arange(8.0).reshape(2, 4)
+        step = torch.compile(lambda c, l, s: fn(c, l, s * 2), backend="aot_eager")
+        step(cache, loc, src)
+        want = torch.full((8, 4), -3.0)
+        want[loc] = src * 2
+        assert torch.equal(cache, want) and seen == [traced]
+        fn(cache, loc, src)  # called eagerly, it runs as it is
+        assert seen[-1] is False

@@ -26,7 +26,8 @@ are written; and a verdict that found an entry illegal keeps refusing calls (nam
 it reads then) after the entry is made legal that way. Turn reuse off where an index is changed that way (``KV_ORACLE_CHECK_REUSE=0``, read
 at import, or :func:`set_enabled`), or pass a new tensor (a new view is enough) each time.
 
-Reuse applies to validating calls (``validate`` True or "sync") on an index longer than
+Reuse applies to validating calls (``validate`` True or "sync") outside a function dynamo is tracing
+(``torch.compile``: a verdict kept there would be baked into the graph) on an index longer than
 ``REUSE_FROM`` entries (shorter ones are scanned by every block or program of the writer, in one
 launch), never while a CUDA graph is being captured (the capture leaves the check out), and
 never to an index that is not a 1-D int32/int64 tensor on the cache's device (the writer refuses
@@ -90,6 +91,7 @@ def kept() -> int:
 
 
 _Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
@@ -172,8 +174,8 @@ def reusing(op: str, padding: str | None = None, reuse_from=None):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            if not ENABLED or len(args) <= position or kwargs.get("validate", True) is False:
-                return fn(*args, **kwargs)
+            if not ENABLED or len(args) <= position or kwargs.get("validate", True) is False or _is_compiling():
+                return fn(*args, **kwargs)  # traced by dynamo: a kept verdict would become a graph constant
             index = args[position]
             if type(index) is not _Tensor or index.numel() < REUSE_FROM or index.is_inference():
                 return fn(*args, **kwargs)  # every short call kept cheap; an inference tensor has no version

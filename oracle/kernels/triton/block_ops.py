@@ -32,6 +32,7 @@ import torch
 
 from .._checks import FLOAT_DTYPES, INDEX_DTYPES
 from .. import _deferred
+from .._compile import eager_under_compile
 from ..check_reuse import reusing
 from . import _host, _plans, _runtime, _validate
 
@@ -202,6 +203,7 @@ def hardware_fp8(device: torch.device) -> bool:
 
 # --- the ops -----------------------------------------------------------------------------------
 
+@eager_under_compile
 @_plans.planned(_host.plans_enabled)
 def quantize_block(codes, scales, x, fmt, global_scale=None, *, validate=True, pdl=None) -> None:
     """Quantize ``x`` ``[N, H, D]`` (float32/float16/bfloat16, any strides) into ``codes`` (uint8
@@ -236,6 +238,7 @@ def quantize_block(codes, scales, x, fmt, global_scale=None, *, validate=True, p
     _validate.finish(check)
 
 
+@eager_under_compile
 @reusing("reshape_and_cache_block", padding="negative")
 @_plans.planned(_host.plans_enabled)
 def reshape_and_cache_block(key, value, key_cache, value_cache, key_scale_cache, value_scale_cache,

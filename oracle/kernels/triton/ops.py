@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 
 from .. import _deferred
+from .._compile import eager_under_compile
 from ..check_reuse import reusing
 from .._checks import (FLOAT_DTYPES, FP8_FORMATS, KV_CACHE_DTYPES, check_concat_mla, check_paged_write,
                        check_rows, check_scale, check_translate, check_translate_values, mla_rows, mla_sources)
@@ -96,6 +97,7 @@ def _scale_args(scale, placeholder) -> tuple:
 
 # --- the ops -------------------------------------------------------------------------------
 
+@eager_under_compile
 @reusing("store_cache")
 @_plans.planned(_host.plans_enabled)
 def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, pdl=None):
@@ -129,6 +131,7 @@ def store_cache(k, v, k_cache, v_cache, loc, *, padding="none", validate=True, p
     _validate.finish(check)
 
 
+@eager_under_compile
 @reusing("set_mla_kv_buffer")
 @_plans.planned(_host.plans_enabled)
 def set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope, *, padding="none", validate=True, pdl=None):
@@ -184,6 +187,7 @@ def _mla_rows(a, b, cache4, index, n, block_size, num_slots, pad: _host.Padding,
                                                                ("PF_B", t.block_b, width_b, b1 == 1))))
 
 
+@eager_under_compile
 @reusing("concat_and_cache_mla")
 @_plans.planned(_host.plans_enabled)
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, *,
@@ -219,6 +223,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     _validate.finish(check)
 
 
+@eager_under_compile
 @reusing("reshape_and_cache_flash")
 @_plans.planned(_host.plans_enabled)
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
@@ -272,6 +277,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     _validate.finish(check)
 
 
+@eager_under_compile
 def quantize_fp8(out, x, scale, fmt, *, allow_interpreter_fp8=False, validate=True):
     """``out = fp8(x / scale)`` as uint8 codes; x ``[N, H, D]`` (any strides), scale [1] or [H];
     the quotient by IEEE division in float32, then Triton's conversion. ``validate`` (True,
@@ -300,6 +306,7 @@ def quantize_fp8(out, x, scale, fmt, *, allow_interpreter_fp8=False, validate=Tr
     _validate.finish(check)
 
 
+@eager_under_compile
 def translate_full_to_swa(mapping, loc, *, validate=True):
     """``mapping[loc]`` as a new tensor (the mapping's dtype, loc's shape), after checking that
     only -1 is negative and nothing reaches past the table; -1 translates to -1 in the kernel
