@@ -21,7 +21,8 @@ from . import __version__
 from .buffers import Arena, Region, SparseBytes, ViewSpec, fill_tiled, to_numpy, to_torch
 from .compare import expected_regions, first_difference
 from .ops import get_spec
-from .ops.base import Case, Prepared, as_called, call_context, fresh_compile, is_bad
+from .ops._modes import as_called, call_context, fresh_compile
+from .ops.base import Case, Prepared, is_bad
 from .reference.slots import OneOfRows
 
 FORMAT = 1

@@ -273,7 +273,7 @@ def _repeat(spec: OpSpec, profile: str, contract=None):
 
 
 def _contexts(spec: OpSpec, profile: str, contract=None):
-    """Calls made as serving engines make them (oracle.ops.base.call_context, as_called).
+    """Calls made as serving engines make them (oracle.ops._modes: call_context, as_called).
 
     Inside ``torch.inference_mode()`` on inputs made there: inference tensors carry no version
     counter, and an in-place change of one moves nothing a kernel could key a memo on. The ordinary

@@ -16,7 +16,8 @@ from .diagnose.replay import within_approx_division
 from .diagnose.hypothesis import Hypothesis
 from .ops import get_spec
 from .ops._repeat import calls_before, first_call_inputs, redraw_in_place
-from .ops.base import Case, Prepared, as_called, call_context, fresh_compile, is_bad
+from .ops._modes import as_called, call_context, fresh_compile
+from .ops.base import Case, Prepared, is_bad
 from .registry import Kernel
 
 PASS, FAIL, NOT_SUPPORTED, UNAVAILABLE, UNDECLARED = (
@@ -85,7 +86,7 @@ def _rerun(kernel: Kernel, spec, case: Case, change, *, like: Arena | None = Non
 
 
 def _execute(kernel: Kernel, spec, case: Case, edit=None) -> Outcome:
-    """Build, call, judge, all in the case's torch mode (oracle.ops.base.call_context)."""
+    """Build, call, judge, all in the case's torch mode (oracle.ops._modes.call_context)."""
     with call_context(case):
         return _execute_in_mode(kernel, spec, case, edit)
 
@@ -237,7 +238,7 @@ def _ballast_fits(arena: Arena) -> bool:
 
 
 def _call(kernel: Kernel, case: Case, args: tuple):
-    """Call the kernel as the case calls it (oracle.ops.base.as_called) and wait for the device;
+    """Call the kernel as the case calls it (oracle.ops._modes.as_called) and wait for the device;
     for a kernel whose errors are deferred, then raise what it left pending (so a rejection, or a
     false alarm, surfaces here)."""
     returned = as_called(case, kernel.fn)(*args)

@@ -2,11 +2,11 @@
 
 Inside ``torch.inference_mode()``: inference tensors carry no version counter (``_version`` raises),
 and an in-place change of one moves nothing a kernel could key a memo on. The class builds such a
-case's inputs and calls the kernel under that mode (oracle.ops.base.call_context). A kernel that
+case's inputs and calls the kernel under that mode (oracle.ops._modes.call_context). A kernel that
 reads a version counter, or keeps a check across calls keyed on one, must fail it, named
 ``inference_mode_unsupported``; a failure's bundle must replay in the same mode.
 
-Through ``torch.compile`` (oracle.ops.base.as_called): an op registered with torch.library that
+Through ``torch.compile`` (oracle.ops._modes.as_called): an op registered with torch.library that
 does not declare the caches it writes loses its write to functionalization, named
 ``mutation_undeclared``; the same op declaring them passes. (The torch baselines and our kernels
 pass both modes in the conformance suite.)

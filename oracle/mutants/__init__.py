@@ -28,10 +28,12 @@ from .fp8_faults import FP8_MUTANTS
 from .kernels import MUTANTS as KERNEL_MUTANTS
 from .kernels import Mutant
 from .stateful import STATEFUL_MUTANTS
+from .torch_modes import MODE_MUTANTS
 from .selfcheck import BaseResult, MutantResult, SelfCheckResult, format_table, self_check
 
 BACKEND = "mutant"
-MUTANTS = KERNEL_MUTANTS + CONVENTION_MUTANTS + FP8_MUTANTS + BLOCK_MUTANTS + STATEFUL_MUTANTS  # the whole catalogue
+MUTANTS = (KERNEL_MUTANTS + CONVENTION_MUTANTS + FP8_MUTANTS + BLOCK_MUTANTS + STATEFUL_MUTANTS
+           + MODE_MUTANTS)  # the whole catalogue
 
 
 def base_contracts() -> dict[str, Contract]:

@@ -11,12 +11,12 @@ import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from ..buffers import Arena, SHORT_NAMES
 from ..contract import Contract
 from ._bad_scales import BAD_SCALES, describe
 from ._fp8cases import PER_HEAD_SCALES
+from ._modes import MODE_IDS
 
 PARAM_ORDER = ("dtype", "fp8", "spelling", "block", "index", "shape", "layout", "scale_layout", "src", "index_layout", "cache",
                "padding", "dups", "dcp", "scale", "values", "slots", "bad", "torch_mode", "repeat", "after", "large",
@@ -71,7 +71,7 @@ class Case:
             elif key == "slots":
                 parts.append(f"{value}_slots")
             elif key == "torch_mode":
-                parts.append(TORCH_MODE_IDS[value])
+                parts.append(MODE_IDS[value])
             elif key == "repeat":
                 parts.append(f"repeat_{value}")
             elif key == "after":
@@ -104,37 +104,6 @@ class Prepared:
 def shape_text(shape: tuple) -> str:
     """A shape as case ids write it, ``1x64x97`` (and ``after="shape=1x64"``)."""
     return "x".join(map(str, shape))
-
-
-TORCH_MODE_IDS = {"inference": "inference_mode", "compile": "torch_compile"}  # torch_mode -> its part of a case id
-# torch.compile's backend for the "compile" mode: dynamo's capture and AOT autograd's
-# functionalization (where an op that does not declare its mutation loses its write) without
-# inductor's code generation, which would take seconds a case on the CPU and changes no write
-COMPILE_BACKEND = "aot_eager"
-
-
-def call_context(case: Case):
-    """The torch mode a case's inputs are made and its kernel called in: ``torch.inference_mode()``
-    for ``torch_mode="inference"`` (every serving engine's forward runs in it: its tensors carry no
-    version counter and no autograd state), else outside it, also where the caller is inside it (a
-    probe of an inference-mode case runs the case again outside)."""
-    return torch.inference_mode(case.p.get("torch_mode") == "inference")
-
-
-def as_called(case: Case, fn):
-    """``fn`` as ``case`` calls it: for ``torch_mode="compile"`` through ``torch.compile`` (backend
-    :data:`COMPILE_BACKEND`, static shapes, graph breaks allowed), as an engine that compiles its
-    forward calls a writer; a repeat case's second call replays what the first compiled."""
-    if case.p.get("torch_mode") != "compile":
-        return fn
-    return torch.compile(fn, backend=COMPILE_BACKEND, dynamic=False)
-
-
-def fresh_compile(case: Case) -> None:
-    """Before a ``torch_mode="compile"`` case: forget what earlier cases compiled, so that this one
-    compiles its own graph (and no recompilation limit sends it back to eager calls)."""
-    if case.p.get("torch_mode") == "compile":
-        torch._dynamo.reset()
 
 
 def is_bad(case: Case) -> bool:
