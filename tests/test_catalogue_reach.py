@@ -110,7 +110,9 @@ def checks_loc_once():
 def test_a_check_kept_from_the_first_call_fails_the_repeated_bad_cases():
     once = Kernel(Contract(op="store_cache", name="once", backend="test", dtypes=ALL, validates=True),
                   checks_loc_once(), "test")
-    bad = cases("store_cache", lambda c: c.p.get("repeat") == "bad")
+    # not through torch.compile: dynamo graph-breaks at data_ptr() and the memo's set, and the
+    # compiled call happens to check again
+    bad = cases("store_cache", lambda c: c.p.get("repeat") == "bad" and c.p.get("torch_mode") != "compile")
     outcomes = [run_case(once, c) for c in bad]
     assert all(o.status == FAIL and o.cause["id"] == "validation_missing" for o in outcomes), outcomes
     assert "written in place into the index of a call the kernel had accepted" in outcomes[0].message

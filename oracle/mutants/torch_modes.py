@@ -9,12 +9,14 @@ from __future__ import annotations
 import torch
 
 from ..kernels import torch_native as tn
+from ..kernels._compile import eager_under_compile
 from .kernels import Mutant
 from .stateful import _memo
 
 _CHECKED: dict = {}
 
 
+@eager_under_compile  # a Python wrapper run as it is inside torch.compile too, as our Triton writers are
 def store_cache_keys_check_on_version(k, v, k_cache, v_cache, loc):
     """loc checked once per tensor and version counter (a check reused while torch sees loc
     unchanged), which an inference tensor does not have: ``loc._version`` raises there."""
