@@ -20,7 +20,7 @@ from .hypothesis import ANY_DUPLICATES, GRID_DIMENSION_MAX, Hypothesis, by_role
 from .padding import padding_hypotheses, zero_row_hypotheses
 from .row_bounds import (head_tile_hypotheses, overrun_hypotheses, row_tile_hypotheses, tail_hypotheses,
                          width_hypotheses, word_spill_hypotheses)
-from .slot_arithmetic import float_slot_hypotheses
+from .slot_arithmetic import float_slot_hypotheses, narrowed_slot_hypotheses
 from .slot_tables import winner_table_hypotheses
 from .stale_inputs import stale_hypotheses
 from .source_values import (arithmetic_copy_hypotheses, flushed_source_hypotheses, nan_bits_hypotheses,
@@ -343,6 +343,7 @@ def run_hypotheses(prepared) -> list[Hypothesis]:
 def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
     """Every generic hypothesis for this case, most specific first."""
     views = prepared.arena.views
+    block_size = _block_size(views, prepared.caches, getattr(spec, "paged", False))
     return (stale_hypotheses(prepared) + run_hypotheses(prepared)
             + padding_hypotheses(case, views, prepared, contract) + zero_row_hypotheses(views, prepared)
             + index_hypotheses(prepared.arena)
@@ -358,4 +359,13 @@ def hypotheses(spec, case, contract, prepared) -> list[Hypothesis]:
             + tail_hypotheses(views, prepared.caches)
             + index_past_end_hypotheses(views, prepared)
             + winner_table_hypotheses(views, prepared, contract)
-            + float_slot_hypotheses(views, prepared, _block_size(views, prepared.caches, getattr(spec, "paged", False))))
+            + float_slot_hypotheses(views, prepared, block_size)
+            + narrowed_slot_hypotheses(views, prepared, _slot_count(views, prepared.caches, block_size)))
+
+
+def _slot_count(views: dict, written: tuple, block_size: int | None) -> int | None:
+    """The slots of the first cache written: its rows, or its blocks x ``block_size`` when paged."""
+    if not written or not views[written[0]].shape:
+        return None
+    rows = views[written[0]].shape[0]
+    return rows * block_size if block_size else rows

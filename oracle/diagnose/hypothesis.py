@@ -61,6 +61,7 @@ CAUSES = {
     "inference_mode_unsupported": "the kernel fails only under torch.inference_mode() (a version counter read, or a check or memo keyed on it)",
     "compile_unsupported": "the kernel fails only when called through torch.compile",
     "mutation_undeclared": "the kernel's op does not declare the caches it writes, so torch.compile drops the write",
+    "slots_narrowed": "slot numbers kept in 16 bits (a packed 32-bit key slot << 16 | position, an int16 or uint16 table)",
     "slot_table_collision": "distinct slots that collide in a duplicate-resolution table (slot modulo its size) are not written",
     "cache_layout_ignored": "the caches' strides or storage offsets are not honoured",
     "int32_offsets": "offsets past 2^31 elements wrap (computed in 32 bits)",
