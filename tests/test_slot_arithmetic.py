@@ -10,7 +10,7 @@ from oracle.contract import Contract
 from oracle.diagnose.slot_arithmetic import narrowed
 from oracle.kernels import torch_native as tn
 from oracle.registry import Kernel
-from oracle.runner import FAIL, PASS, run_case
+from oracle.runner import FAIL, run_case
 
 S = (1 << 24) + 256
 ENTRIES = np.array([-1, 5, 32767, 32768, 65535, 65536 + 7, (1 << 24) + 475], dtype=np.int64)
@@ -42,14 +42,14 @@ def uint16_slots(k, v, k_cache, v_cache, loc):
     tn.store_cache(k, v, k_cache, v_cache, loc.long() & 0xFFFF)
 
 
-@pytest.mark.parametrize("fn", [int16_slots, uint16_slots])
-def test_a_kernel_that_keeps_slots_in_16_bits_is_named(fn):
+@pytest.mark.parametrize("fn, index", [(int16_slots, "int32"), (uint16_slots, "int64")])
+def test_a_kernel_that_keeps_slots_in_16_bits_is_named(fn, index):
+    """On the case of odd slots past 2**24 (one index dtype each: a case's diagnosis replays every
+    hypothesis over its 2**24 slots); the torch baseline passes it in the conformance suite. Those
+    slots' low 16 bits stay below 2**15, so the signed and unsigned readings agree there."""
     fields = dict(dtypes=("float32", "float16", "bfloat16", "uint8"))
     wrong = Kernel(Contract(op="store_cache", name="narrow." + fn.__name__, backend="test", **fields), fn, "test")
-    right = Kernel(Contract(op="store_cache", name="narrow.baseline", backend="test", **fields), tn.store_cache, "test")
-    past = [c for c in catalogue("store_cache", "quick") if c.p.get("slots") == "past_float"]
-    assert past
-    for case in past:
-        outcome = run_case(wrong, case)
-        assert outcome.status == FAIL and outcome.cause["id"] == "slots_narrowed", f"{case.id}: {outcome.message}"
-        assert run_case(right, case).status == PASS
+    case = next(c for c in catalogue("store_cache", "quick")
+                if c.p.get("slots") == "past_float" and c.p.get("index", "int64") == index)
+    outcome = run_case(wrong, case)
+    assert outcome.status == FAIL and outcome.cause["id"] == "slots_narrowed", f"{case.id}: {outcome.message}"
