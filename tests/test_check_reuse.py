@@ -38,6 +38,20 @@ def mla(buf, loc, seed, **kw):
     want[loc[keep]] = torch.cat([nope, rope], 1)[keep]
     ops.set_mla_kv_buffer(buf, loc, nope, rope, **kw)
     return want
+def mla_and_store_twice(loc, results):
+    # two calls each of the MLA and store writers with loc (new rows, new caches): each call's
+    # reuse counts, and whether it matches torch indexing whole; returns the last MLA buffer
+    for call in range(2):
+        buf = torch.full((600, 8), POISON, dtype=torch.bfloat16, device=dev)
+        results[f"mla stats {call}"] = counted(lambda: results.__setitem__("want", mla(buf, loc, call)))
+        results[f"mla {call}"] = same(buf, results.pop("want"))
+        k, v = rows(N, 2, 8, seed=call), rows(N, 2, 8, seed=call + 5)
+        kc, vc = (torch.full((600, 2, 8), POISON, dtype=torch.bfloat16, device=dev) for _ in range(2))
+        wk, wv = kc.clone(), vc.clone()
+        wk[loc], wv[loc] = k, v
+        results[f"store stats {call}"] = counted(lambda: ops.store_cache(k, v, kc, vc, loc))
+        results[f"store {call}"] = same(kc, wk) and same(vc, wv)
+    return buf
 """
 
 
@@ -53,17 +67,7 @@ def test_an_unchanged_index_is_checked_once_and_every_write_is_right(interpret):
     second reads the kept verdict; both writes match torch indexing, whole cache."""
     out = scenario("""
     results = {}
-    loc = slots(N, 600, 0)
-    for call in range(2):
-        buf = torch.full((600, 8), POISON, dtype=torch.bfloat16, device=dev)
-        results[f"mla stats {call}"] = counted(lambda: results.__setitem__("want", mla(buf, loc, call)))
-        results[f"mla {call}"] = same(buf, results.pop("want"))
-        k, v = rows(N, 2, 8, seed=call), rows(N, 2, 8, seed=call + 5)
-        kc, vc = (torch.full((600, 2, 8), POISON, dtype=torch.bfloat16, device=dev) for _ in range(2))
-        wk, wv = kc.clone(), vc.clone()
-        wk[loc], wv[loc] = k, v
-        results[f"store stats {call}"] = counted(lambda: ops.store_cache(k, v, kc, vc, loc))
-        results[f"store {call}"] = same(kc, wk) and same(vc, wv)
+    mla_and_store_twice(slots(N, 600, 0), results)
     sm = slots(N, 640, 1)
     sm[::7] = -1  # padding: skipped
     for call in range(2):
@@ -196,16 +200,7 @@ def test_an_inference_tensor_is_checked_on_every_call(interpret):
     results = {}
     with torch.inference_mode():
         loc = slots(N, 600, 0)
-        for call in range(2):
-            buf = torch.full((600, 8), POISON, dtype=torch.bfloat16, device=dev)
-            results[f"mla stats {call}"] = counted(lambda: results.__setitem__("want", mla(buf, loc, call)))
-            results[f"mla {call}"] = same(buf, results.pop("want"))
-            k, v = rows(N, 2, 8, seed=call), rows(N, 2, 8, seed=call + 5)
-            kc, vc = (torch.full((600, 2, 8), POISON, dtype=torch.bfloat16, device=dev) for _ in range(2))
-            wk, wv = kc.clone(), vc.clone()
-            wk[loc], wv[loc] = k, v
-            results[f"store stats {call}"] = counted(lambda: ops.store_cache(k, v, kc, vc, loc))
-            results[f"store {call}"] = same(kc, wk) and same(vc, wv)
+        buf = mla_and_store_twice(loc, results)
         loc[11] = 600  # in place, under inference mode: no version counter moves
         before = buf.clone()
         results["bad"] = raised(lambda: mla(buf, loc, 3))

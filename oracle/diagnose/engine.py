@@ -11,11 +11,11 @@ import numpy as np
 
 from ..buffers import contiguous_strides, same_bytes
 from ..ops._repeat import calls_before
-from ..ops.base import Case, shape_text
+from ..ops.base import shape_text
 from ..reference.slots import Padding
 from . import accumulated, byte_order, generic, patterns, provenance, row_bounds, skipped_writes, stray_writes
 from .hypothesis import CAUSES, Hypothesis, by_role
-from .probes import probes, variants
+from .probes import outside_mode, probes, variants
 from .replay import changed_bytes, holds, within_approx_division
 
 
@@ -168,10 +168,10 @@ def explain_rejection(failed, case, *, rerun):
 def _passes_outside_mode(failed, case, rerun):
     """``failed`` named by the torch_mode variant (oracle.diagnose.probes.VARIANTS) where the same
     case run outside its torch mode passes; else None."""
-    for hypothesis, variant in variants(case):
-        if "torch_mode" in case.p and "torch_mode" not in variant.p and rerun(variant, _unchanged):
-            return named(failed, hypothesis)
-    return None
+    eager = outside_mode(case)
+    if eager is None or not rerun(eager, _unchanged):
+        return None
+    return named(failed, next(h for h, variant in variants(case) if variant == eager))
 
 
 def explain_returned(failed, case, *, rerun):
@@ -270,10 +270,7 @@ def _nothing_written(prepared) -> Hypothesis:
 def _write_dropped_by_compile(case, rerun) -> Hypothesis | None:
     """mutation_undeclared where a call through torch.compile wrote nothing and the same case called
     eagerly passes; else None."""
-    if case.p.get("torch_mode") != "compile":
-        return None
-    eager = Case.make(case.op, case.cls, **{k: v for k, v in case.p.items() if k != "torch_mode"})
-    if not rerun(eager, _unchanged):
+    if case.p.get("torch_mode") != "compile" or not rerun(outside_mode(case), _unchanged):
         return None
     return Hypothesis("mutation_undeclared", "called through torch.compile the kernel wrote nothing, and "
                       "called eagerly it passes: its op does not declare the caches it writes (torch.library "

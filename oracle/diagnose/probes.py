@@ -117,4 +117,13 @@ def variants(case) -> list[tuple[Hypothesis, object]]:
     return out
 
 
-__all__ = ["probes", "variants"]
+def outside_mode(case):
+    """The case run outside its torch mode (oracle.ops._modes), or None where it has none."""
+    from ..ops.base import Case
+
+    if "torch_mode" not in case.p:
+        return None
+    return Case.make(case.op, case.cls, **{k: v for k, v in case.p.items() if k != "torch_mode"})
+
+
+__all__ = ["outside_mode", "probes", "variants"]
